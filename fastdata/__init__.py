@@ -1,0 +1,59 @@
+"""fastdata: pack image folders into fast containers and feed them to PyTorch.
+
+``import fastdata`` is light: torch, lmdb and the other heavy libraries load
+only when the names that need them are first used.
+
+    fastdata.pack("images/", "train.lmdb")
+    ds = fastdata.open_dataset("train.lmdb")       # a torch Dataset of (uint8 CHW tensor, label)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
+    BadImageError,
+    CorruptDataError,
+    DecodeError,
+    FastDataError,
+    ManifestError,
+    OutputExistsError,
+    SourceError,
+    UnknownFormatError,
+)
+
+# Public name -> "module:attribute", imported on first access.
+_LAZY = {
+    "pack": "fastdata.packers.pack:pack",
+    "PackOptions": "fastdata.packers.pack:PackOptions",
+    "PackSummary": "fastdata.packers.pack:PackSummary",
+    "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",
+    "Manifest": "fastdata.records:Manifest",
+    "open_reader": "fastdata.loaders.reader:open_reader",
+    "read_manifest": "fastdata.loaders.reader:read_manifest",
+    "open_dataset": "fastdata.loaders.datasets:open_dataset",
+    "PackedDataset": "fastdata.loaders.datasets:PackedDataset",
+    "LMDBDataset": "fastdata.loaders.datasets:LMDBDataset",
+    "synthesize": "fastdata.synth:synthesize",
+}
+
+__all__ = sorted([
+    "__version__", "FastDataError", "BadImageError", "CorruptDataError", "DecodeError",
+    "ManifestError", "OutputExistsError", "SourceError", "UnknownFormatError", *_LAZY,
+])
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,190 @@
+"""Torch Datasets over packed containers: the same sample everywhere.
+
+A sample is ``(image, label)``; the image is a uint8 CHW tensor by default.
+Map-style datasets implement ``__getitems__`` so a DataLoader fetches a whole
+batch in one call (one transaction, one pass over the file).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from fastdata.errors import CorruptDataError, DecodeError, FastDataError
+from fastdata.formats import detect_format
+from fastdata.loaders.decode import decode_pil, decode_rgb
+from fastdata.loaders.lmdb_loader import LMDBReader
+from fastdata.loaders.reader import Reader
+
+OUTPUTS = ("tensor", "numpy", "pil", "bytes")
+ON_ERROR = ("raise", "skip")
+
+
+class PackedDataset(Dataset):
+    """Map-style Dataset over a random-access packed container.
+
+    Subclasses set ``reader_class``; use :func:`open_dataset` to pick one from
+    the file.
+
+    Args:
+        path: the packed dataset.
+        transform: applied to the image (after ``output`` conversion).
+        target_transform: applied to the label.
+        output: "tensor" (uint8 CHW torch tensor), "numpy" (uint8 HWC array),
+            "pil" (RGB PIL image) or "bytes" (the stored payload, undecoded).
+        on_error: "raise" (default) raises on a corrupt or undecodable record,
+            naming the file, index and key; "skip" leaves it out of the batch
+            (``__getitem__`` moves on to the next record) and counts it in
+            ``skipped``.
+        verify: check each record's CRC32 when read.
+        **reader_options: format options passed to the reader.
+    """
+
+    reader_class: type[Reader] = Reader
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        output: str = "tensor",
+        on_error: str = "raise",
+        verify: bool = True,
+        **reader_options: Any,
+    ) -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        self.reader = self.reader_class(path, verify=verify, **reader_options)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = output
+        self.on_error = on_error
+        self.skipped = 0
+
+    # -- torchvision-style metadata --------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self.reader.path
+
+    @property
+    def manifest(self):
+        return self.reader.manifest
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.reader.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self.reader.manifest.class_to_idx
+
+    @property
+    def targets(self) -> list[int]:
+        """Labels of every record, as torchvision's ImageFolder has them."""
+        return self.reader.labels.tolist()
+
+    @property
+    def keys(self) -> list[str]:
+        """Source keys (paths relative to the packed folder), one per record."""
+        return self.reader.keys
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.path!r}, records={len(self)}, "
+                f"classes={len(self.classes)}, output={self.output!r})")
+
+    # -- access ---------------------------------------------------------------
+
+    def __getitem__(self, index: int):
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n} records")
+        index %= n
+        for attempt in range(n):
+            i = (index + attempt) % n
+            sample = self._load([i])
+            if sample:
+                return sample[0]
+        raise FastDataError("every record failed to load", path=self.path)
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """A whole batch in one call; the DataLoader uses this when present."""
+        return self._load(list(indices))
+
+    def _load(self, indices: list[int]) -> list:
+        try:
+            payloads = self.reader.read_many(indices)
+        except CorruptDataError:
+            if self.on_error == "raise" or len(indices) == 1:
+                if self.on_error == "raise":
+                    raise
+                self._skip(indices[0], "corrupt")
+                return []
+            # Find the bad records one by one and keep the good ones.
+            return [s for i in indices for s in self._load([i])]
+        labels = self.reader.labels
+        out = []
+        for i, data in zip(indices, payloads):
+            try:
+                image = self._convert(data)
+            except Exception as exc:  # decoders raise many types; report them uniformly
+                if self.on_error == "raise":
+                    raise DecodeError(
+                        f"record {i} cannot be decoded ({type(exc).__name__}: {exc}); "
+                        f"pass on_error='skip' to leave such records out",
+                        path=self.path, key=self.reader._key_or_none(i), offset=i) from exc
+                self._skip(i, "undecodable")
+                continue
+            label = int(labels[i])
+            if self.transform is not None:
+                image = self.transform(image)
+            if self.target_transform is not None:
+                label = self.target_transform(label)
+            out.append((image, label))
+        return out
+
+    def _convert(self, data):
+        if self.output == "bytes":
+            return bytes(data)
+        if self.output == "pil":
+            return decode_pil(data)
+        array = decode_rgb(data)
+        if self.output == "numpy":
+            return array
+        return torch.from_numpy(array).permute(2, 0, 1)
+
+    def _skip(self, index: int, why: str) -> None:
+        self.skipped += 1
+        warnings.warn(f"{self.path}: skipping {why} record {index} "
+                      f"(key {self.reader._key_or_none(index)!r}); {self.skipped} skipped so far",
+                      RuntimeWarning, stacklevel=3)
+
+
+class LMDBDataset(PackedDataset):
+    """Map-style Dataset over a fastdata LMDB folder.
+
+    Extra option: ``readahead`` (default False, right for shuffled reads).
+    """
+
+    reader_class = LMDBReader
+
+
+def open_dataset(path: str | os.PathLike, **options: Any) -> PackedDataset:
+    """Open a packed dataset with the Dataset class its format calls for.
+
+    Args:
+        path: a packed dataset (``.lmdb`` folder, ...).
+        **options: passed to the Dataset (``transform``, ``output``, ...).
+    """
+    return detect_format(path).load_dataset()(path, **options)

@@ -1,0 +1,197 @@
+"""LMDB reader (no torch). The key schema lives in fastdata.packers.lmdb_packer.
+
+One LMDB environment is shared per path per process: lmdb refuses to open the
+same path twice in one process, and train/val views of one file are common.
+An environment inherited across fork is closed in the child (never used) and
+opened afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.loaders.reader import Reader
+from fastdata.packers.lmdb_packer import (
+    CRC32_DTYPE,
+    CRC32_KEY,
+    KEYS_KEY,
+    LABEL_DTYPE,
+    LABELS_KEY,
+    MANIFEST_KEY,
+    sample_key,
+)
+from fastdata.records import Manifest
+
+# realpath -> [pid, env, users]; guarded by _LOCK (thread-pool decoders share readers).
+_ENVS: dict[str, list] = {}
+_LOCK = threading.Lock()
+
+
+def _acquire_env(path: str, readahead: bool):
+    import lmdb
+
+    pid = os.getpid()
+    with _LOCK:
+        entry = _ENVS.get(path)
+        if entry is not None and entry[0] == pid:
+            entry[2] += 1
+            return entry[1]
+        if entry is not None:
+            # Inherited from the parent across fork: close this process's copy
+            # of the mapping (the parent's stays open) and open our own.
+            try:
+                entry[1].close()
+            except lmdb.Error:
+                pass
+        try:
+            env = lmdb.open(path, readonly=True, lock=False, readahead=readahead,
+                            subdir=os.path.isdir(path), max_readers=2048, max_spare_txns=4)
+        except lmdb.Error as exc:
+            raise ManifestError(f"not a readable LMDB environment ({exc})", path=path) from None
+        _ENVS[path] = [pid, env, 1]
+        return env
+
+
+def _release_env(path: str) -> None:
+    with _LOCK:
+        entry = _ENVS.get(path)
+        if entry is None or entry[0] != os.getpid():
+            return
+        entry[2] -= 1
+        if entry[2] <= 0:
+            entry[1].close()
+            del _ENVS[path]
+
+
+class LMDBReader(Reader):
+    """Reads a fastdata LMDB folder.
+
+    Args:
+        path: the ``.lmdb`` folder.
+        verify: check record CRC32s on read.
+        readahead: let the OS read ahead. Helps sequential scans on a cold page
+            cache, hurts shuffled reads of datasets larger than RAM. The first
+            reader of a path in a process decides for that process.
+    """
+
+    format_name = "lmdb"
+    random_access = True
+
+    def __init__(self, path, *, verify: bool = True, readahead: bool = False) -> None:
+        self.readahead = readahead
+        self._env = None
+        super().__init__(path, verify=verify)
+
+    def _get_env(self):
+        pid = os.getpid()
+        if self._env is None or self._pid != pid:
+            self._env = None
+            self._env = _acquire_env(self.path, self.readahead)
+            self._pid = pid
+        return self._env
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        return ("_env",)
+
+    def _forget_handles(self) -> None:
+        self._env = None
+
+    def _close_handles(self) -> None:
+        if self._env is not None:
+            self._env = None
+            _release_env(self.path)
+
+    def _load_metadata(self) -> None:
+        import lmdb
+
+        if not os.path.isdir(self.path) and not os.path.isfile(self.path):
+            raise ManifestError("no such LMDB dataset", path=self.path)
+        env = self._get_env()
+        self._check_size(env)
+        try:
+            with env.begin() as txn:
+                raw = txn.get(MANIFEST_KEY)
+                labels = txn.get(LABELS_KEY)
+                crcs = txn.get(CRC32_KEY)
+        except lmdb.Error as exc:
+            raise CorruptDataError(f"LMDB environment is damaged ({exc})", path=self.path) from None
+        if raw is None:
+            raise ManifestError(
+                "LMDB environment has no fastdata manifest (key '__manifest__'): it was not "
+                "written by fastdata or its pack did not finish; re-run `fastdata pack`",
+                path=self.path)
+        manifest = Manifest.from_json(raw, path=self.path)
+        if manifest.format != "lmdb":
+            raise ManifestError(f"manifest says format {manifest.format!r}, not 'lmdb'",
+                                path=self.path)
+        if labels is None or len(labels) != manifest.count * 8:
+            raise CorruptDataError("label array missing or of the wrong length", path=self.path,
+                                   key=LABELS_KEY.decode())
+        self._manifest = manifest
+        self._labels = np.frombuffer(labels, dtype=LABEL_DTYPE).astype(np.int64, copy=False)
+        self._crcs = (np.frombuffer(crcs, dtype=CRC32_DTYPE)
+                      if crcs is not None and len(crcs) == manifest.count * 4 else None)
+
+    def _check_size(self, env) -> None:
+        # Reading pages past the end of a truncated file would crash with SIGBUS:
+        # refuse up front instead.
+        data_file = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = os.path.getsize(data_file)
+        if size < needed:
+            raise CorruptDataError(
+                f"LMDB file is truncated ({size} bytes, its pages need {needed}); re-pack it",
+                path=data_file)
+
+    def _load_keys(self) -> list[str]:
+        with self._get_env().begin() as txn:
+            raw = txn.get(KEYS_KEY)
+        if raw is None:
+            return [f"#{i}" for i in range(len(self))]
+        return json.loads(raw)
+
+    def _read_many(self, indices: Sequence[int]) -> list[bytes]:
+        import lmdb
+
+        env = self._get_env()
+        out = []
+        try:
+            with env.begin() as txn:
+                for i in indices:
+                    value = txn.get(sample_key(i))
+                    if value is None:
+                        raise CorruptDataError(
+                            f"record {i} is missing (key {sample_key(i).decode()})",
+                            path=self.path, key=self._key_or_none(i), offset=i)
+                    out.append(value)
+        except lmdb.Error as exc:
+            raise CorruptDataError(f"LMDB read failed ({exc})", path=self.path,
+                                   offset=indices[len(out)] if len(out) < len(indices) else None
+                                   ) from None
+        return out
+
+    def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
+        env = self._get_env()
+        n = len(self)
+        expected = 0
+        with env.begin() as txn:
+            cursor = txn.cursor()
+            cursor.first()
+            for key, value in cursor:
+                if expected >= n or key.startswith(b"__"):
+                    break
+                if key != sample_key(expected):
+                    raise CorruptDataError(
+                        f"record {expected} is missing (found key {key!r} instead)",
+                        path=self.path, offset=expected)
+                yield expected, value
+                expected += 1
+        if expected != n:
+            raise CorruptDataError(f"only {expected} of {n} records found", path=self.path,
+                                   offset=expected)

@@ -1,0 +1,195 @@
+"""The base of every format reader (no torch here) and the format-agnostic openers.
+
+A reader gives ``len``, labels, keys, the manifest, ``read(i)`` /
+``read_many(indices)`` for random access where the format allows it, and
+sequential iteration always. File handles are opened lazily in the process
+that reads and are never pickled, so a reader (and a Dataset holding one)
+crosses into DataLoader workers cheaply under fork, spawn and forkserver.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError
+from fastdata.formats import detect_format
+from fastdata.records import Manifest
+
+
+class Reader:
+    """Base class of format readers.
+
+    Args:
+        path: the packed dataset.
+        verify: check each record's CRC32 against the one stored at pack time
+            (cheap next to decoding; turn off only for pre-decoded data that is
+            read faster than it can be checksummed).
+    """
+
+    format_name = ""
+    #: Whether ``read(i)`` is supported.
+    random_access = True
+
+    def __init__(self, path: str | os.PathLike, *, verify: bool = True) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.verify = verify
+        self._manifest: Manifest | None = None
+        self._labels: np.ndarray | None = None
+        self._crcs: np.ndarray | None = None
+        self._keys: list[str] | None = None
+        self._pid: int | None = None
+        self._load_metadata()
+
+    # -- subclass hooks -------------------------------------------------------
+
+    def _load_metadata(self) -> None:
+        """Set ``_manifest``, ``_labels`` and ``_crcs``; raise ManifestError if
+        ``path`` is not a complete dataset of this format."""
+        raise NotImplementedError
+
+    def _load_keys(self) -> list[str]:
+        raise NotImplementedError
+
+    def _read_many(self, indices: Sequence[int]) -> list[bytes]:
+        raise NotImplementedError
+
+    def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
+        """Sequential (index, payload) over the whole dataset."""
+        for i in range(len(self)):
+            yield i, self._read_many([i])[0]
+
+    def _close_handles(self) -> None:
+        """Close open files (called in the owning process only)."""
+
+    # -- public API -----------------------------------------------------------
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._load_metadata()
+        return self._manifest
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 array of the labels, one per record."""
+        if self._labels is None:
+            self._load_metadata()
+        return self._labels
+
+    @property
+    def keys(self) -> list[str]:
+        """Source keys (relative paths), loaded on first use."""
+        if self._keys is None:
+            self._keys = self._load_keys()
+        return self._keys
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest.classes
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    def read(self, index: int) -> bytes:
+        """The payload of record ``index`` (negative indices count from the end)."""
+        return self.read_many([index])[0]
+
+    def read_many(self, indices: Sequence[int]) -> list[bytes]:
+        """Payloads of several records, fetched together where the format can."""
+        n = len(self)
+        norm = []
+        for i in indices:
+            j = int(i)
+            if j < 0:
+                j += n
+            if not 0 <= j < n:
+                raise IndexError(f"index {i} out of range for a dataset of {n} records")
+            norm.append(j)
+        self._check_process()
+        payloads = self._read_many(norm)
+        if self.verify:
+            for j, data in zip(norm, payloads):
+                self.check(j, data)
+        return payloads
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, int]]:
+        """Sequential ``(index, payload, label)`` over every record."""
+        self._check_process()
+        labels = self.labels
+        for i, data in self._iter_payloads():
+            if self.verify:
+                self.check(i, data)
+            yield i, data, int(labels[i])
+
+    def check(self, index: int, data: bytes | memoryview) -> None:
+        """Raise CorruptDataError when ``data`` does not match record ``index``'s CRC32."""
+        if self._crcs is None:
+            self._load_metadata()
+            if self._crcs is None:
+                return
+        expected = int(self._crcs[index])
+        actual = zlib.crc32(data)
+        if actual != expected:
+            raise CorruptDataError(
+                f"record {index} fails its CRC32 check (stored {expected:08x}, read "
+                f"{actual:08x}): the file is damaged; re-pack it or read with "
+                f"on_error='skip'", path=self.path, key=self._key_or_none(index), offset=index)
+
+    def _key_or_none(self, index: int) -> str | None:
+        try:
+            return self.keys[index]
+        except Exception:  # keys are only for the message; never mask the real error
+            return None
+
+    def _check_process(self) -> None:
+        # Handles opened in a parent process are never used after fork.
+        pid = os.getpid()
+        if self._pid != pid:
+            if self._pid is not None:
+                self._forget_handles()
+            self._pid = pid
+
+    def _forget_handles(self) -> None:
+        """Drop (without using) handles inherited from another process."""
+
+    def close(self) -> None:
+        """Close file handles; the reader reopens them if used again."""
+        if self._pid == os.getpid():
+            self._close_handles()
+        self._pid = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for name in self._handle_attrs():
+            state[name] = None
+        # Per-record arrays are reloaded in the receiving process: a Dataset
+        # pickles in bytes, not megabytes, when DataLoader workers spawn.
+        state.update(_pid=None, _labels=None, _crcs=None, _keys=None)
+        return state
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        """Attribute names holding open handles, dropped when pickling."""
+        return ()
+
+
+def open_reader(path: str | os.PathLike, **options) -> Reader:
+    """Open the packed dataset at ``path`` with the reader of its format."""
+    spec = detect_format(path)
+    return spec.load_reader()(path, **options)
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """The manifest of the packed dataset at ``path``."""
+    with open_reader(path) as reader:
+        return reader.manifest

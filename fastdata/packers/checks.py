@@ -1,0 +1,87 @@
+"""Pack-time checks that a source file really is a usable image.
+
+The cheap check (always on) reads the header with Pillow and looks for the end
+marker of JPEG and PNG streams, which catches empty, foreign and truncated
+files without decoding pixels. The full check (``verify_decode``) decodes the
+whole image.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+from fastdata.encodings import sniff_encoding
+from fastdata.errors import BadImageError
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """What the header check learned about an image."""
+
+    encoding: str
+    width: int
+    height: int
+    mode: str
+
+
+def check_image(data: bytes, *, key: str, verify_decode: bool = False) -> ImageInfo:
+    """Check that ``data`` holds a complete image and return its header facts.
+
+    Args:
+        data: the file's bytes.
+        key: the file's key, for error messages.
+        verify_decode: also decode every pixel (slower, catches damage inside
+            the compressed data).
+
+    Raises:
+        BadImageError: the bytes are empty, not an image, truncated or undecodable;
+            the message says which.
+    """
+    if not data:
+        raise BadImageError("empty file (0 bytes)", key=key)
+    encoding = sniff_encoding(data)
+    if encoding is None:
+        raise BadImageError(
+            f"not a recognised image format (starts with {bytes(data[:8])!r})", key=key)
+    if encoding == "jpeg":
+        _check_jpeg_end(data, key)
+    elif encoding == "png":
+        _check_png_end(data, key)
+
+    from PIL import Image  # Pillow is a core dependency; imported here to keep `import fastdata` light
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PIL warns on odd EXIF; the decode test decides
+            with Image.open(io.BytesIO(data)) as img:
+                info = ImageInfo(encoding, img.width, img.height, img.mode)
+                if verify_decode:
+                    img.load()
+    except BadImageError:
+        raise
+    except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
+        what = "cannot be decoded" if verify_decode else "has an unreadable header"
+        raise BadImageError(f"{encoding} image {what}: {exc}", key=key) from None
+    if info.width <= 0 or info.height <= 0:
+        raise BadImageError(f"image has no pixels ({info.width}x{info.height})", key=key)
+    return info
+
+
+def _check_jpeg_end(data: bytes, key: str) -> None:
+    # The last start-of-scan marker must be followed by an end-of-image marker;
+    # an EOI inside an EXIF thumbnail comes before it and does not count.
+    sos = data.rfind(b"\xff\xda")
+    if sos < 0:
+        raise BadImageError("jpeg has no image data (no start-of-scan marker)", key=key)
+    if data.find(b"\xff\xd9", sos + 2) < 0:
+        raise BadImageError(
+            f"jpeg is truncated: no end-of-image marker after its image data "
+            f"({len(data)} bytes)", key=key)
+
+
+def _check_png_end(data: bytes, key: str) -> None:
+    iend = data.rfind(b"IEND")
+    if iend < 0 or iend < data.rfind(b"IDAT"):
+        raise BadImageError(f"png is truncated: no IEND chunk ({len(data)} bytes)", key=key)

@@ -1,0 +1,145 @@
+"""The image-folder source: walks a class-per-folder tree like torchvision's ImageFolder.
+
+Labels are the indices of the sorted class-folder names, so they equal
+``torchvision.datasets.ImageFolder(root).class_to_idx`` for the same tree.
+Within a class, files are found recursively (following symlinks, as torchvision
+does) and ordered the way torchvision orders them: by directory path, then by
+file name. The order never depends on what the file system returns.
+
+Differences from torchvision, on purpose: hidden entries (names starting with
+".") are ignored and counted instead of becoming classes or samples, and an
+empty class folder keeps its label but is reported instead of raising.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from fastdata.encodings import has_image_extension
+from fastdata.errors import SourceError
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEntry:
+    """One image file found in the source.
+
+    Attributes:
+        key: path relative to the source root, "/"-separated.
+        label: class index.
+        path: absolute path of the file.
+    """
+
+    key: str
+    label: int
+    path: str
+
+
+@dataclass(frozen=True)
+class IgnoredFile:
+    """A file or folder the scan passed over, and why."""
+
+    key: str
+    reason: str
+
+
+@dataclass
+class ImageFolderSource:
+    """An ImageFolder tree, scanned once and held as a sorted list of entries.
+
+    Args:
+        root: the folder holding one sub-folder per class.
+
+    Raises:
+        SourceError: ``root`` is missing, not a folder, has no class folders, or
+            has no image files at all.
+    """
+
+    root: str
+    classes: list[str] = field(init=False)
+    entries: list[SourceEntry] = field(init=False)
+    ignored: list[IgnoredFile] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.root = os.path.abspath(os.fspath(self.root))
+        if not os.path.exists(self.root):
+            raise SourceError("source folder does not exist", path=self.root)
+        if not os.path.isdir(self.root):
+            raise SourceError("source is not a folder (expected one sub-folder per class)",
+                              path=self.root)
+        self.ignored = []
+        self.classes = self._find_classes()
+        if not self.classes:
+            raise SourceError(
+                "no class folders found: the source must hold one sub-folder per class, "
+                "each with the images of that class", path=self.root)
+        self.entries = []
+        for label, name in enumerate(self.classes):
+            self.entries.extend(self._scan_class(label, name))
+        if not self.entries:
+            raise SourceError(
+                f"no image files found in {len(self.classes)} class folder(s); accepted "
+                "extensions: jpg jpeg png bmp webp ppm pgm tif tiff gif", path=self.root)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as torchvision's ImageFolder has it."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def empty_classes(self) -> list[str]:
+        """Class folders that hold no image file (they keep their label)."""
+        seen = {e.label for e in self.entries}
+        return [name for i, name in enumerate(self.classes) if i not in seen]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def _find_classes(self) -> list[str]:
+        classes = []
+        with os.scandir(self.root) as it:
+            for entry in it:
+                if entry.name.startswith("."):
+                    self.ignored.append(IgnoredFile(entry.name, "hidden"))
+                elif entry.is_dir():
+                    classes.append(entry.name)
+                else:
+                    self.ignored.append(IgnoredFile(entry.name, "file outside any class folder"))
+        return sorted(classes)
+
+    def _scan_class(self, label: int, name: str) -> list[SourceEntry]:
+        top = os.path.join(self.root, name)
+        found: list[tuple[str, list[str]]] = []
+        visited: set[str] = set()
+        for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in visited:  # a symlink loop: do not walk it twice
+                dirnames[:] = []
+                continue
+            visited.add(real)
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for d in [d for d in dirnames if d.startswith(".")]:
+                self.ignored.append(IgnoredFile(_key(rel_dir, d), "hidden"))
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            found.append((dirpath, filenames))
+        entries = []
+        # torchvision sorts os.walk's tuples (by directory path), then file names.
+        for dirpath, filenames in sorted(found, key=lambda t: t[0]):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for fname in sorted(filenames):
+                key = _key(rel_dir, fname)
+                if fname.startswith("."):
+                    self.ignored.append(IgnoredFile(key, "hidden"))
+                elif not has_image_extension(fname):
+                    self.ignored.append(IgnoredFile(key, "not an image extension"))
+                else:
+                    entries.append(SourceEntry(key, label, os.path.join(dirpath, fname)))
+        return entries
+
+
+def _key(rel_dir: str, name: str) -> str:
+    rel = name if rel_dir in ("", ".") else os.path.join(rel_dir, name)
+    return rel.replace(os.sep, "/")

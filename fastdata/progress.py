@@ -1,0 +1,42 @@
+"""Progress bars (tqdm) that can be switched off without changing the caller."""
+
+from __future__ import annotations
+
+import sys
+
+
+class _NullBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def progress_bar(total: int | None, desc: str, *, enabled: bool | None = None, unit: str = "img"):
+    """A tqdm bar on stderr with rate and ETA, or a no-op object.
+
+    Args:
+        total: number of steps, if known.
+        desc: label at the left of the bar.
+        enabled: True forces a bar, False disables it, None shows it only when
+            stderr is a terminal (so logs and pipes stay clean).
+        unit: the unit name shown with the rate.
+    """
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return _NullBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
+                file=sys.stderr, smoothing=0.1)

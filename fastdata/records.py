@@ -1,0 +1,131 @@
+"""The sample record and the manifest: one JSON schema for every format.
+
+A packed dataset is a sequence of records ``(key, label, payload)``. The
+manifest describes the whole dataset and is written last, so a dataset without
+one is incomplete by definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdata.errors import ManifestError
+
+#: Version of the manifest schema and of the on-disk layouts it describes.
+#: Readers refuse manifests with a higher version.
+MANIFEST_VERSION = 1
+
+#: Value of the "kind" field, so a stray JSON file is never taken for a manifest.
+MANIFEST_KIND = "fastdata-manifest"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One sample on its way into a container.
+
+    Attributes:
+        index: position in the dataset (0-based, dense).
+        key: the path of the source file relative to the source root, with "/"
+            separators; unique within a dataset.
+        label: the class index.
+        payload: the bytes to store (the original file bytes unless a pack-time
+            encoding changed them).
+        encoding: what ``payload`` holds ("jpeg", "png", ..., or "raw").
+    """
+
+    index: int
+    key: str
+    label: int
+    payload: bytes
+    encoding: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs to know about a packed dataset.
+
+    Attributes:
+        format: the container format name ("lmdb", "hdf5", "tfrecord", "tar").
+        count: number of records.
+        classes: class names; a record's label indexes this list.
+        class_counts: records per class, same order as ``classes``.
+        encoding: ``{"storage": "keep"|"jpeg"|"png"|"raw", "formats": {encoding: count},
+            "shape": [h, w, c] or None}``.
+        bytes: ``{"source": ..., "payload": ..., "on_disk": ...}`` byte totals.
+        checksums: ``{"record": "crc32", "payload_sha256": hex}``: each record's
+            CRC32 is stored beside it; the SHA-256 covers all payloads in order.
+        shards: one entry per file: ``{"path", "count", "bytes", ...}``; paths are
+            relative to the dataset location.
+        source: where the data came from: root, fingerprint, file counts.
+        pack_options: the options the pack ran with.
+        created_at: ISO 8601 UTC time the pack finished.
+        fastdata_version: version of the fastdata that wrote it.
+        version: manifest schema version.
+        extra: format-specific settings (key schema, index files, ...).
+    """
+
+    format: str
+    count: int
+    classes: list[str]
+    class_counts: list[int]
+    encoding: dict[str, Any]
+    bytes: dict[str, int]
+    checksums: dict[str, Any]
+    shards: list[dict[str, Any]]
+    source: dict[str, Any]
+    pack_options: dict[str, Any]
+    created_at: str
+    fastdata_version: str
+    version: int = MANIFEST_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as torchvision's ImageFolder has it."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as plain JSON-ready data, with the schema marker."""
+        data = {"kind": MANIFEST_KIND}
+        data.update(dataclasses.asdict(self))
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The manifest as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, path: str | None = None) -> "Manifest":
+        """Parse and validate a manifest.
+
+        Args:
+            text: the JSON text.
+            path: where it came from, for error messages.
+
+        Raises:
+            ManifestError: the text is not a fastdata manifest, lacks a field,
+                or was written by a newer fastdata.
+        """
+        try:
+            data = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ManifestError(f"manifest is not valid JSON ({exc})", path=path) from None
+        if not isinstance(data, dict) or data.get("kind") != MANIFEST_KIND:
+            raise ManifestError("not a fastdata manifest", path=path)
+        version = data.get("version")
+        if not isinstance(version, int):
+            raise ManifestError("manifest has no integer 'version' field", path=path)
+        if version > MANIFEST_VERSION:
+            raise ManifestError(
+                f"manifest version {version} is newer than this fastdata reads "
+                f"(up to {MANIFEST_VERSION}); upgrade fastdata: pip install -U fastdata",
+                path=path,
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in names if n not in data and n not in ("version", "extra"))
+        if missing:
+            raise ManifestError(f"manifest lacks field(s) {', '.join(missing)}", path=path)
+        return cls(**{k: v for k, v in data.items() if k in names})
