@@ -36,6 +36,10 @@ _LAZY = {
     "open_dataset": "fastdata.loaders.datasets:open_dataset",
     "PackedDataset": "fastdata.loaders.datasets:PackedDataset",
     "LMDBDataset": "fastdata.loaders.datasets:LMDBDataset",
+    "HDF5Dataset": "fastdata.loaders.datasets:HDF5Dataset",
+    "TFRecordDataset": "fastdata.loaders.datasets:TFRecordDataset",
+    "TarDataset": "fastdata.loaders.datasets:TarDataset",
+    "ShardedIterableDataset": "fastdata.loaders.iterable:ShardedIterableDataset",
     "synthesize": "fastdata.synth:synthesize",
 }
 

@@ -61,7 +61,11 @@ def main() -> None:
 @click.argument("source", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.argument("output", type=click.Path(path_type=str))
 @click.option("--format", "format_", metavar="NAME",
-              help="Container format (lmdb); default: chosen from OUTPUT's extension (.lmdb).")
+              help="Container format: lmdb, hdf5, tfrecord or tar; default: chosen from OUTPUT's "
+                   "extension (.lmdb, .h5/.hdf5, .tfrecord, .tar).")
+@click.option("--shard-size", metavar="N|SIZE", default=None,
+              help="tar/tfrecord only: roll a new shard every N records (10000) or SIZE bytes "
+                   "(256MB). OUTPUT may be a pattern: out-%06d.tar or out-{000000..000099}.tar.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--strict", is_flag=True,
               help="Stop at the first corrupt or unreadable image (default: skip it and list it "
@@ -73,7 +77,7 @@ def main() -> None:
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
-def pack(source, output, format_, overwrite, strict, verify_decode, as_json, progress):
+def pack(source, output, format_, shard_size, overwrite, strict, verify_decode, as_json, progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -88,7 +92,7 @@ def pack(source, output, format_, overwrite, strict, verify_decode, as_json, pro
     from fastdata.packers.pack import pack as run_pack
 
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
-                          verify_decode=verify_decode)
+                          verify_decode=verify_decode, shard_size=shard_size)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)

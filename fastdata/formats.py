@@ -55,6 +55,27 @@ FORMATS: dict[str, FormatSpec] = {
             "fastdata.loaders.datasets:LMDBDataset",
             "LMDB key-value store (a folder); random access, fastest small reads",
         ),
+        FormatSpec(
+            "hdf5", (".h5", ".hdf5"),
+            "fastdata.packers.hdf5_packer:HDF5Writer",
+            "fastdata.loaders.hdf5_loader:HDF5Reader",
+            "fastdata.loaders.datasets:HDF5Dataset",
+            "one HDF5 file (flat byte array + offsets); random access, readable with h5py",
+        ),
+        FormatSpec(
+            "tfrecord", (".tfrecord", ".tfrecords"),
+            "fastdata.packers.tfrecord_packer:TFRecordWriter",
+            "fastdata.loaders.tfrecord_loader:TFRecordReader",
+            "fastdata.loaders.datasets:TFRecordDataset",
+            "TFRecord shards of tf.train.Example with index files; TensorFlow/DALI readable",
+        ),
+        FormatSpec(
+            "tar", (".tar",),
+            "fastdata.packers.tar_packer:TarWriter",
+            "fastdata.loaders.tar_loader:TarReader",
+            "fastdata.loaders.datasets:TarDataset",
+            "webdataset-style tar shards (KEY.jpg + KEY.cls); streamable, webdataset readable",
+        ),
     )
 }
 
@@ -108,8 +129,12 @@ def detect_format(path: str | os.PathLike) -> FormatSpec:
     Raises:
         UnknownFormatError: nothing at ``path`` looks like a fastdata dataset.
     """
+    if isinstance(path, (list, tuple)):  # a list of shard files
+        path = path[0]
     path = os.fspath(path)
     lower = path.rstrip("/\\").lower()
+    if lower.endswith(".fastdata.json"):
+        return _format_from_manifest(path)
     for spec in FORMATS.values():
         if lower.endswith(spec.extensions):
             return spec
@@ -117,6 +142,22 @@ def detect_format(path: str | os.PathLike) -> FormatSpec:
         return FORMATS["lmdb"]
     if not os.path.exists(path):
         raise UnknownFormatError("no such file or folder", path=path)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head == b"\x89HDF\r\n\x1a\n":
+            return FORMATS["hdf5"]
     raise UnknownFormatError(
         f"not a recognised fastdata dataset; known extensions: {', '.join(known_extensions())}",
         path=path)
+
+
+def _format_from_manifest(path: str) -> FormatSpec:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            name = json.load(f).get("format", "")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UnknownFormatError(f"cannot read manifest ({exc})", path=path) from None
+    return get_format(name)

@@ -34,6 +34,8 @@ class Record:
         payload: the bytes to store (the original file bytes unless a pack-time
             encoding changed them).
         encoding: what ``payload`` holds ("jpeg", "png", ..., or "raw").
+        width: image width in pixels (0 when unknown).
+        height: image height in pixels (0 when unknown).
     """
 
     index: int
@@ -41,6 +43,8 @@ class Record:
     label: int
     payload: bytes
     encoding: str
+    width: int = 0
+    height: int = 0
 
 
 @dataclass(frozen=True)

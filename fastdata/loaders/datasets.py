@@ -18,11 +18,30 @@ from torch.utils.data import Dataset
 from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import detect_format
 from fastdata.loaders.decode import decode_pil, decode_rgb
-from fastdata.loaders.lmdb_loader import LMDBReader
+from fastdata.formats import FORMATS
 from fastdata.loaders.reader import Reader
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
 ON_ERROR = ("raise", "skip")
+
+
+def convert_payload(data: bytes | memoryview, output: str):
+    """Turn a stored payload into the image type ``output`` names."""
+    if output == "bytes":
+        return bytes(data)
+    if output == "pil":
+        return decode_pil(data)
+    array = decode_rgb(data)
+    if output == "numpy":
+        return array
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def check_options(output: str, on_error: str) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
 
 
 class PackedDataset(Dataset):
@@ -58,10 +77,7 @@ class PackedDataset(Dataset):
         verify: bool = True,
         **reader_options: Any,
     ) -> None:
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        check_options(output, on_error)
         self.reader = self.reader_class(path, verify=verify, **reader_options)
         self.transform = transform
         self.target_transform = target_transform
@@ -155,14 +171,7 @@ class PackedDataset(Dataset):
         return out
 
     def _convert(self, data):
-        if self.output == "bytes":
-            return bytes(data)
-        if self.output == "pil":
-            return decode_pil(data)
-        array = decode_rgb(data)
-        if self.output == "numpy":
-            return array
-        return torch.from_numpy(array).permute(2, 0, 1)
+        return convert_payload(data, self.output)
 
     def _skip(self, index: int, why: str) -> None:
         self.skipped += 1
@@ -171,13 +180,48 @@ class PackedDataset(Dataset):
                       RuntimeWarning, stacklevel=3)
 
 
+class _LazyReaderClass:
+    """Resolves a format's reader class on first use, so importing this module
+    does not import lmdb, h5py and every other format library."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+
+    def __get__(self, obj, owner):
+        return FORMATS[self.fmt].load_reader()
+
+
 class LMDBDataset(PackedDataset):
     """Map-style Dataset over a fastdata LMDB folder.
 
     Extra option: ``readahead`` (default False, right for shuffled reads).
     """
 
-    reader_class = LMDBReader
+    reader_class = _LazyReaderClass("lmdb")
+
+
+class HDF5Dataset(PackedDataset):
+    """Map-style Dataset over a fastdata HDF5 file."""
+
+    reader_class = _LazyReaderClass("hdf5")
+
+
+class TFRecordDataset(PackedDataset):
+    """Map-style Dataset over TFRecord shards, by position through the index.
+
+    For streaming reads use :class:`fastdata.ShardedIterableDataset`.
+    """
+
+    reader_class = _LazyReaderClass("tfrecord")
+
+
+class TarDataset(PackedDataset):
+    """Map-style Dataset over webdataset-style tar shards, by position through the index.
+
+    For streaming reads use :class:`fastdata.ShardedIterableDataset`.
+    """
+
+    reader_class = _LazyReaderClass("tar")
 
 
 def open_dataset(path: str | os.PathLike, **options: Any) -> PackedDataset:

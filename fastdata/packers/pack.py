@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from fastdata import __version__
-from fastdata.errors import BadImageError, OutputExistsError, SourceError
+from fastdata.errors import BadImageError, SourceError, UnknownFormatError
 from fastdata.formats import format_for_output
 from fastdata.packers.checks import check_image
 from fastdata.packers.source import ImageFolderSource, SourceEntry
@@ -65,13 +65,16 @@ class PackOptions:
         overwrite: replace an existing output.
         strict: stop at the first bad image instead of skipping it.
         verify_decode: decode every image fully at pack time.
-        writer_options: format options passed to the writer (for example shard size).
+        shard_size: for sharded formats (tar, tfrecord): records per shard ("10000")
+            or bytes per shard ("256MB"); None writes one file.
+        writer_options: further format options passed to the writer.
     """
 
     format: str | None = None
     overwrite: bool = False
     strict: bool = False
     verify_decode: bool = False
+    shard_size: str | int | None = None
     writer_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,11 +111,8 @@ def pack(
     output = os.path.abspath(os.fspath(output))
     spec = format_for_output(output, options.format)
     writer_cls = spec.load_writer()
-    if os.path.lexists(output) and not options.overwrite:
-        raise OutputExistsError("output already exists; pass --overwrite to replace it",
-                                path=output)
-    src = ImageFolderSource(source)
-    if os.path.commonpath([output, src.root]) == src.root:
+    source_root = os.path.abspath(os.fspath(source))
+    if os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
 
     warnings_: list[str] = []
@@ -122,17 +122,28 @@ def pack(
         if on_event:
             on_event(msg)
 
-    for name in src.empty_classes:
-        warn(f"class folder {name!r} has no images; its label {src.class_to_idx[name]} is kept")
-
     skipped: list[SkippedFile] = []
-    class_counts = [0] * len(src.classes)
     encodings: Counter[str] = Counter()
     fingerprint = hashlib.sha256()
     bytes_in = 0
 
+    writer_options = dict(options.writer_options)
+    if options.shard_size not in (None, ""):
+        from fastdata.packers.shards import ShardedWriter
+
+        if not issubclass(writer_cls, ShardedWriter):
+            raise UnknownFormatError(f"--shard-size applies to sharded formats (tar, tfrecord), "
+                                     f"not {spec.name}", path=output)
+        writer_options["shard_size"] = options.shard_size
+
+    # The writer first: it refuses an existing output before any scanning.
     with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
-                                              **options.writer_options) as writer:
+                                              **writer_options) as writer:
+        src = ImageFolderSource(source_root)
+        for name in src.empty_classes:
+            warn(f"class folder {name!r} has no images; its label {src.class_to_idx[name]} "
+                 f"is kept")
+        class_counts = [0] * len(src.classes)
         bar = progress_bar(len(src), f"pack {os.path.basename(output)}", enabled=progress)
         try:
             for entry in src:
@@ -147,7 +158,8 @@ def pack(
                     skipped.append(SkippedFile(entry.key, exc.message))
                     continue
                 fingerprint.update(f"{entry.key}\t{entry.label}\t{len(data)}\n".encode())
-                writer.write(Record(writer.count, entry.key, entry.label, data, info.encoding))
+                writer.write(Record(writer.count, entry.key, entry.label, data, info.encoding,
+                                    info.width, info.height))
                 class_counts[entry.label] += 1
                 encodings[info.encoding] += 1
                 bytes_in += len(data)
@@ -174,12 +186,13 @@ def pack(
                     "files": len(src), "skipped": len(skipped), "ignored": len(src.ignored)},
             pack_options={"format": spec.name, "strict": options.strict,
                           "verify_decode": options.verify_decode,
-                          **{k: v for k, v in options.writer_options.items()}},
+                          **{k: v for k, v in writer_options.items()}},
             created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             fastdata_version=__version__,
         )
         manifest = writer.finish(manifest)
 
+    output = getattr(writer, "output_path", output)
     report = None
     if skipped or warnings_:
         report = _write_report(output, skipped, warnings_)
@@ -189,7 +202,7 @@ def pack(
         records=manifest.count,
         classes=len(manifest.classes),
         bytes_in=bytes_in,
-        bytes_out=_disk_usage(output),
+        bytes_out=int(manifest.bytes.get("on_disk", 0)),
         seconds=time.perf_counter() - started,
         skipped=skipped,
         ignored=len(src.ignored),
@@ -208,23 +221,14 @@ def _read(entry: SourceEntry) -> bytes:
 
 
 def _write_report(output: str, skipped: list[SkippedFile], warnings_: list[str]) -> str:
-    path = f"{output}.report.json"
+    base = output[: -len(".fastdata.json")] if output.endswith(".fastdata.json") else output
+    path = f"{base}.report.json"
     data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_}
     tmp = f"{path}.partial"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
     os.replace(tmp, path)
     return path
-
-
-def _disk_usage(path: str) -> int:
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            total += os.path.getsize(os.path.join(root, name))
-    return total
 
 
 class _sigterm_as_interrupt:

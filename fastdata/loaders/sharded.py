@@ -1,0 +1,256 @@
+"""The base of readers for sharded formats (tar, TFRecord); no torch here.
+
+Random access comes from the dataset index (``PREFIX.fastdata.index.npy``, see
+fastdata.packers.shards): record i is ``size`` bytes at ``offset`` in shard
+``shard``, read with one ``os.pread``. Shards written by other tools (no
+fastdata manifest) are scanned once on open to build the same index in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.loaders.reader import Reader
+from fastdata.packers.shards import INDEX_DTYPE, MANIFEST_SUFFIX, ShardLayout, parse_output
+from fastdata.records import MANIFEST_VERSION, Manifest
+
+
+class ShardedReader(Reader):
+    """Reader over the shards of one dataset.
+
+    Args:
+        path: the ``PREFIX.fastdata.json`` manifest, a single shard, or a shard
+            pattern (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list
+            of shard files written by another tool.
+        verify: check payload checksums on read.
+
+    Subclasses implement ``_scan_shard`` (for shards without a fastdata index)
+    and may override ``_extract`` (turn the indexed bytes into the payload).
+    """
+
+    #: Extensions of the format, first one preferred.
+    extensions: tuple[str, ...] = ()
+    total_in_name = False
+
+    def __init__(self, path, *, verify: bool = True) -> None:
+        self._fds: dict[int, int] = {}
+        self._fd_lock = threading.Lock()
+        self._index: np.ndarray | None = None
+        self._shard_paths: list[str] = []
+        self._foreign_keys: list[str] | None = None
+        if isinstance(path, (list, tuple)):
+            self._explicit = [os.path.abspath(os.fspath(p)) for p in path]
+            path = self._explicit[0]
+        else:
+            self._explicit = None
+        super().__init__(path, verify=verify)
+
+    # -- hooks ----------------------------------------------------------------
+
+    def _scan_shard(self, path: str) -> list[tuple[int, int, int, str]]:
+        """(offset, size, label, key) of every record of a foreign shard."""
+        raise NotImplementedError
+
+    def _extract(self, raw: bytes, shard: int, offset: int) -> bytes:
+        """The payload inside the indexed bytes (identity by default)."""
+        return raw
+
+    # -- metadata ---------------------------------------------------------------
+
+    def _layout(self) -> ShardLayout:
+        return parse_output(self.path, self.extensions, sharded=False,
+                            total_in_name=self.total_in_name)
+
+    def _load_metadata(self) -> None:
+        layout = self._layout()
+        if self._explicit is None and os.path.exists(layout.manifest_path):
+            self._load_fastdata(layout)
+        else:
+            self._load_foreign(layout)
+
+    def _load_fastdata(self, layout: ShardLayout) -> None:
+        with open(layout.manifest_path, "rb") as f:
+            manifest = Manifest.from_json(f.read(), path=layout.manifest_path)
+        if manifest.format != self.format_name:
+            raise ManifestError(f"manifest says format {manifest.format!r}, not "
+                                f"{self.format_name!r}", path=layout.manifest_path)
+        index_path = os.path.join(layout.directory, manifest.extra.get("index", ""))
+        try:
+            index = np.load(index_path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise CorruptDataError(f"cannot read the dataset index ({exc}); re-pack it",
+                                   path=index_path) from None
+        if index.dtype != INDEX_DTYPE or len(index) != manifest.count:
+            raise CorruptDataError(
+                f"dataset index has {len(index)} rows of {index.dtype}, expected "
+                f"{manifest.count}", path=index_path)
+        self._manifest = manifest
+        self._index = index
+        self._labels = index["label"].astype(np.int64)
+        self._crcs = index["crc32"]
+        self._shard_paths = [os.path.join(layout.directory, s["path"]) for s in manifest.shards]
+        self._keys_path = os.path.join(layout.directory, manifest.extra.get("keys", ""))
+        for p, s in zip(self._shard_paths, manifest.shards):
+            if not os.path.exists(p):
+                raise CorruptDataError("shard file is missing", path=p)
+            if os.path.getsize(p) < s.get("bytes", 0):
+                raise CorruptDataError(
+                    f"shard is truncated ({os.path.getsize(p)} of {s['bytes']} bytes); re-pack "
+                    f"it or restore the file", path=p)
+
+    def _load_foreign(self, layout: ShardLayout) -> None:
+        paths = self._explicit or _expand_shards(self.path, layout)
+        if not paths:
+            raise ManifestError(
+                f"no fastdata manifest ({layout.prefix}{MANIFEST_SUFFIX}) and no shard files "
+                f"found", path=self.path)
+        rows, keys = [], []
+        for number, p in enumerate(paths):
+            for offset, size, label, key in self._scan_shard(p):
+                rows.append((number, offset, size, label, 0))
+                keys.append(key)
+        if not rows:
+            raise ManifestError("shards hold no records", path=self.path)
+        index = np.array(rows, dtype=INDEX_DTYPE)
+        labels = index["label"].astype(np.int64)
+        n_classes = int(labels.max()) + 1 if len(labels) else 0
+        counts = np.bincount(labels[labels >= 0], minlength=n_classes).tolist()
+        self._manifest = Manifest(
+            format=self.format_name, count=len(rows),
+            classes=[str(i) for i in range(n_classes)], class_counts=counts,
+            encoding={"storage": "keep", "formats": {}, "shape": None},
+            bytes={"payload": int(index["size"].sum()),
+                   "on_disk": sum(os.path.getsize(p) for p in paths)},
+            checksums={}, shards=[{"path": os.path.basename(p), "count": 0,
+                                   "bytes": os.path.getsize(p)} for p in paths],
+            source={"root": None, "note": "shards written by another tool; index built by scan"},
+            pack_options={}, created_at="", fastdata_version="", version=MANIFEST_VERSION,
+            extra={"foreign": True},
+        )
+        for s, n in zip(self._manifest.shards, np.bincount(index["shard"],
+                                                          minlength=len(paths)).tolist()):
+            s["count"] = n
+        self._index = index
+        self._labels = labels
+        self._crcs = None
+        self._shard_paths = paths
+        self._foreign_keys = keys
+        self._keys_path = None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.update(_fds={}, _fd_lock=None)
+        if state.get("_foreign_keys") is None:
+            state["_index"] = None  # reloaded (memory-light) from the .npy in the worker
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._fd_lock = threading.Lock()
+
+    def _ensure_index(self) -> np.ndarray:
+        if self._index is None:
+            self._load_metadata()
+        return self._index
+
+    @property
+    def shard_paths(self) -> list[str]:
+        self._ensure_index()
+        return self._shard_paths
+
+    def shard_ranges(self) -> list[tuple[int, int]]:
+        """(first record, record count) of every shard, in shard order."""
+        index = self._ensure_index()
+        counts = np.bincount(index["shard"], minlength=len(self._shard_paths))
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        return [(int(s), int(c)) for s, c in zip(starts, counts)]
+
+    def _load_keys(self) -> list[str]:
+        if self._foreign_keys is not None:
+            return self._foreign_keys
+        try:
+            with open(self._keys_path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return [f"#{i}" for i in range(len(self))]
+
+    # -- reading ----------------------------------------------------------------
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._fd_lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    try:
+                        fd = os.open(self._shard_paths[shard], os.O_RDONLY)
+                    except OSError as exc:
+                        raise CorruptDataError(f"cannot open shard ({exc.strerror})",
+                                               path=self._shard_paths[shard]) from None
+                    self._fds[shard] = fd
+        return fd
+
+    def _read_many(self, indices: Sequence[int]) -> list[bytes]:
+        index = self._ensure_index()
+        rows = index[np.asarray(indices, dtype=np.int64)]
+        out = []
+        for i, row in zip(indices, rows):
+            shard, offset, size = int(row["shard"]), int(row["offset"]), int(row["size"])
+            raw = os.pread(self._fd(shard), size, offset)
+            if len(raw) != size:
+                raise CorruptDataError(
+                    f"record {i} is cut short: {len(raw)} of {size} bytes at offset {offset} "
+                    f"(the shard is truncated)", path=self._shard_paths[shard],
+                    key=self._key_or_none(i), offset=offset)
+            out.append(self._extract(raw, shard, offset))
+        return out
+
+    def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
+        for shard in range(len(self.shard_paths)):
+            yield from self.iter_shard(shard)
+
+    def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
+        """(index, payload) of the records of one shard, in order."""
+        first, count = self.shard_ranges()[shard]
+        step = 64
+        for start in range(first, first + count, step):
+            batch = list(range(start, min(start + step, first + count)))
+            yield from zip(batch, self._read_many(batch))
+
+    def _forget_handles(self) -> None:
+        # Descriptors inherited across fork stay usable: pread has no shared
+        # file position, so parent and child never disturb each other.
+        pass
+
+    def _close_handles(self) -> None:
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds = {}
+
+
+def _expand_shards(path: str, layout: ShardLayout) -> list[str]:
+    """Existing shard files for a single-file, printf or brace path."""
+    if layout.pattern is None:
+        single = os.path.join(layout.directory, layout.shard_name(0))
+        return [single] if os.path.isfile(single) else []
+    out = []
+    number = 0
+    while True:
+        candidate = os.path.join(layout.directory, layout.shard_name(number, None))
+        if not os.path.isfile(candidate):
+            break
+        out.append(candidate)
+        number += 1
+    if not out and "{total" in layout.pattern:
+        raise FastDataError("give the manifest (.fastdata.json) or the shard files of a "
+                            "dataset whose shard names include the total", path=path)
+    return out
