@@ -17,24 +17,51 @@ from torch.utils.data import Dataset
 
 from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import detect_format
-from fastdata.loaders.decode import decode_pil, decode_rgb
 from fastdata.formats import FORMATS
+from fastdata.loaders.decode import DecoderChain, decode_pil
 from fastdata.loaders.reader import Reader
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
 ON_ERROR = ("raise", "skip")
 
 
-def convert_payload(data: bytes | memoryview, output: str):
+_DEFAULT_CHAIN = DecoderChain()
+
+
+def convert_payload(data: bytes | memoryview, output: str, decode: DecoderChain | None = None):
     """Turn a stored payload into the image type ``output`` names."""
     if output == "bytes":
         return bytes(data)
+    decode = decode or _DEFAULT_CHAIN
     if output == "pil":
-        return decode_pil(data)
-    array = decode_rgb(data)
+        if decode.size is None and decode.decoder in ("auto", "pil") and not decode.keep_gray:
+            return decode_pil(data)
+        from PIL import Image
+
+        return Image.fromarray(decode(data).squeeze(-1) if decode.keep_gray else decode(data))
+    array = decode(data)
     if output == "numpy":
         return array
     return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def decode_threads_for_worker(requested: int | None) -> int:
+    """Threads for batch decoding: the usable cores shared among DataLoader workers."""
+    if requested is not None:
+        return max(1, int(requested))
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    workers = info.num_workers if info is not None else 1
+    return max(1, usable_cores() // max(1, workers))
 
 
 def check_options(output: str, on_error: str) -> None:
@@ -61,6 +88,13 @@ class PackedDataset(Dataset):
             (``__getitem__`` moves on to the next record) and counts it in
             ``skipped``.
         verify: check each record's CRC32 when read.
+        decoder: "auto" (fastest installed for each encoding) or one of
+            ``fastdata.loaders.decode.DECODERS`` (pil, opencv, simplejpeg, jpeg4py).
+        size: decode straight to this size: an int for the shorter side, or
+            (h, w). JPEGs use DCT scaling first. None keeps each image's size.
+        keep_gray: return grayscale images with 1 channel instead of 3.
+        decode_threads: threads decoding a batch in ``__getitems__``; None uses
+            the usable cores divided by the DataLoader workers.
         **reader_options: format options passed to the reader.
     """
 
@@ -75,9 +109,17 @@ class PackedDataset(Dataset):
         output: str = "tensor",
         on_error: str = "raise",
         verify: bool = True,
+        decoder: str = "auto",
+        size: int | tuple[int, int] | None = None,
+        keep_gray: bool = False,
+        decode_threads: int | None = None,
         **reader_options: Any,
     ) -> None:
         check_options(output, on_error)
+        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray)
+        self.decode_threads = decode_threads
+        self._pool = None
+        self._pool_pid = None
         self.reader = self.reader_class(path, verify=verify, **reader_options)
         self.transform = transform
         self.target_transform = target_transform
@@ -150,10 +192,12 @@ class PackedDataset(Dataset):
             # Find the bad records one by one and keep the good ones.
             return [s for i in indices for s in self._load([i])]
         labels = self.reader.labels
+        images = self._convert_all(payloads)
         out = []
-        for i, data in zip(indices, payloads):
+        for i, image in zip(indices, images):
             try:
-                image = self._convert(data)
+                if isinstance(image, _Failed):
+                    raise image.error
             except Exception as exc:  # decoders raise many types; report them uniformly
                 if self.on_error == "raise":
                     raise DecodeError(
@@ -171,13 +215,55 @@ class PackedDataset(Dataset):
         return out
 
     def _convert(self, data):
-        return convert_payload(data, self.output)
+        return convert_payload(data, self.output, self.decode)
+
+    def _convert_one(self, data):
+        try:
+            return self._convert(data)
+        except Exception as exc:  # kept, and raised with the record's name by the caller
+            return _Failed(exc)
+
+    def _convert_all(self, payloads: list) -> list:
+        if self.output == "bytes" or len(payloads) < 2:
+            return [self._convert_one(d) for d in payloads]
+        pool = self._thread_pool()
+        if pool is None:
+            return [self._convert_one(d) for d in payloads]
+        return list(pool.map(self._convert_one, payloads))
+
+    def _thread_pool(self):
+        # The decoders release the GIL, so threads decode a batch in parallel.
+        # A pool never crosses fork: each process makes its own on first use.
+        pid = os.getpid()
+        if self._pool_pid != pid:
+            self._pool = None
+            self._pool_pid = pid
+            threads = decode_threads_for_worker(self.decode_threads)
+            if threads > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode")
+        return self._pool
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.update(_pool=None, _pool_pid=None)
+        return state
 
     def _skip(self, index: int, why: str) -> None:
         self.skipped += 1
         warnings.warn(f"{self.path}: skipping {why} record {index} "
                       f"(key {self.reader._key_or_none(index)!r}); {self.skipped} skipped so far",
                       RuntimeWarning, stacklevel=3)
+
+
+class _Failed:
+    """A decode failure carried through the thread pool."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 class _LazyReaderClass:
