@@ -66,6 +66,24 @@ def main() -> None:
 @click.option("--shard-size", metavar="N|SIZE", default=None,
               help="tar/tfrecord only: roll a new shard every N records (10000) or SIZE bytes "
                    "(256MB). OUTPUT may be a pattern: out-%06d.tar or out-{000000..000099}.tar.")
+@click.option("--resize", metavar="SHORT|HxW", default=None,
+              help="Resize at pack time: SHORT sets the shorter side (aspect kept), HxW sets "
+                   "both (stretched, unless --center-crop).")
+@click.option("--center-crop", is_flag=True,
+              help="With --resize: scale to cover the target, then crop the centre "
+                   "(--resize 224 --center-crop gives 224x224).")
+@click.option("--max-size", type=int, default=None, metavar="N",
+              help="Shrink images whose longer side exceeds N (never enlarges).")
+@click.option("--encoding", type=click.Choice(["keep", "jpeg", "png", "raw"]), default="keep",
+              show_default=True,
+              help="keep: original bytes (re-encoded in their own format only if resized); "
+                   "jpeg/png: re-encode; raw: decoded uint8 pixels, no decoding at read time "
+                   "(needs one image size: --resize HxW or --resize N --center-crop).")
+@click.option("--quality", type=int, default=90, show_default=True,
+              help="JPEG quality when encoding JPEG.")
+@click.option("--workers", type=int, default=None, metavar="N",
+              help="Processes reading, checking and preprocessing images [default: usable "
+                   "cores]. The output is identical for every N.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--strict", is_flag=True,
               help="Stop at the first corrupt or unreadable image (default: skip it and list it "
@@ -77,22 +95,34 @@ def main() -> None:
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
-def pack(source, output, format_, shard_size, overwrite, strict, verify_decode, as_json, progress):
+def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
+         workers, overwrite, strict, verify_decode, as_json, progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
     images are found recursively inside each class folder. Labels are the
-    indices of the sorted class names, as torchvision assigns them. The
-    original file bytes are stored unchanged, with the label and the path
-    relative to SOURCE.
+    indices of the sorted class names, as torchvision assigns them. By default
+    the original file bytes are stored unchanged, with the label and the path
+    relative to SOURCE; --resize/--encoding preprocess them once at pack time.
+
+    \b
+    Examples:
+      fastdata pack images/ train.lmdb
+      fastdata pack images/ train-%06d.tar --shard-size 256MB
+      fastdata pack images/ train.h5 --resize 256 --encoding jpeg --quality 90
+      fastdata pack cifar/ cifar.lmdb --encoding raw
 
     Nothing is left half-written: the output appears only when complete.
     """
     from fastdata.packers.pack import PackOptions
     from fastdata.packers.pack import pack as run_pack
+    from fastdata.packers.preprocess import Preprocess, parse_resize
 
+    pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
+                     encoding=encoding, quality=quality)
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
-                          verify_decode=verify_decode, shard_size=shard_size)
+                          verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
+                          workers=workers)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)

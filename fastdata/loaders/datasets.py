@@ -45,6 +45,14 @@ def convert_payload(data: bytes | memoryview, output: str, decode: DecoderChain 
     return torch.from_numpy(array).permute(2, 0, 1)
 
 
+def raw_shape_of(manifest) -> tuple[int, ...] | None:
+    """The HWC shape of pre-decoded (raw) records, or None for encoded ones."""
+    enc = manifest.encoding or {}
+    if enc.get("storage") == "raw" and enc.get("shape"):
+        return tuple(int(x) for x in enc["shape"])
+    return None
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on."""
     try:
@@ -116,11 +124,12 @@ class PackedDataset(Dataset):
         **reader_options: Any,
     ) -> None:
         check_options(output, on_error)
-        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray)
+        self.reader = self.reader_class(path, verify=verify, **reader_options)
+        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
+                                   raw_shape=raw_shape_of(self.reader.manifest))
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None
-        self.reader = self.reader_class(path, verify=verify, **reader_options)
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -224,7 +233,7 @@ class PackedDataset(Dataset):
             return _Failed(exc)
 
     def _convert_all(self, payloads: list) -> list:
-        if self.output == "bytes" or len(payloads) < 2:
+        if self.output == "bytes" or len(payloads) < 2 or self.decode.raw_shape is not None:
             return [self._convert_one(d) for d in payloads]
         pool = self._thread_pool()
         if pool is None:

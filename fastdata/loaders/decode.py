@@ -365,10 +365,11 @@ class DecoderChain:
     """
 
     def __init__(self, decoder: str = "auto", *, size: Size = None,
-                 keep_gray: bool = False) -> None:
+                 keep_gray: bool = False, raw_shape: Sequence[int] | None = None) -> None:
         self.decoder = check_decoder(decoder)
         self.size = parse_size(size)
         self.keep_gray = keep_gray
+        self.raw_shape = tuple(int(x) for x in raw_shape) if raw_shape else None
         self._by_encoding: dict[str | None, list[Decoder]] = {}
 
     def _chain(self, encoding: str | None) -> list[Decoder]:
@@ -388,6 +389,8 @@ class DecoderChain:
         return chain
 
     def __call__(self, data) -> np.ndarray:
+        if self.raw_shape is not None:
+            return self._raw(data)
         encoding = sniff_encoding(data)
         chain = self._chain(encoding)
         error: Exception | None = None
@@ -399,9 +402,22 @@ class DecoderChain:
                 error = error or exc
         raise error if error is not None else ValueError("no decoder available")
 
+    def _raw(self, data) -> np.ndarray:
+        """Pre-decoded pixels: no decoding, only a view and (if asked) a resize."""
+        expected = int(np.prod(self.raw_shape))
+        if len(data) != expected:
+            raise ValueError(f"raw record holds {len(data)} bytes, shape "
+                             f"{list(self.raw_shape)} needs {expected}")
+        # A writable copy: torch refuses to share read-only memory silently.
+        array = np.frombuffer(data, dtype=np.uint8).reshape(self.raw_shape).copy()
+        hw = target_size(array.shape[0], array.shape[1], self.size)
+        if self.keep_gray is False and array.shape[2] == 1:
+            array = np.repeat(array, 3, axis=2)
+        return resize(array, hw) if hw is not None else array
+
     def __getstate__(self):
         return {"decoder": self.decoder, "size": self.size, "keep_gray": self.keep_gray,
-                "_by_encoding": {}}
+                "raw_shape": self.raw_shape, "_by_encoding": {}}
 
 
 def decode_rgb(data, *, decoder: str = "auto", size: Size = None,

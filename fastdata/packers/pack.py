@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from fastdata import __version__
-from fastdata.errors import BadImageError, SourceError, UnknownFormatError
+from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
 from fastdata.formats import format_for_output
 from fastdata.packers.checks import check_image
+from fastdata.packers.preprocess import Preprocess
 from fastdata.packers.source import ImageFolderSource, SourceEntry
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest, Record
@@ -67,6 +68,9 @@ class PackOptions:
         verify_decode: decode every image fully at pack time.
         shard_size: for sharded formats (tar, tfrecord): records per shard ("10000")
             or bytes per shard ("256MB"); None writes one file.
+        preprocess: pack-time resize/crop/re-encode (default: store original bytes).
+        workers: processes reading, checking and preprocessing images; None uses
+            the usable cores. The output is byte-identical for any value.
         writer_options: further format options passed to the writer.
     """
 
@@ -75,7 +79,48 @@ class PackOptions:
     strict: bool = False
     verify_decode: bool = False
     shard_size: str | int | None = None
+    preprocess: Preprocess = field(default_factory=Preprocess)
+    workers: int | None = None
     writer_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One source image after reading, checking and preprocessing (picklable)."""
+
+    key: str
+    label: int
+    source_bytes: int
+    payload: bytes
+    encoding: str
+    width: int
+    height: int
+
+
+def _prepare(job: tuple[SourceEntry, bool, Preprocess]) -> _Prepared | SkippedFile:
+    """Read, check and preprocess one image; runs in pack worker processes."""
+    entry, verify_decode, pre = job
+    try:
+        data = _read(entry)
+        info = check_image(data, key=entry.key, verify_decode=verify_decode)
+        if pre.identity:
+            return _Prepared(entry.key, entry.label, len(data), data, info.encoding,
+                             info.width, info.height)
+        try:
+            payload, encoding, width, height = pre.apply(data, info.encoding)
+        except Exception as exc:  # any decoder/encoder failure makes this image bad
+            raise BadImageError(f"cannot be decoded for preprocessing: {exc}",
+                                key=entry.key) from None
+        return _Prepared(entry.key, entry.label, len(data), payload, encoding, width, height)
+    except BadImageError as exc:
+        return SkippedFile(entry.key, exc.message)
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def pack(
@@ -105,8 +150,11 @@ def pack(
         BadImageError: a bad image under ``strict``.
         OutputExistsError: the output exists and ``overwrite`` is False.
         UnknownFormatError: the format cannot be chosen.
+        FastDataError: impossible options (for example raw storage of images of
+            different sizes).
     """
     options = options or PackOptions()
+    pre = options.preprocess
     started = time.perf_counter()
     output = os.path.abspath(os.fspath(output))
     spec = format_for_output(output, options.format)
@@ -114,6 +162,9 @@ def pack(
     source_root = os.path.abspath(os.fspath(source))
     if os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
+    workers = options.workers if options.workers is not None else _usable_cores()
+    if workers < 1:
+        raise FastDataError(f"--workers must be at least 1, not {workers}")
 
     warnings_: list[str] = []
 
@@ -126,6 +177,7 @@ def pack(
     encodings: Counter[str] = Counter()
     fingerprint = hashlib.sha256()
     bytes_in = 0
+    raw_shape: tuple[int, int, int] | None = None
 
     writer_options = dict(options.writer_options)
     if options.shard_size not in (None, ""):
@@ -144,27 +196,44 @@ def pack(
             warn(f"class folder {name!r} has no images; its label {src.class_to_idx[name]} "
                  f"is kept")
         class_counts = [0] * len(src.classes)
+        workers = min(workers, max(1, len(src) // 16))
+        jobs = ((entry, options.verify_decode, pre) for entry in src)
+        # The pool starts before the progress bar's thread, so nothing of ours
+        # is mid-call in another thread when it forks.
+        pool = _start_pool(workers)
+        results = pool.imap(_prepare, jobs, chunksize=8) if pool else map(_prepare, jobs)
         bar = progress_bar(len(src), f"pack {os.path.basename(output)}", enabled=progress)
         try:
-            for entry in src:
+            for item in results:
                 bar.update(1)
-                try:
-                    data = _read(entry)
-                    info = check_image(data, key=entry.key, verify_decode=options.verify_decode)
-                except BadImageError as exc:
+                if isinstance(item, SkippedFile):
                     if options.strict:
-                        raise BadImageError(exc.message + " (--strict stops at the first bad image)",
-                                            path=entry.path, key=entry.key) from None
-                    skipped.append(SkippedFile(entry.key, exc.message))
+                        raise BadImageError(
+                            item.reason + " (--strict stops at the first bad image)",
+                            path=os.path.join(src.root, item.key), key=item.key)
+                    skipped.append(item)
                     continue
-                fingerprint.update(f"{entry.key}\t{entry.label}\t{len(data)}\n".encode())
-                writer.write(Record(writer.count, entry.key, entry.label, data, info.encoding,
-                                    info.width, info.height))
-                class_counts[entry.label] += 1
-                encodings[info.encoding] += 1
-                bytes_in += len(data)
+                if item.encoding == "raw":
+                    shape = (item.height, item.width, 3)
+                    if raw_shape is None:
+                        raw_shape = shape
+                    elif shape != raw_shape:
+                        raise FastDataError(
+                            f"raw storage needs one image size, but this image is "
+                            f"{item.width}x{item.height} and earlier ones "
+                            f"{raw_shape[1]}x{raw_shape[0]}; pass --resize HxW or "
+                            f"--resize N --center-crop", key=item.key)
+                fingerprint.update(f"{item.key}\t{item.label}\t{item.source_bytes}\n".encode())
+                writer.write(Record(writer.count, item.key, item.label, item.payload,
+                                    item.encoding, item.width, item.height))
+                class_counts[item.label] += 1
+                encodings[item.encoding] += 1
+                bytes_in += item.source_bytes
         finally:
             bar.close()
+            if pool is not None:
+                pool.terminate()
+                pool.join()
         if writer.count == 0:
             raise SourceError(
                 f"none of the {len(src)} image files could be read ({len(skipped)} skipped, "
@@ -173,12 +242,16 @@ def pack(
         for label, name in enumerate(src.classes):
             if class_counts[label] == 0 and name not in src.empty_classes:
                 warn(f"every image of class {name!r} was skipped; its label {label} is kept")
+        storage = "keep" if pre.identity else pre.encoding
         manifest = Manifest(
             format=spec.name,
             count=writer.count,
             classes=list(src.classes),
             class_counts=class_counts,
-            encoding={"storage": "keep", "formats": dict(sorted(encodings.items())), "shape": None},
+            encoding={"storage": storage, "formats": dict(sorted(encodings.items())),
+                      "shape": list(raw_shape) if raw_shape else None,
+                      "dtype": "uint8" if raw_shape else None,
+                      "layout": "HWC" if raw_shape else None},
             bytes={"source": bytes_in, "payload": writer.payload_bytes},
             checksums={},
             shards=[],
@@ -186,6 +259,7 @@ def pack(
                     "files": len(src), "skipped": len(skipped), "ignored": len(src.ignored)},
             pack_options={"format": spec.name, "strict": options.strict,
                           "verify_decode": options.verify_decode,
+                          "preprocess": pre.to_dict(),
                           **{k: v for k, v in writer_options.items()}},
             created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             fastdata_version=__version__,
@@ -210,6 +284,28 @@ def pack(
         report=report,
         encodings=dict(manifest.encoding["formats"]),
     )
+
+
+def _start_pool(workers: int):
+    """A process pool for ``workers`` > 1, else None (work runs inline)."""
+    if workers <= 1:
+        return None
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return mp.get_context(method).Pool(workers, initializer=_worker_init)
+
+
+def _worker_init() -> None:
+    # Ctrl-C goes to the whole process group: let the parent alone handle it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)  # one process per core already
+    except ImportError:
+        pass
 
 
 def _read(entry: SourceEntry) -> bytes:

@@ -1,0 +1,159 @@
+"""Pack-time preprocessing: resize, crop and re-encode each image once, at pack time.
+
+Resizing at pack time shrinks both the decode work of every epoch and the
+dataset; ``raw`` storage removes decoding altogether at the cost of disk.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from fastdata.errors import FastDataError
+
+ENCODINGS = ("keep", "jpeg", "png", "raw")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """What to do to each image before storing it.
+
+    Attributes:
+        resize: None, an int (shorter side, aspect kept) or (h, w).
+        center_crop: with ``resize``: scale to cover the target, then crop the
+            centre (an int resize gives a square crop); without it an (h, w)
+            resize stretches to fit, as torchvision's ``Resize((h, w))`` does.
+        max_size: shrink (never enlarge) so the longer side is at most this.
+        encoding: "keep" (original bytes when nothing else changes; otherwise
+            the original encoding: JPEG stays JPEG, anything else becomes PNG),
+            "jpeg", "png", or "raw" (decoded uint8 HWC pixels, fixed shape).
+        quality: JPEG quality when encoding JPEG.
+    """
+
+    resize: int | tuple[int, int] | None = None
+    center_crop: bool = False
+    max_size: int | None = None
+    encoding: str = "keep"
+    quality: int = 90
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise FastDataError(f"unknown encoding {self.encoding!r}; choose one of "
+                                f"{', '.join(ENCODINGS)}")
+        if not 1 <= int(self.quality) <= 100:
+            raise FastDataError(f"--quality must be 1-100, not {self.quality}")
+        if self.center_crop and self.resize is None:
+            raise FastDataError("--center-crop needs --resize (the size to crop to)")
+        if self.max_size is not None and self.max_size < 1:
+            raise FastDataError(f"--max-size must be positive, not {self.max_size}")
+
+    @property
+    def identity(self) -> bool:
+        """Nothing to do: the original bytes are stored."""
+        return self.encoding == "keep" and self.resize is None and self.max_size is None
+
+    @property
+    def fixed_shape(self) -> tuple[int, int] | None:
+        """The (h, w) every output has, when the options fix it."""
+        if isinstance(self.resize, tuple):
+            return self.resize
+        if isinstance(self.resize, int) and self.center_crop:
+            return self.resize, self.resize
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def apply(self, data: bytes, encoding: str) -> tuple[bytes, str, int, int]:
+        """Process one image.
+
+        Args:
+            data: the original file bytes.
+            encoding: their sniffed encoding.
+
+        Returns:
+            (payload, payload encoding, width, height).
+        """
+        from fastdata.loaders.decode import decode_rgb
+
+        pixels = decode_rgb(data)
+        pixels = self._geometry(pixels)
+        h, w = pixels.shape[:2]
+        out_encoding = self.encoding
+        if out_encoding == "keep":
+            out_encoding = "jpeg" if encoding == "jpeg" else "png"
+        if out_encoding == "raw":
+            return np.ascontiguousarray(pixels).tobytes(), "raw", w, h
+        return encode(pixels, out_encoding, self.quality), out_encoding, w, h
+
+    def _geometry(self, pixels: np.ndarray) -> np.ndarray:
+        from fastdata.loaders.decode import target_size
+
+        h, w = pixels.shape[:2]
+        if self.resize is not None:
+            if self.center_crop:
+                th, tw = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
+                scale = max(th / h, tw / w)
+                sh, sw = max(th, round(h * scale)), max(tw, round(w * scale))
+                pixels = _resize_quality(pixels, (sh, sw))
+                top, left = (sh - th) // 2, (sw - tw) // 2
+                pixels = pixels[top: top + th, left: left + tw]
+            else:
+                pixels = _resize_quality(pixels, target_size(h, w, self.resize))
+        if self.max_size is not None:
+            h, w = pixels.shape[:2]
+            if max(h, w) > self.max_size:
+                scale = self.max_size / max(h, w)
+                pixels = _resize_quality(pixels, (max(1, round(h * scale)),
+                                                  max(1, round(w * scale))))
+        return np.ascontiguousarray(pixels)
+
+
+def _resize_quality(pixels: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """Pack-time resize: area averaging when shrinking (best quality, done once),
+    bicubic when enlarging."""
+    import cv2
+
+    h, w = hw
+    if pixels.shape[:2] == (h, w):
+        return pixels
+    shrink = h * w < pixels.shape[0] * pixels.shape[1]
+    return cv2.resize(pixels, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_CUBIC)
+
+
+def encode(pixels: np.ndarray, encoding: str, quality: int = 90) -> bytes:
+    """Encode HWC uint8 RGB pixels as JPEG (4:2:0) or PNG."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    img = Image.fromarray(pixels, "RGB")
+    if encoding == "jpeg":
+        img.save(buf, "JPEG", quality=int(quality), subsampling="4:2:0")
+    elif encoding == "png":
+        img.save(buf, "PNG", compress_level=6)
+    else:
+        raise FastDataError(f"cannot encode as {encoding!r}")
+    return buf.getvalue()
+
+
+def parse_resize(text: str | int | None) -> int | tuple[int, int] | None:
+    """Parse ``--resize``: "256" (shorter side) or "224x224" (HxW)."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×,]\s*(\d+)\s*)?", str(text))
+    if not m:
+        raise FastDataError(f"cannot read --resize {text!r}: give SHORT (256) or HxW (224x224)")
+    if m.group(2) is None:
+        value = int(m.group(1))
+        if value < 1:
+            raise FastDataError("--resize must be positive")
+        return value
+    h, w = int(m.group(1)), int(m.group(2))
+    if h < 1 or w < 1:
+        raise FastDataError("--resize must be positive")
+    return h, w
