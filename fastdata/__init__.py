@@ -41,6 +41,8 @@ _LAZY = {
     "TarDataset": "fastdata.loaders.datasets:TarDataset",
     "ShardedIterableDataset": "fastdata.loaders.iterable:ShardedIterableDataset",
     "synthesize": "fastdata.synth:synthesize",
+    "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
+    "loader": "fastdata.loaders.prefetch:loader",
 }
 
 __all__ = sorted([

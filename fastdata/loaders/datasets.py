@@ -103,6 +103,10 @@ class PackedDataset(Dataset):
         keep_gray: return grayscale images with 1 channel instead of 3.
         decode_threads: threads decoding a batch in ``__getitems__``; None uses
             the usable cores divided by the DataLoader workers.
+        cache: None, or "ram": copy every stored payload once, up front, into
+            shared memory used by all DataLoader workers (one copy in total;
+            refused with a clear message when memory is short).
+        progress: progress bar while filling the cache (None: on a terminal).
         **reader_options: format options passed to the reader.
     """
 
@@ -121,10 +125,19 @@ class PackedDataset(Dataset):
         size: int | tuple[int, int] | None = None,
         keep_gray: bool = False,
         decode_threads: int | None = None,
+        cache: str | None = None,
+        progress: bool | None = None,
         **reader_options: Any,
     ) -> None:
         check_options(output, on_error)
+        if cache not in (None, "ram"):
+            raise ValueError(f"cache must be None or 'ram', not {cache!r}")
         self.reader = self.reader_class(path, verify=verify, **reader_options)
+        self.cache = None
+        if cache == "ram":
+            from fastdata.loaders.cache import SharedPayloadCache
+
+            self.cache = SharedPayloadCache(self.reader, progress=progress)
         self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
                                    raw_shape=raw_shape_of(self.reader.manifest))
         self.decode_threads = decode_threads
@@ -189,9 +202,15 @@ class PackedDataset(Dataset):
         """A whole batch in one call; the DataLoader uses this when present."""
         return self._load(list(indices))
 
+    def _read(self, indices: list[int]) -> list:
+        if self.cache is None:
+            return self.reader.read_many(indices)
+        n = len(self)
+        return self.cache.read_many([i + n if i < 0 else i for i in indices])
+
     def _load(self, indices: list[int]) -> list:
         try:
-            payloads = self.reader.read_many(indices)
+            payloads = self._read(indices)
         except CorruptDataError:
             if self.on_error == "raise" or len(indices) == 1:
                 if self.on_error == "raise":

@@ -1,0 +1,159 @@
+"""RAM cache shared by DataLoader workers, CUDA prefetcher (CPU path), loader()."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata.errors import FastDataError
+from fastdata.loaders import cache as cache_mod
+from fastdata.packers.pack import PackOptions
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    src = root / "src"
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(60):
+            # Noise PNGs do not compress: ~12 KB each, ~1.5 MB in all.
+            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+                src / f"c{c}" / f"{i:03d}.png")
+    out = str(root / "data.lmdb")
+    fastdata.pack(str(src), out, options=PackOptions(workers=1), progress=False)
+    return out
+
+
+def _shm_pss(pid: int, name: str) -> int:
+    """PSS bytes of the shared-memory mapping ``name`` in process ``pid``."""
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps", encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if parts and "-" in parts[0] and len(parts) >= 5:
+                inside = line.rstrip().endswith("/" + name)
+            elif inside and parts and parts[0] == "Pss:":
+                total += int(parts[1]) * 1024
+    return total
+
+
+def test_cached_results_equal_uncached(packed):
+    plain = fastdata.open_dataset(packed)
+    cached = fastdata.open_dataset(packed, cache="ram")
+    assert cached.cache.nbytes == plain.manifest.bytes["payload"]
+    for i in (0, 5, len(plain) - 1, -1):
+        a, b = plain[i], cached[i]
+        assert a[1] == b[1] and bool((a[0] == b[0]).all())
+    batch = cached.__getitems__([3, 1, 2])
+    assert [s[1] for s in batch] == [plain[3][1], plain[1][1], plain[2][1]]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_workers_share_one_copy(packed, ctx):
+    ds = fastdata.open_dataset(packed, cache="ram", output="bytes")
+    name = ds.cache.name
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, shuffle=True,
+                                         persistent_workers=True, multiprocessing_context=ctx,
+                                         collate_fn=_as_list)
+    it = iter(loader)
+    seen = sum(len(b) for b in it)
+    assert seen == len(ds)
+    pids = [os.getpid()] + [w.pid for w in it._workers]
+    per_process = [_shm_pss(pid, name) for pid in pids]
+    total = sum(per_process)
+    # Every worker read its share through the mapping, yet the pages are
+    # counted once in total: one copy, not one per worker.
+    assert all(p > 0 for p in per_process[1:]), per_process
+    assert total <= 1.2 * ds.cache.nbytes + 64 * 1024, (per_process, ds.cache.nbytes)
+    del it, loader
+
+
+def test_memory_check_refuses_with_needed_and_available(packed, monkeypatch):
+    monkeypatch.setattr(cache_mod, "available_memory", lambda: 1000)
+    with pytest.raises(FastDataError, match=r"needs .* but only .* available"):
+        fastdata.open_dataset(packed, cache="ram")
+
+
+def test_cache_is_freed_with_the_dataset(packed):
+    ds = fastdata.open_dataset(packed, cache="ram")
+    path = "/dev/shm/" + ds.cache.name
+    assert os.path.exists(path)
+    ds.cache.close()
+    assert not os.path.exists(path)
+
+
+def test_bad_cache_option(packed):
+    with pytest.raises(ValueError, match="cache must be"):
+        fastdata.open_dataset(packed, cache="disk")
+
+
+def test_prefetcher_on_cpu_normalises_and_warns(packed):
+    ds = fastdata.open_dataset(packed)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4)
+    with pytest.warns(RuntimeWarning, match="CUDA is not available") if not \
+            torch.cuda.is_available() else _null():
+        import fastdata.loaders.prefetch as P
+
+        P._warned_no_cuda = False
+        pf = fastdata.CUDAPrefetcher(dl, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    images, labels = next(iter(pf))
+    raw, raw_labels = next(iter(dl))
+    expected = (raw.float() - 127.5) / 63.75
+    assert torch.allclose(images.cpu(), expected, atol=1e-4)
+    assert torch.equal(labels.cpu(), raw_labels)
+    assert len(pf) == len(dl)
+    half = fastdata.CUDAPrefetcher(dl, dtype=torch.float16, channels_last=True)
+    images = next(iter(half))[0]
+    assert images.dtype == torch.float16 and float(images.max()) <= 1.0
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_prefetcher_handles_dicts_and_needs_both_mean_and_std():
+    batches = [{"image": torch.full((2, 3, 4, 4), 255, dtype=torch.uint8), "label": torch.ones(2)}]
+    out = next(iter(fastdata.CUDAPrefetcher(batches, device="cpu")))
+    assert out["image"].dtype == torch.float32 and float(out["image"].max()) == 1.0
+    with pytest.raises(ValueError, match="mean and std"):
+        fastdata.CUDAPrefetcher(batches, device="cpu", mean=(0.5,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefetcher_on_cuda(packed):
+    ds = fastdata.open_dataset(packed)
+    pf = fastdata.loader(ds, batch_size=16, num_workers=2, device="cuda",
+                         mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    n = 0
+    for images, labels in pf:
+        assert images.is_cuda and images.dtype == torch.float32
+        n += len(labels)
+    assert n == len(ds)
+
+
+def test_loader_defaults(packed):
+    ds = fastdata.open_dataset(packed)
+    dl = fastdata.loader(ds, batch_size=8, num_workers=0, device="cpu")
+    assert isinstance(dl, torch.utils.data.DataLoader)
+    a = [b[1].tolist() for b in fastdata.loader(ds, batch_size=8, num_workers=0, seed=3,
+                                                device="cpu")]
+    b = [b[1].tolist() for b in fastdata.loader(ds, batch_size=8, num_workers=2, seed=3,
+                                                device="cpu")]
+    assert a == b  # same seed, same order, whatever the number of workers
+
+
+def _as_list(batch):
+    return batch
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
