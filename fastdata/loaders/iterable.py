@@ -1,19 +1,12 @@
 """Streaming IterableDataset over sharded formats (tar, TFRecord).
 
-Shards are split across torch.distributed ranks and DataLoader workers: the
-global worker g of W (W = world size x workers per rank) reads shards g, g+W,
-g+2W, ... of the (optionally shuffled) shard list, so every record is read
-exactly once per epoch. When there are fewer shards than global workers,
-records are split instead (record i goes to worker i mod W), which keeps the
-once-per-epoch guarantee at the cost of every worker touching every shard.
-
-Shuffling is seeded: the shard order by (seed, epoch), then a buffer of
-``shuffle_buffer`` samples per worker by (seed, epoch, g). The order is
-reproducible for a given seed, epoch, world size and worker count.
+See :class:`ShardedIterableDataset` for how shards are split across
+torch.distributed ranks and DataLoader workers, and how shuffling is seeded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -21,9 +14,17 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.errors import CorruptDataError, FastDataError
+from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import detect_format
 from fastdata.loaders.datasets import check_options, convert_payload
+
+
+def _seed(*parts: int | str) -> int:
+    """A 64-bit seed from ints and tags: the same in every process and Python run
+    (unlike ``hash()``), and unrelated for neighbouring inputs."""
+    # int() first: a numpy integer's repr differs from the equal Python int's.
+    text = repr(tuple(p if isinstance(p, str) else int(p) for p in parts))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -37,6 +38,38 @@ def _rank_and_world() -> tuple[int, int]:
 class ShardedIterableDataset(IterableDataset):
     """Streams ``(image, label)`` from tar or TFRecord shards.
 
+    **Splitting.** With R ranks (torch.distributed, or ``rank``/``world_size``)
+    of K DataLoader workers each there are W = R x K global workers; worker
+    ``id`` of rank ``r`` is number g = r x K + id. The S shards (in the shuffled
+    order when ``shuffle``, which depends on (seed, epoch) only, so every
+    worker agrees on it) are split like this:
+
+    - S >= W: worker g reads whole shards g, g+W, g+2W, ... of that order.
+      Every record is read exactly once per epoch across all ranks and
+      workers. When W divides S and shards hold equal counts, every worker
+      (and rank) gets the same number of samples; otherwise the split stays
+      exactly-once but uneven: the first S mod W workers get one shard more.
+      DistributedDataParallel needs the same number of steps on every rank, so
+      choose S a multiple of W (or stop each rank after the same step count).
+    - S < W: every worker reads every shard and keeps the records whose index
+      i satisfies i mod W == g: still exactly once, counts within one of each
+      other, but each worker reads all the bytes, so prefer S >= W.
+
+    Within a worker, records come in shard order; a DataLoader then
+    interleaves its workers' batches.
+
+    **Shuffling** (``shuffle=True``): the shard order is shuffled with a seed
+    made from (seed, epoch), then each worker passes its records through a
+    buffer of ``shuffle_buffer`` samples seeded by (seed, epoch, g); records are
+    decoded after leaving the buffer, so it holds encoded bytes, not pixels.
+    The order is reproducible for the same seed, epoch, world size and number
+    of workers per rank, and changes with :meth:`set_epoch`.
+
+    The rank and world size are read in each worker; a DataLoader with spawned
+    workers gets them from the parent (they are resolved when the dataset is
+    pickled), since a spawned worker has no process group. ``skipped`` counts
+    in the process that iterates (a worker's count stays in the worker).
+
     Args:
         path: the dataset's ``.fastdata.json`` manifest, a shard, a shard pattern,
             or a list of shard files.
@@ -49,6 +82,8 @@ class ShardedIterableDataset(IterableDataset):
         on_error: "raise" or "skip" (count in ``skipped`` and go on).
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
+        **reader_options: format options passed to the reader (for TFRecord:
+            ``feature_keys``, ``chunk_size``).
     """
 
     def __init__(
@@ -65,6 +100,7 @@ class ShardedIterableDataset(IterableDataset):
         verify: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
+        **reader_options: Any,
     ) -> None:
         check_options(output, on_error)
         spec = detect_format(path)
@@ -75,7 +111,7 @@ class ShardedIterableDataset(IterableDataset):
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "
                                 f"a map-style Dataset", path=os.fspath(path) if not
                                 isinstance(path, (list, tuple)) else None)
-        self.reader = reader_cls(path, verify=verify)
+        self.reader = reader_cls(path, verify=verify, **reader_options)
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -105,8 +141,17 @@ class ShardedIterableDataset(IterableDataset):
         epoch (with ``persistent_workers=False``, workers pick it up at start)."""
         self.epoch = int(epoch)
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if state.get("_rank") is None or state.get("_world") is None:
+            # Pickled for a spawned DataLoader worker, which has no process group.
+            rank, world = _rank_and_world()
+            state["_rank"] = rank if state.get("_rank") is None else state["_rank"]
+            state["_world"] = world if state.get("_world") is None else state["_world"]
+        return state
+
     def _assignment(self) -> tuple[list[int], int | None, int]:
-        """(shards to read, record stride or None, record phase) for this worker."""
+        """(shards to read, record stride or None, global worker number g)."""
         rank, world = _rank_and_world()
         if self._rank is not None:
             rank = self._rank
@@ -114,36 +159,48 @@ class ShardedIterableDataset(IterableDataset):
             world = self._world
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside a world of size {world}")
         g, total = rank * workers + worker, world * workers
         shards = list(range(len(self.reader.shard_paths)))
         if self.shuffle:
-            random.Random(f"{self.seed}-{self.epoch}").shuffle(shards)
+            random.Random(_seed("shards", self.seed, self.epoch)).shuffle(shards)
         if len(shards) >= total:
-            return shards[g::total], None, 0
+            return shards[g::total], None, g
         return shards, total, g
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
-        shards, stride, phase = self._assignment()
-        rng = random.Random(f"{self.seed}-{self.epoch}-{phase}-{shards[:1]}")
-        samples = self._samples(shards, stride, phase)
-        if not self.shuffle:
-            yield from samples
-            return
-        buffer: list = []
-        for sample in samples:
-            if len(buffer) < self.shuffle_buffer:
-                buffer.append(sample)
-                continue
-            j = rng.randrange(len(buffer))
-            buffer[j], sample = sample, buffer[j]
-            yield sample
-        rng.shuffle(buffer)
-        yield from buffer
-
-    def _samples(self, shards: list[int], stride: int | None, phase: int):
+        shards, stride, g = self._assignment()
+        records = self._records(shards, stride, g)
+        if self.shuffle:
+            rng = random.Random(_seed("samples", self.seed, self.epoch, g))
+            records = _buffer_shuffle(records, self.shuffle_buffer, rng)
         labels = self.reader.labels
+        for index, data in records:
+            try:
+                image = convert_payload(data, self.output)
+            except Exception as exc:  # decoders raise many types
+                if self.on_error == "raise":
+                    raise DecodeError(
+                        f"record {index} cannot be decoded ({type(exc).__name__}: {exc}); "
+                        f"pass on_error='skip' to leave such records out",
+                        path=self.reader.path, key=self.reader._key_or_none(index),
+                        offset=index) from exc
+                self.skipped += 1
+                continue
+            label = int(labels[index])
+            if self.transform is not None:
+                image = self.transform(image)
+            if self.target_transform is not None:
+                label = self.target_transform(label)
+            yield image, label
+
+    def _records(self, shards: list[int], stride: int | None, g: int
+                 ) -> Iterator[tuple[int, bytes]]:
+        """(index, payload) of this worker's records, checksums verified."""
+        reader = self.reader
         for shard in shards:
-            stream = self.reader.iter_shard(shard)
+            stream = reader.iter_shard(shard)
             while True:
                 try:
                     index, data = next(stream)
@@ -154,21 +211,28 @@ class ShardedIterableDataset(IterableDataset):
                         raise
                     self.skipped += 1
                     break  # a damaged shard cannot be resynchronised: move to the next
-                if stride is not None and index % stride != phase:
+                if stride is not None and index % stride != g:
                     continue
-                try:
-                    image = convert_payload(data, self.output)
-                except Exception as exc:  # decoders raise many types
-                    if self.on_error == "raise":
-                        from fastdata.errors import DecodeError
+                if reader.verify:
+                    try:
+                        reader.check(index, data)
+                    except CorruptDataError:
+                        if self.on_error == "raise":
+                            raise
+                        self.skipped += 1
+                        continue
+                yield index, data
 
-                        raise DecodeError(f"record {index} cannot be decoded ({exc})",
-                                          path=self.reader.path, offset=index) from exc
-                    self.skipped += 1
-                    continue
-                label = int(labels[index])
-                if self.transform is not None:
-                    image = self.transform(image)
-                if self.target_transform is not None:
-                    label = self.target_transform(label)
-                yield image, label
+
+def _buffer_shuffle(items: Iterator, size: int, rng: random.Random) -> Iterator:
+    """Yield ``items`` in a random order, holding at most ``size`` of them."""
+    buffer: list = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        buffer[j], item = item, buffer[j]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer

@@ -28,20 +28,35 @@ from fastdata.packers.lmdb_packer import (
 )
 from fastdata.records import Manifest
 
-# realpath -> [pid, env, users]; guarded by _LOCK (thread-pool decoders share readers).
-_ENVS: dict[str, list] = {}
+# (device, inode) of the data file -> [pid, env, users]; guarded by _LOCK
+# (thread-pool decoders share readers). lmdb itself recognises an environment
+# by its file, not its path: a symlinked path is the same environment, and a
+# folder replaced by a new pack is a new one.
+_ENVS: dict[tuple[int, int], list] = {}
 _LOCK = threading.Lock()
 
 
+def _env_id(path: str) -> tuple[int, int]:
+    data_file = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    try:
+        st = os.stat(data_file)
+    except OSError as exc:
+        raise ManifestError(f"not an LMDB environment ({exc.strerror}: {data_file})",
+                            path=path) from None
+    return st.st_dev, st.st_ino
+
+
 def _acquire_env(path: str, readahead: bool):
+    """The process's shared environment for ``path``, and its id for release."""
     import lmdb
 
     pid = os.getpid()
+    key = _env_id(path)
     with _LOCK:
-        entry = _ENVS.get(path)
+        entry = _ENVS.get(key)
         if entry is not None and entry[0] == pid:
             entry[2] += 1
-            return entry[1]
+            return entry[1], key
         if entry is not None:
             # Inherited from the parent across fork: close this process's copy
             # of the mapping (the parent's stays open) and open our own.
@@ -54,19 +69,19 @@ def _acquire_env(path: str, readahead: bool):
                             subdir=os.path.isdir(path), max_readers=2048, max_spare_txns=4)
         except lmdb.Error as exc:
             raise ManifestError(f"not a readable LMDB environment ({exc})", path=path) from None
-        _ENVS[path] = [pid, env, 1]
-        return env
+        _ENVS[key] = [pid, env, 1]
+        return env, key
 
 
-def _release_env(path: str) -> None:
+def _release_env(key: tuple[int, int]) -> None:
     with _LOCK:
-        entry = _ENVS.get(path)
+        entry = _ENVS.get(key)
         if entry is None or entry[0] != os.getpid():
             return
         entry[2] -= 1
         if entry[2] <= 0:
             entry[1].close()
-            del _ENVS[path]
+            del _ENVS[key]
 
 
 class LMDBReader(Reader):
@@ -86,13 +101,18 @@ class LMDBReader(Reader):
     def __init__(self, path, *, verify: bool = True, readahead: bool = False) -> None:
         self.readahead = readahead
         self._env = None
-        super().__init__(path, verify=verify)
+        self._env_key = None
+        try:
+            super().__init__(path, verify=verify)
+        except BaseException:
+            self._close_handles()  # a failed open must not stay cached for the process
+            raise
 
     def _get_env(self):
         pid = os.getpid()
         if self._env is None or self._pid != pid:
             self._env = None
-            self._env = _acquire_env(self.path, self.readahead)
+            self._env, self._env_key = _acquire_env(self.path, self.readahead)
             self._pid = pid
         return self._env
 
@@ -103,9 +123,10 @@ class LMDBReader(Reader):
         self._env = None
 
     def _close_handles(self) -> None:
-        if self._env is not None:
+        if self._env is not None and self._pid == os.getpid():
             self._env = None
-            _release_env(self.path)
+            _release_env(self._env_key)
+        self._env = None
 
     def _load_metadata(self) -> None:
         import lmdb

@@ -17,7 +17,13 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.loaders.reader import Reader
-from fastdata.packers.shards import INDEX_DTYPE, MANIFEST_SUFFIX, ShardLayout, parse_output
+from fastdata.packers.shards import (
+    _BRACE,
+    INDEX_DTYPE,
+    MANIFEST_SUFFIX,
+    ShardLayout,
+    parse_output,
+)
 from fastdata.records import MANIFEST_VERSION, Manifest
 
 
@@ -45,6 +51,8 @@ class ShardedReader(Reader):
         self._shard_paths: list[str] = []
         self._foreign_keys: list[str] | None = None
         if isinstance(path, (list, tuple)):
+            if not path:
+                raise ManifestError("no shard files given (an empty list)")
             self._explicit = [os.path.abspath(os.fspath(p)) for p in path]
             path = self._explicit[0]
         else:
@@ -148,11 +156,18 @@ class ShardedReader(Reader):
         state.update(_fds={}, _fd_lock=None)
         if state.get("_foreign_keys") is None:
             state["_index"] = None  # reloaded (memory-light) from the .npy in the worker
+        else:
+            state["_labels"] = self._labels  # else every worker would re-scan the shards
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._fd_lock = threading.Lock()
+
+    def check(self, index: int, data: bytes | memoryview) -> None:
+        if self._foreign_keys is not None:
+            return  # shards from other tools carry no checksums (and a reload would re-scan)
+        super().check(index, data)
 
     def _ensure_index(self) -> np.ndarray:
         if self._index is None:
@@ -200,8 +215,9 @@ class ShardedReader(Reader):
         index = self._ensure_index()
         rows = index[np.asarray(indices, dtype=np.int64)]
         out = []
-        for i, row in zip(indices, rows):
-            shard, offset, size = int(row["shard"]), int(row["offset"]), int(row["size"])
+        # Plain ints: numpy scalar field access costs more than the pread itself.
+        for i, shard, offset, size in zip(indices, rows["shard"].tolist(),
+                                          rows["offset"].tolist(), rows["size"].tolist()):
             raw = os.pread(self._fd(shard), size, offset)
             if len(raw) != size:
                 raise CorruptDataError(
@@ -242,6 +258,18 @@ def _expand_shards(path: str, layout: ShardLayout) -> list[str]:
     if layout.pattern is None:
         single = os.path.join(layout.directory, layout.shard_name(0))
         return [single] if os.path.isfile(single) else []
+    brace = _BRACE.search(os.path.basename(path))
+    if brace:
+        # An explicit range names exactly the shards wanted: a missing one is an
+        # error, not a shorter dataset.
+        lo, hi = int(brace.group(1)), int(brace.group(2))
+        out = [os.path.join(layout.directory, layout.shard_name(n, None))
+               for n in range(lo, hi + 1)]
+        missing = [p for p in out if not os.path.isfile(p)]
+        if missing:
+            raise ManifestError(f"{len(missing)} of the {len(out)} shards the pattern names "
+                                f"are missing, first {os.path.basename(missing[0])}", path=path)
+        return out
     out = []
     number = 0
     while True:

@@ -270,6 +270,8 @@ def pack(
     report = None
     if skipped or warnings_:
         report = _write_report(output, skipped, warnings_)
+    else:
+        _remove_stale_report(output)
     return PackSummary(
         output=output,
         format=spec.name,
@@ -316,9 +318,21 @@ def _read(entry: SourceEntry) -> bytes:
         raise BadImageError(f"cannot read file: {exc.strerror or exc}", key=entry.key) from None
 
 
-def _write_report(output: str, skipped: list[SkippedFile], warnings_: list[str]) -> str:
+def _report_path(output: str) -> str:
     base = output[: -len(".fastdata.json")] if output.endswith(".fastdata.json") else output
-    path = f"{base}.report.json"
+    return f"{base}.report.json"
+
+
+def _remove_stale_report(output: str) -> None:
+    """A report from an earlier pack of the same output would describe other data."""
+    try:
+        os.remove(_report_path(output))
+    except FileNotFoundError:
+        pass
+
+
+def _write_report(output: str, skipped: list[SkippedFile], warnings_: list[str]) -> str:
+    path = _report_path(output)
     data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_}
     tmp = f"{path}.partial"
     with open(tmp, "w", encoding="utf-8") as f:

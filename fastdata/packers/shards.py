@@ -162,7 +162,8 @@ class ShardedWriter(Writer):
     Subclasses implement ``_begin_shard(path)``, ``_append(record, crc) ->
     (offset, size)`` of the payload within the shard, and ``_end_shard() ->
     dict`` of extra per-shard facts; they may override ``_shard_files(name)``
-    to publish side files (per-shard index files).
+    to publish side files (per-shard index files) and ``_stored_size(record)``
+    so a byte ``shard_size`` counts their framing (tar headers and padding).
     """
 
     output_is_dir = True
@@ -212,6 +213,10 @@ class ShardedWriter(Writer):
         """Files making up shard ``name`` (the shard and any side files)."""
         return [name]
 
+    def _manifest_extra(self) -> dict:
+        """Format-specific entries for the manifest's ``extra`` (key schema, ...)."""
+        return {}
+
     # -- Writer implementation --------------------------------------------------
 
     def _open(self, temp_path: str) -> None:
@@ -220,8 +225,13 @@ class ShardedWriter(Writer):
     def _temp_shard_name(self, number: int) -> str:
         return f"shard-{number:06d}{self.layout.extension}"
 
+    def _stored_size(self, record: Record) -> int:
+        """Bytes ``record`` will take in its shard (framing included); what a
+        byte ``shard_size`` counts."""
+        return len(record.payload)
+
     def _write(self, record: Record, crc: int) -> None:
-        size = len(record.payload)
+        size = self._stored_size(record) if self.max_bytes is not None else 0
         if self._shard_open and (
                 (self.max_records is not None and self._shard_count >= self.max_records)
                 or (self.max_bytes is not None and self._shard_count > 0
@@ -275,7 +285,7 @@ class ShardedWriter(Writer):
             shards=shards,
             extra={"index": os.path.basename(self.layout.index_path),
                    "keys": os.path.basename(self.layout.keys_path),
-                   "prefix": self.layout.prefix},
+                   "prefix": self.layout.prefix, **self._manifest_extra()},
         )
         with open(os.path.join(self.temp_path, "manifest.json"), "w", encoding="utf-8") as f:
             f.write(manifest.to_json())

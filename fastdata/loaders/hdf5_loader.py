@@ -1,0 +1,377 @@
+"""HDF5 reader (no torch). The schema lives in fastdata.packers.hdf5_packer.
+
+The small per-record arrays (offsets, labels, CRC32s) are loaded into numpy on
+open. A batch is read with one HDF5 call: the requested records are sorted,
+merged into contiguous runs (records less than ``merge_gap`` bytes apart share
+a run), and the union of the runs is read into one buffer (one call per 256
+runs for larger batches).
+
+The payload dataset is opened without a chunk cache: a cached chunk is read
+whole (1 MiB for one 2 KB record) while an uncached one is read for just the
+selected bytes, and the OS page cache already keeps what was read. Measured on
+2 KB records: ~240k records/s shuffled without the cache, ~30k/s with it.
+
+h5py handles are opened lazily in the process that reads. A handle inherited
+across fork is kept alive but never used or closed in the child (closing it
+would release the parent's file lock, which the two processes share), and the
+child opens its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.loaders.reader import Reader
+from fastdata.packers.hdf5_packer import (
+    CRC32,
+    CRC32_DTYPE,
+    HDF5_SIGNATURE,
+    KEYS,
+    LABEL_DTYPE,
+    LABELS,
+    MANIFEST,
+    OFFSETS,
+    PAYLOAD,
+    SCHEMA,
+    SCHEMA_ATTR,
+    SCHEMA_PREFIX,
+    SCHEMA_VERSION,
+)
+from fastdata.records import Manifest
+
+#: Handles inherited from a parent process: referenced so they are never
+#: closed here, and never used.
+_INHERITED: list = []
+#: Ranges per HDF5 read: building a union of hyperslabs costs time quadratic in
+#: the number of ranges (~2 us per range at 256, ~500 us at 16k), so a huge
+#: batch is read in slices of this many ranges.
+RUNS_PER_READ = 256
+_OPEN_LOCK = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # another parent thread may have held it at fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
+
+
+class HDF5Reader(Reader):
+    """Reads a fastdata HDF5 file.
+
+    Args:
+        path: the ``.h5``/``.hdf5`` file.
+        verify: check record CRC32s on read.
+        rdcc_nbytes: chunk cache of the payload dataset in bytes. 0 (default)
+            reads just the requested bytes; a cache larger than a chunk only
+            pays when the same chunks are read again and again and the page
+            cache cannot hold them.
+        merge_gap: records of a batch less than this many bytes apart are
+            read as one range (the gap is read and dropped).
+        block_bytes: bytes read at a time by sequential iteration.
+    """
+
+    format_name = "hdf5"
+    random_access = True
+
+    def __init__(self, path, *, verify: bool = True, rdcc_nbytes: int = 0,
+                 merge_gap: int = 64 << 10, block_bytes: int = 16 << 20) -> None:
+        for name, value, low in (("rdcc_nbytes", rdcc_nbytes, 0), ("merge_gap", merge_gap, 0),
+                                 ("block_bytes", block_bytes, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
+        self.rdcc_nbytes = rdcc_nbytes
+        self.merge_gap = merge_gap
+        self.block_bytes = block_bytes
+        self._file = None
+        self._payload = None
+        self._offsets: np.ndarray | None = None
+        super().__init__(path, verify=verify)
+
+    # -- handles ----------------------------------------------------------------
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        return ("_file", "_payload")
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_offsets"] = None  # per-record: reloaded in the receiving process
+        return state
+
+    def _forget_handles(self) -> None:
+        if self._file is not None:
+            _INHERITED.append((self._file, self._payload))
+        self._file = None
+        self._payload = None
+
+    def _close_handles(self) -> None:
+        file, self._file, self._payload = self._file, None, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass  # closing a read-only file loses nothing
+
+    def _get_file(self):
+        """The open h5py.File of this process, opened on first use."""
+        pid = os.getpid()
+        if self._file is not None and self._pid != pid:
+            self._forget_handles()
+        if self._file is None:
+            with _OPEN_LOCK:
+                if self._file is None:
+                    self._file, self._payload = self._open_file()
+                    self._pid = pid
+        return self._file
+
+    def _open_file(self):
+        import h5py
+
+        if os.path.isdir(self.path):
+            raise ManifestError("is a folder, not an HDF5 file", path=self.path)
+        if not os.path.exists(self.path):
+            raise ManifestError("no such HDF5 file", path=self.path)
+        try:
+            file = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise self._open_error(exc) from None
+        payload = None
+        if PAYLOAD in file:
+            try:
+                dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+                dapl.set_chunk_cache(521, self.rdcc_nbytes, 0.75)
+                payload = _dataset(h5py.h5d.open(file.id, PAYLOAD.encode(), dapl=dapl))
+            except (OSError, KeyError, TypeError) as exc:
+                file.close()
+                raise CorruptDataError(f"cannot open dataset {PAYLOAD!r} ({exc}); re-pack it",
+                                       path=self.path, key=PAYLOAD) from None
+        return file, payload
+
+    def _open_error(self, exc: OSError) -> FastDataError:
+        if isinstance(exc, PermissionError):
+            return FastDataError(f"cannot open ({exc.strerror or exc})", path=self.path)
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(len(HDF5_SIGNATURE))
+            size = os.path.getsize(self.path)
+        except OSError as exc2:
+            return FastDataError(f"cannot open ({exc2.strerror or exc2})", path=self.path)
+        if head == HDF5_SIGNATURE or size == 0 or HDF5_SIGNATURE.startswith(head):
+            return CorruptDataError(
+                f"HDF5 file is truncated or damaged ({size} bytes; h5py: {exc}); re-pack it "
+                f"or restore the file", path=self.path)
+        return ManifestError("not an HDF5 file (no HDF5 signature); is this the right path?",
+                             path=self.path)
+
+    # -- metadata ---------------------------------------------------------------
+
+    def _load_metadata(self) -> None:
+        f = self._get_file()
+        try:
+            try:
+                self._load_from(f)
+            except OSError as exc:
+                raise CorruptDataError(f"HDF5 metadata cannot be read ({exc}); the file is "
+                                       f"damaged, re-pack it", path=self.path) from None
+        except FastDataError:
+            # Do not keep a refused file open (the error's traceback holds this reader).
+            self._close_handles()
+            raise
+
+    def _load_from(self, f) -> None:
+        if MANIFEST not in f:
+            raise ManifestError(
+                f"HDF5 file has no fastdata manifest (dataset {MANIFEST!r}): it was not "
+                f"written by fastdata or its pack did not finish; re-run `fastdata pack`",
+                path=self.path)
+        raw = f[MANIFEST][()]
+        if not isinstance(raw, (bytes, str)):  # an array or a number: not ours
+            raise ManifestError(f"dataset {MANIFEST!r} is not a scalar string", path=self.path)
+        manifest = Manifest.from_json(raw, path=self.path)
+        if manifest.format != "hdf5":
+            raise ManifestError(f"manifest says format {manifest.format!r}, not 'hdf5'",
+                                path=self.path)
+        _check_schema(f.attrs.get(SCHEMA_ATTR), self.path)
+        n = manifest.count
+        payload = self._payload
+        if payload is None:
+            raise CorruptDataError(f"dataset {PAYLOAD!r} is missing; re-pack it",
+                                   path=self.path, key=PAYLOAD)
+        if payload.ndim != 1 or payload.dtype != np.uint8:
+            raise CorruptDataError(f"dataset {PAYLOAD!r} is {payload.dtype} of shape "
+                                   f"{payload.shape}, expected 1-D uint8", path=self.path,
+                                   key=PAYLOAD)
+        offsets = self._array(f, OFFSETS, n + 1).astype(np.int64, copy=False)
+        labels = self._array(f, LABELS, n).astype(LABEL_DTYPE, copy=False)
+        crcs = self._array(f, CRC32, n).astype(CRC32_DTYPE, copy=False)
+        if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != payload.shape[0]:
+            raise CorruptDataError(
+                f"dataset {OFFSETS!r} does not describe the {payload.shape[0]} payload bytes "
+                f"(it must start at 0, never decrease and end at the payload size); re-pack it",
+                path=self.path, key=OFFSETS)
+        self._manifest = manifest
+        self._offsets = offsets
+        self._labels = labels.astype(np.int64, copy=False)
+        self._crcs = crcs
+
+    def _array(self, f, name: str, length: int) -> np.ndarray:
+        if name not in f:
+            raise CorruptDataError(f"dataset {name!r} is missing; re-pack it",
+                                   path=self.path, key=name)
+        dset = f[name]
+        if dset.shape != (length,) or dset.dtype.kind not in "iu":
+            raise CorruptDataError(f"dataset {name!r} is {dset.dtype} of shape {dset.shape}, "
+                                   f"expected {length} integers", path=self.path, key=name)
+        return dset[()]
+
+    def _load_keys(self) -> list[str]:
+        f = self._get_file()
+        if KEYS not in f:
+            return [f"#{i}" for i in range(len(self))]
+        try:
+            dset = f[KEYS]
+            if dset.shape != (len(self),):
+                raise CorruptDataError(f"dataset {KEYS!r} has shape {dset.shape}, expected "
+                                       f"({len(self)},); re-pack it", path=self.path, key=KEYS)
+            keys = dset.asstr()[()]
+        except OSError as exc:
+            raise CorruptDataError(f"dataset {KEYS!r} cannot be read ({exc})",
+                                   path=self.path, key=KEYS) from None
+        return keys.tolist()
+
+    def _offsets_array(self) -> np.ndarray:
+        if self._offsets is None:
+            self._load_metadata()
+        return self._offsets
+
+    # -- reading ----------------------------------------------------------------
+
+    def _read_many(self, indices: Sequence[int]) -> list[bytes]:
+        if len(indices) == 0:
+            return []
+        offsets = self._offsets_array()
+        self._get_file()
+        if len(indices) == 1:
+            # One record: h5py's cached simple-slice reader beats building a selection.
+            i = indices[0]
+            a, b = int(offsets[i]), int(offsets[i + 1])
+            try:
+                return [self._payload[a:b].tobytes()]
+            except OSError as exc:
+                raise self._read_error(exc, [a], [b], [i]) from None
+        idx = np.asarray(indices, dtype=np.int64)
+        starts = offsets[idx]
+        ends = offsets[idx + 1]
+        order = np.argsort(starts, kind="stable")
+        s, e = starts[order], ends[order]
+        # A new run starts where a record begins more than merge_gap bytes past
+        # everything before it; duplicates and neighbours fall into one run.
+        reach = np.maximum.accumulate(e)
+        new = np.ones(len(s), dtype=bool)
+        new[1:] = s[1:] > reach[:-1] + self.merge_gap
+        first = np.flatnonzero(new)
+        run_start = s[first]
+        run_end = np.maximum.reduceat(e, first)
+        run_len = run_end - run_start
+        run_pos = np.zeros(len(first), dtype=np.int64)
+        np.cumsum(run_len[:-1], out=run_pos[1:])
+        run_of = np.cumsum(new) - 1
+        pos = np.empty(len(idx), dtype=np.int64)
+        pos[order] = run_pos[run_of] + (s - run_start[run_of])
+        buf = self._read_runs(run_start, run_end, int(run_len.sum()), idx[order][first])
+        view = memoryview(buf)
+        return [view[p:p + n].tobytes() for p, n in zip(pos.tolist(), (ends - starts).tolist())]
+
+    def _read_runs(self, run_start: np.ndarray, run_end: np.ndarray, total: int,
+                   first_records: np.ndarray) -> np.ndarray:
+        """Read the byte ranges ``[run_start[k], run_end[k])`` (sorted, disjoint)
+        back to back into one buffer, one HDF5 read per ``RUNS_PER_READ`` ranges."""
+        import h5py
+
+        buf = np.empty(total, dtype=np.uint8)
+        dset = self._payload
+        starts, ends = run_start.tolist(), run_end.tolist()
+        pos = 0
+        for g in range(0, len(starts), RUNS_PER_READ):
+            group = [(a, b) for a, b in zip(starts[g:g + RUNS_PER_READ],
+                                            ends[g:g + RUNS_PER_READ]) if b > a]
+            size = sum(b - a for a, b in group)
+            if size == 0:
+                continue
+            try:
+                space = dset.id.get_space()
+                space.select_none()
+                for a, b in group:
+                    space.select_hyperslab((a,), (b - a,), op=h5py.h5s.SELECT_OR)
+                dset.id.read(h5py.h5s.create_simple((size,)), space, buf[pos:pos + size])
+            except OSError as exc:
+                raise self._read_error(exc, run_start, run_end, first_records) from None
+            pos += size
+        return buf
+
+    def _read_error(self, exc: OSError, run_start, run_end, first_records) -> CorruptDataError:
+        # Name the first range that fails on its own, so the message points at a record.
+        bad = 0
+        for k, (a, b) in enumerate(zip(run_start, run_end)):
+            try:
+                self._payload[a:b]
+            except OSError:
+                bad = k
+                break
+        index = int(first_records[bad])
+        return CorruptDataError(
+            f"record {index} cannot be read (payload bytes {int(run_start[bad])}.."
+            f"{int(run_end[bad])}; h5py: {exc}): the file is damaged; re-pack it or read "
+            f"with on_error='skip'", path=self.path, key=self._key_or_none(index), offset=index)
+
+    def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
+        offsets = self._offsets_array()
+        self._get_file()
+        n = len(offsets) - 1
+        i = 0
+        while i < n:
+            start = int(offsets[i])
+            # Whole records up to block_bytes, and at least one record.
+            j = int(np.searchsorted(offsets, start + self.block_bytes, side="right")) - 1
+            j = min(max(j, i + 1), n)
+            end = int(offsets[j])
+            try:
+                view = memoryview(self._payload[start:end])
+            except OSError as exc:
+                raise self._read_error(exc, [start], [end], [i]) from None
+            for k in range(i, j):
+                yield k, view[int(offsets[k]) - start:int(offsets[k + 1]) - start].tobytes()
+            i = j
+
+
+def _dataset(dsid):
+    import h5py
+
+    try:
+        # Read-only lets h5py cache its fast slice reader (2-3x faster single reads).
+        return h5py.Dataset(dsid, readonly=True)
+    except TypeError:  # h5py without the keyword
+        return h5py.Dataset(dsid)
+
+
+def _check_schema(value, path: str) -> None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str) or not value.startswith(SCHEMA_PREFIX):
+        raise ManifestError(f"HDF5 file has no {SCHEMA_ATTR!r} attribute of the form "
+                            f"{SCHEMA!r}: it was not written by fastdata", path=path)
+    try:
+        version = int(value[len(SCHEMA_PREFIX):])
+    except ValueError:
+        raise ManifestError(f"unknown HDF5 schema {value!r}", path=path) from None
+    if version > SCHEMA_VERSION:
+        raise ManifestError(
+            f"HDF5 schema {value!r} is newer than this fastdata reads ({SCHEMA}); upgrade "
+            f"fastdata: pip install -U fastdata", path=path)

@@ -1,0 +1,562 @@
+"""TFRecord reader (no torch). The schema lives in fastdata.packers.tfrecord_packer.
+
+Random access reads one framed record by offset through the dataset index;
+streaming (:meth:`TFRecordReader.iter_shard`) walks a shard with large
+sequential reads. Either way both CRC32Cs of every record are checked (the
+``tfrecord`` package checks neither), so damage is reported with the shard
+file and byte offset instead of turning into garbage samples.
+
+The tf.train.Example parser is hand-written for exactly the messages involved
+(Example → Features → map<string, Feature> → Bytes/Float/Int64List) and
+follows protobuf's rules, so it also reads what TensorFlow or the ``tfrecord``
+package wrote: map entries in any order, packed or unpacked numbers, unknown
+fields skipped, the last of repeated map keys winning.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator, Mapping
+
+import crc32c
+
+from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.loaders.sharded import ShardedReader
+from fastdata.packers.tfrecord_packer import (
+    DEFAULT_FEATURE_KEYS,
+    FEATURE_BYTES,
+    FEATURE_FLOAT,
+    FEATURE_INT64,
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    LIST_VALUE,
+    WIRE_END_GROUP,
+    WIRE_FIXED32,
+    WIRE_FIXED64,
+    WIRE_LEN,
+    WIRE_START_GROUP,
+    WIRE_VARINT,
+    TFRecordWriter,
+    mask_crc,
+)
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_MASK64 = (1 << 64) - 1
+_SIGN64 = 1 << 63
+
+#: Where the documentation of ``feature_keys`` is, for error messages.
+_KEYS_HINT = ("pass feature_keys={{'image': ..., 'label': ...}} naming this file's features "
+              "(to TFRecordReader, fastdata.TFRecordDataset or fastdata.ShardedIterableDataset); "
+              "features present: {present}")
+
+# Tags (field number << 3 | wire type) the parser looks for, all one byte:
+# field 1 is Example.features, Features.feature and a map entry's key; field 2
+# a map entry's value (see the field numbers in tfrecord_packer).
+_TAG_LEN_1 = (1 << 3) | WIRE_LEN
+_TAG_LEN_2 = (2 << 3) | WIRE_LEN
+
+
+class _WireError(ValueError):
+    """Malformed protobuf data (turned into CorruptDataError with the location)."""
+
+
+# -- protobuf wire format ---------------------------------------------------------
+
+
+def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+    """Decode a varint at ``pos``; returns (value, next position)."""
+    if pos >= end:
+        raise _WireError("truncated varint")
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        if pos >= end:
+            raise _WireError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result & _MASK64, pos
+        shift += 7
+        if shift >= 70:
+            raise _WireError("varint longer than 10 bytes")
+
+
+def _skip(buf, pos: int, end: int, tag: int) -> int:
+    """Skip the value of a field with ``tag`` starting at ``pos``."""
+    wire = tag & 7
+    if wire == WIRE_VARINT:
+        return _varint(buf, pos, end)[1]
+    if wire == WIRE_LEN:
+        n, pos = _varint(buf, pos, end)
+        pos += n
+    elif wire == WIRE_FIXED64:
+        pos += 8
+    elif wire == WIRE_FIXED32:
+        pos += 4
+    elif wire == WIRE_START_GROUP:
+        # Legacy groups: skip nested fields up to the matching end-group tag.
+        while True:
+            inner, pos = _varint(buf, pos, end)
+            if inner & 7 == WIRE_END_GROUP:
+                if inner >> 3 != tag >> 3:
+                    raise _WireError("mismatched end-group tag")
+                return pos
+            pos = _skip(buf, pos, end, inner)
+    else:
+        raise _WireError(f"invalid wire type {wire}")
+    if pos > end:
+        raise _WireError("field runs past the end of its message")
+    return pos
+
+
+def _len_field(buf, pos: int, end: int) -> tuple[int, int]:
+    """(start, end) of a length-delimited value at ``pos``."""
+    n, pos = _varint(buf, pos, end)
+    stop = pos + n
+    if stop > end:
+        raise _WireError("field runs past the end of its message")
+    return pos, stop
+
+
+def feature_spans(buf, start: int, end: int, wanted: Mapping[bytes, str] | None = None
+                  ) -> dict[str, tuple[int, int]]:
+    """Find the Feature messages of a serialized Example without decoding them.
+
+    Args:
+        buf: bytes or bytearray holding the Example.
+        start, end: the Example's span within ``buf``.
+        wanted: feature names (UTF-8 bytes) → name to report them under; None
+            for every feature.
+
+    Returns:
+        name → (start, end) of that feature's Feature message in ``buf``.
+
+    Raises:
+        ValueError: the bytes are not a well-formed Example.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    pos = start
+    while pos < end:
+        tag = buf[pos]
+        if tag != _TAG_LEN_1:  # not Example.features: skip it
+            tag, pos = _varint(buf, pos, end)
+            pos = _skip(buf, pos, end, tag)
+            continue
+        fs, fe = _len_field(buf, pos + 1, end)
+        p = fs
+        while p < fe:
+            if buf[p] != _TAG_LEN_1:  # not a map entry: skip it
+                t, p = _varint(buf, p, fe)
+                p = _skip(buf, p, fe, t)
+                continue
+            # Inline one-byte lengths: this loop is the per-record cost of reading.
+            n = buf[p + 1] if p + 1 < fe else 0x80
+            if n < 0x80:
+                es, ee = p + 2, p + 2 + n
+                if ee > fe:
+                    raise _WireError("map entry runs past the end of Features")
+            else:
+                es, ee = _len_field(buf, p + 1, fe)
+            p = ee
+            # The usual entry: key (field 1, short) then value (field 2), nothing else.
+            if ee - es >= 4 and buf[es] == _TAG_LEN_1 and buf[es + 1] < 0x80:
+                ke = es + 2 + buf[es + 1]
+                if ke + 2 <= ee and buf[ke] == _TAG_LEN_2:
+                    n = buf[ke + 1]
+                    if n < 0x80:
+                        vs, ve = ke + 2, ke + 2 + n
+                    else:
+                        vs, ve = _len_field(buf, ke + 1, ee)
+                    if ve == ee:
+                        key = buf[es + 2:ke]
+                        if wanted is None:
+                            out[key.decode("utf-8", "replace")] = (vs, ve)
+                        else:
+                            name = wanted.get(key)
+                            if name is not None:
+                                out[name] = (vs, ve)
+                                if len(out) == len(wanted) and _none_later(buf, wanted, p, end):
+                                    return out
+                        continue
+            key, value = _map_entry(buf, es, ee)
+            if wanted is None:
+                out[key.decode("utf-8", "replace")] = value
+            else:
+                name = wanted.get(key)
+                if name is not None:
+                    out[name] = value
+        pos = fe
+    return out
+
+
+def _none_later(buf, wanted: Mapping[bytes, str], pos: int, end: int) -> bool:
+    """Whether no wanted name occurs in ``buf[pos:end]``: then no later map entry
+    can repeat (and override) a feature already found, and the walk can stop."""
+    return all(buf.find(name, pos, end) < 0 for name in wanted)
+
+
+def _map_entry(buf, start: int, end: int) -> tuple[bytes, tuple[int, int]]:
+    """(key, Feature span) of a map entry in any field order, repeats and extra
+    fields included (the last key and value win, as protobuf has it)."""
+    key = b""
+    value = (end, end)  # an entry without a value holds an empty Feature
+    q = start
+    while q < end:
+        u = buf[q]
+        if u == _TAG_LEN_1:
+            ks, ke = _len_field(buf, q + 1, end)
+            key = bytes(buf[ks:ke])
+            q = ke
+        elif u == _TAG_LEN_2:
+            value = _len_field(buf, q + 1, end)
+            q = value[1]
+        else:
+            u, q = _varint(buf, q, end)
+            q = _skip(buf, q, end, u)
+    return key, value
+
+
+def _one_bytes_value(buf, start: int, end: int) -> bytes | None:
+    """The value of a Feature holding a BytesList of exactly one value, laid out
+    the usual way; None when it is anything else (then use decode_feature)."""
+    if end - start < 4 or buf[start] != _TAG_LEN_1:
+        return None
+    ls, le = _len_field(buf, start + 1, end)
+    if le != end or le - ls < 2 or buf[ls] != _TAG_LEN_1:
+        return None
+    vs, ve = _len_field(buf, ls + 1, le)
+    return buf[vs:ve] if ve == le else None
+
+
+def decode_feature(buf, start: int, end: int) -> tuple[str | None, list]:
+    """Decode one Feature message.
+
+    Returns:
+        (kind, values): kind is "bytes", "int64", "float" or None (an empty
+        Feature); values a list of bytes, ints or floats.
+
+    Raises:
+        ValueError: malformed data.
+    """
+    kind: str | None = None
+    values: list = []
+    pos = start
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        field, wire = tag >> 3, tag & 7
+        if wire != WIRE_LEN or field not in (FEATURE_BYTES, FEATURE_FLOAT, FEATURE_INT64):
+            pos = _skip(buf, pos, end, tag)
+            continue
+        ls, le = _len_field(buf, pos, end)
+        pos = le
+        new = {FEATURE_BYTES: "bytes", FEATURE_FLOAT: "float", FEATURE_INT64: "int64"}[field]
+        if new != kind:  # oneof: the last member set wins; a repeated one merges
+            kind, values = new, []
+        _decode_list(buf, ls, le, kind, values)
+    return kind, values
+
+
+def _decode_list(buf, pos: int, end: int, kind: str, out: list) -> None:
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        field, wire = tag >> 3, tag & 7
+        if field != LIST_VALUE:
+            pos = _skip(buf, pos, end, tag)
+            continue
+        if kind == "bytes":
+            if wire != WIRE_LEN:
+                raise _WireError("BytesList value with a non-length-delimited wire type")
+            s, pos = _len_field(buf, pos, end)
+            out.append(bytes(buf[s:pos]))
+        elif kind == "int64":
+            if wire == WIRE_VARINT:  # unpacked
+                v, pos = _varint(buf, pos, end)
+                out.append(v - (1 << 64) if v >= _SIGN64 else v)
+            elif wire == WIRE_LEN:  # packed
+                s, e = _len_field(buf, pos, end)
+                while s < e:
+                    v, s = _varint(buf, s, e)
+                    out.append(v - (1 << 64) if v >= _SIGN64 else v)
+                pos = e
+            else:
+                raise _WireError("Int64List value with a bad wire type")
+        else:
+            if wire == WIRE_FIXED32:  # unpacked
+                if pos + 4 > end:
+                    raise _WireError("truncated float")
+                out.append(struct.unpack_from("<f", buf, pos)[0])
+                pos += 4
+            elif wire == WIRE_LEN:  # packed
+                s, e = _len_field(buf, pos, end)
+                if (e - s) % 4:
+                    raise _WireError("packed FloatList length is not a multiple of 4")
+                out.extend(struct.unpack_from(f"<{(e - s) // 4}f", buf, s))
+                pos = e
+            else:
+                raise _WireError("FloatList value with a bad wire type")
+
+
+def parse_example(data: bytes) -> dict[str, tuple[str | None, list]]:
+    """Every feature of a serialized tf.train.Example: name → (kind, values).
+
+    Raises:
+        ValueError: the bytes are not a well-formed Example.
+    """
+    data = bytes(data) if isinstance(data, memoryview) else data
+    return {name: decode_feature(data, s, e)
+            for name, (s, e) in feature_spans(data, 0, len(data)).items()}
+
+
+# -- the reader ---------------------------------------------------------------------
+
+
+class TFRecordReader(ShardedReader):
+    """Reads TFRecord shards of tf.train.Example: fastdata's, or any others.
+
+    Args:
+        path: the ``PREFIX.fastdata.json`` manifest, a shard, a shard pattern,
+            or a list of TFRecord files written by another tool (TensorFlow,
+            the ``tfrecord`` package); those are scanned once on open.
+        verify: check the data CRC32C of each record and the payload CRC32
+            stored at pack time. The CRC32C of each record's length is always
+            checked: a bad length cannot be read past safely.
+        feature_keys: feature names to read, by role: ``{"image": ...,
+            "label": ..., "key": ...}``; roles left out keep their defaults
+            ("image/encoded", "image/class/label", "image/key"). The image
+            feature must be a one-value BytesList and the label an Int64List;
+            the key feature is optional (records are then named
+            ``"<file>:<n>"``).
+        chunk_size: bytes per read when streaming a shard.
+    """
+
+    format_name = "tfrecord"
+    extensions = TFRecordWriter.extensions
+    total_in_name = True
+
+    def __init__(self, path, *, verify: bool = True,
+                 feature_keys: Mapping[str, str] | None = None,
+                 chunk_size: int = 256 << 10) -> None:
+        keys = dict(DEFAULT_FEATURE_KEYS)
+        if feature_keys:
+            unknown = sorted(set(feature_keys) - set(DEFAULT_FEATURE_KEYS))
+            if unknown:
+                raise ValueError(f"feature_keys roles must be among "
+                                 f"{', '.join(DEFAULT_FEATURE_KEYS)}; got {', '.join(unknown)}")
+            keys.update({role: str(name) for role, name in feature_keys.items()})
+        self.feature_keys = keys
+        self.chunk_size = max(HEADER_SIZE, int(chunk_size))
+        self._image_only = {keys["image"].encode("utf-8"): "image"}
+        self._scan_keys = {keys[role].encode("utf-8"): role for role in ("image", "label", "key")}
+        super().__init__(path, verify=verify)
+
+    # -- framing ------------------------------------------------------------------
+
+    def _frame(self, buf, pos: int, limit: int, path: str, offset: int, *,
+               length_checked: bool = False) -> tuple[int, int]:
+        """Check the record framed at ``buf[pos:limit]`` (file offset ``offset``).
+
+        Args:
+            length_checked: the caller has already checked the length CRC.
+
+        Returns:
+            (start, end) of the record's data within ``buf``.
+        """
+        if limit - pos < HEADER_SIZE:
+            raise CorruptDataError(
+                f"record header is cut short ({limit - pos} of {HEADER_SIZE} bytes): the "
+                f"shard is truncated", path=path, offset=offset)
+        (length,) = _U64.unpack_from(buf, pos)
+        (stored,) = _U32.unpack_from(buf, pos + 8)
+        if not length_checked and mask_crc(crc32c.crc32c(buf[pos:pos + 8])) != stored:
+            raise CorruptDataError(
+                "record length fails its CRC32C check: this is not a TFRecord file or it "
+                "is damaged here", path=path, offset=offset)
+        start = pos + HEADER_SIZE
+        end = start + length
+        if end + FOOTER_SIZE > limit:
+            raise CorruptDataError(
+                f"record of {length} bytes is cut short: the shard is truncated",
+                path=path, offset=offset)
+        if self.verify:
+            (stored,) = _U32.unpack_from(buf, end)
+            if mask_crc(crc32c.crc32c(memoryview(buf)[start:end])) != stored:
+                raise CorruptDataError(
+                    "record data fails its CRC32C check: the shard is damaged; re-pack it or "
+                    "read with on_error='skip'", path=path, offset=offset)
+        return start, end
+
+    def _image(self, buf, start: int, end: int, path: str, offset: int) -> bytes:
+        """The image bytes of the Example in ``buf[start:end]``."""
+        try:
+            span = feature_spans(buf, start, end, self._image_only).get("image")
+            if span is None:
+                raise ManifestError(
+                    f"record has no feature {self.feature_keys['image']!r}; "
+                    + _KEYS_HINT.format(present=self._present(buf, start, end)),
+                    path=path, offset=offset)
+            value = _one_bytes_value(buf, span[0], span[1])
+            if value is not None:
+                return value
+            kind, values = decode_feature(buf, span[0], span[1])
+        except _WireError as exc:
+            raise CorruptDataError(f"record is not a valid tf.train.Example ({exc})",
+                                   path=path, offset=offset) from None
+        if kind != "bytes" or len(values) != 1:
+            raise ManifestError(
+                f"feature {self.feature_keys['image']!r} holds {len(values)} {kind} value(s), "
+                f"not one bytes value (an encoded image)", path=path, offset=offset)
+        return values[0]
+
+    @staticmethod
+    def _present(buf, start: int, end: int) -> str:
+        try:
+            names = sorted(feature_spans(buf, start, end))
+        except _WireError:
+            return "(unreadable)"
+        return ", ".join(names) if names else "(none)"
+
+    # -- ShardedReader hooks ----------------------------------------------------------
+
+    def _extract(self, raw: bytes, shard: int, offset: int) -> bytes:
+        path = self._shard_paths[shard]
+        start, end = self._frame(raw, 0, len(raw), path, offset)
+        if end + FOOTER_SIZE != len(raw):
+            raise CorruptDataError(
+                f"record is {end + FOOTER_SIZE} bytes but the dataset index says {len(raw)}: "
+                f"the shard does not match its index; re-pack it", path=path, offset=offset)
+        return self._image(raw, start, end, path, offset)
+
+    def _scan_shard(self, path: str) -> list[tuple[int, int, int, str]]:
+        rows = []
+        name = os.path.basename(path)
+        keys = self.feature_keys
+        for n, (offset, buf, start, end) in enumerate(self._stream(path)):
+            try:
+                spans = feature_spans(buf, start, end, self._scan_keys)
+                for role in ("image", "label"):
+                    if role not in spans:
+                        raise ManifestError(
+                            f"record {n} has no feature {keys[role]!r}; "
+                            + _KEYS_HINT.format(present=self._present(buf, start, end)),
+                            path=path, offset=offset)
+                kind, labels = decode_feature(buf, *spans["label"])
+                key = f"{name}:{n}"
+                if "key" in spans:
+                    kkind, kvalues = decode_feature(buf, *spans["key"])
+                    if kkind == "bytes" and kvalues:
+                        key = kvalues[0].decode("utf-8", "replace")
+            except _WireError as exc:
+                raise CorruptDataError(f"record {n} is not a valid tf.train.Example ({exc})",
+                                       path=path, offset=offset) from None
+            if kind != "int64" or not labels:
+                raise ManifestError(
+                    f"record {n}: label feature {keys['label']!r} holds "
+                    f"{len(labels)} {kind} value(s), not an int64 class index; name another "
+                    f"feature with feature_keys={{'label': ...}}", path=path, offset=offset)
+            rows.append((offset, end + FOOTER_SIZE - (start - HEADER_SIZE), labels[0], key))
+        return rows
+
+    # -- streaming --------------------------------------------------------------------
+
+    def _stream(self, path: str, max_records: int | None = None
+                ) -> Iterator[tuple[int, bytes, int, int]]:
+        """Walk a TFRecord file with large sequential reads, checking every frame.
+
+        Yields:
+            (file offset of the record, buffer, data start, data end); the
+            buffer is only valid until the next item.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise CorruptDataError(f"cannot open shard ({exc.strerror})", path=path) from None
+        try:
+            size = os.fstat(fd).st_size
+            buf = b""
+            base = 0  # file offset of buf[0]
+            pos = 0
+            n = 0
+            while max_records is None or n < max_records:
+                offset = base + pos
+                left = size - offset
+                if left <= 0:
+                    return
+                if left < HEADER_SIZE:
+                    raise CorruptDataError(
+                        f"record header is cut short ({left} of {HEADER_SIZE} bytes): the "
+                        f"shard is truncated", path=path, offset=offset)
+                if len(buf) - pos < HEADER_SIZE:
+                    buf, base, pos = self._refill(fd, offset, HEADER_SIZE, size, path), offset, 0
+                (length,) = _U64.unpack_from(buf, pos)
+                (stored,) = _U32.unpack_from(buf, pos + 8)
+                if mask_crc(crc32c.crc32c(buf[pos:pos + 8])) != stored:
+                    raise CorruptDataError(
+                        "record length fails its CRC32C check: this is not a TFRecord file "
+                        "or it is damaged here", path=path, offset=offset)
+                total = HEADER_SIZE + length + FOOTER_SIZE
+                if total > left:  # checked before reading: a bad length never allocates
+                    raise CorruptDataError(
+                        f"record of {length} bytes is cut short ({left} bytes left): the "
+                        f"shard is truncated", path=path, offset=offset)
+                if len(buf) - pos < total:
+                    buf, base, pos = self._refill(fd, offset, total, size, path), offset, 0
+                start, end = self._frame(buf, pos, pos + total, path, offset,
+                                         length_checked=True)
+                yield offset, buf, start, end
+                pos += total
+                n += 1
+        finally:
+            os.close(fd)
+
+    def _refill(self, fd: int, offset: int, need: int, size: int, path: str) -> bytes:
+        """Read the next block from file offset ``offset``: at least ``need`` bytes.
+
+        The block restarts at the first unfinished record and is read again by
+        pread instead of gluing the old tail to new data: one copy, not two,
+        and small blocks stay in the CPU cache while they are parsed.
+        """
+        want = min(max(self.chunk_size, need), size - offset)
+        buf = os.pread(fd, want, offset)
+        while len(buf) < want:  # short reads are allowed; go on until EOF
+            more = os.pread(fd, want - len(buf), offset + len(buf))
+            if not more:
+                break
+            buf += more
+        if len(buf) < need:
+            raise CorruptDataError("the shard ended while being read (was it truncated?)",
+                                   path=path, offset=offset + len(buf))
+        return buf
+
+    def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
+        """(index, payload) of the records of one shard, read sequentially.
+
+        Reads the file in ``chunk_size`` blocks instead of one pread per record
+        and checks every record against the dataset index.
+        """
+        index = self._ensure_index()
+        first, count = self.shard_ranges()[shard]
+        rows = index[first:first + count]
+        offsets = rows["offset"].tolist()
+        sizes = rows["size"].tolist()
+        path = self._shard_paths[shard]
+        n = 0
+        for offset, buf, start, end in self._stream(path, count):
+            framed = end + FOOTER_SIZE - (start - HEADER_SIZE)
+            if offset != offsets[n] or framed != sizes[n]:
+                raise CorruptDataError(
+                    f"record {first + n} is at offset {offset} ({framed} bytes) but the dataset "
+                    f"index says {offsets[n]} ({sizes[n]} bytes): the shard does not match its "
+                    f"index; re-pack it", path=path, offset=offset)
+            yield first + n, self._image(buf, start, end, path, offset)
+            n += 1
+        if n < count:
+            raise CorruptDataError(
+                f"shard ends after {n} of its {count} records: it is truncated",
+                path=path, offset=(offsets[n] if n < len(offsets) else None))

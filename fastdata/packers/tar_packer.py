@@ -1,0 +1,274 @@
+"""Tar shard writer (webdataset layout), and the tar schema (the loader imports it).
+
+Every shard is a plain tar file that ``tar``, Python's ``tarfile`` and
+``webdataset.WebDataset`` read unchanged. Each record is one webdataset
+*sample*: consecutive members sharing a key, in record order.
+
+====================  ========================================================
+member                content
+====================  ========================================================
+``KEY.EXT``           the stored image bytes. EXT is the source file's
+                      extension, lower-cased, when it matches the stored
+                      encoding (``jpg``/``jpeg``, ``png``, ``tif``/``tiff``...);
+                      otherwise the encoding's usual one (a ``.jpg`` file that
+                      holds a PNG is stored as ``KEY.png``; pack-time
+                      re-encoding gives ``jpg``/``png``; pre-decoded pixels
+                      are ``KEY.raw``, their shape in the manifest)
+``KEY.cls``           the label, ASCII decimal (``b"3"``)
+``KEY.json``          only with the writer option ``write_json=True`` (off by
+                      default: an extra member costs >= 1 KiB per sample):
+                      ``{"key": original key, "label": n}``, UTF-8
+====================  ========================================================
+
+KEY is the record's source key (``cat/img_001.jpg``) without its extension,
+with the directories kept and every "." of the file name replaced by "_"
+(``cat/img.v2.jpg`` -> ``cat/img_v2``): webdataset splits a member name at the
+first dot of its base name, so a dot there would cut the key short. When two
+records of one shard would get the same KEY (``a.jpg`` and ``a.png``, or
+``a.b.jpg`` and ``a_b.jpg``), the later one gets ``_1``, ``_2``, ... appended.
+The original keys are kept in ``PREFIX.fastdata.keys.json``.
+
+Headers are plain USTAR (one 512-byte block per member): mode 0o444, uid/gid
+0, no user/group names, mtime 0, so equal input gives byte-identical shards.
+Names longer than USTAR's 100 bytes are split into its 155-byte prefix field
+at a "/"; only a name that still does not fit, or that is not ASCII, gets a
+POSIX PAX extended header (``path=...``, UTF-8) before its member. Each shard
+ends with two zero blocks.
+
+The dataset index (``PREFIX.fastdata.index.npy``, see fastdata.packers.shards)
+holds, per record, the offset and size of the image member's *data*, so a
+reader gets a record with one ``pread`` and no header parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fastdata.encodings import ENCODING_EXTENSIONS, IMAGE_EXTENSIONS
+from fastdata.errors import FastDataError
+from fastdata.packers.shards import ShardedWriter
+from fastdata.records import Record
+
+BLOCK = 512
+#: Name of this member layout, recorded in the manifest's ``extra``.
+MEMBER_SCHEMA = "webdataset-1"
+#: Member extension of the label.
+LABEL_EXT = "cls"
+#: Member extension of the optional metadata.
+JSON_EXT = "json"
+#: Member extensions that hold an image (lower case, no dot), in the order a
+#: reader prefers them when a sample has several.
+IMAGE_EXTS: tuple[str, ...] = tuple(e[1:] for e in IMAGE_EXTENSIONS)
+#: Largest member the 11-digit octal size field can describe (8 GiB - 1).
+MAX_MEMBER_SIZE = 8**11 - 1
+
+# Extension (no dot) -> the encoding it names, for the "does it match" test.
+_EXT_ENCODING = {"jpg": "jpeg", "jpeg": "jpeg", "jpe": "jpeg", "tif": "tiff", "tiff": "tiff"}
+
+_MODE = b"0000444\0"
+_ZERO_ID = b"0000000\0"
+_MTIME = b"00000000000\0"
+_MAGIC = b"ustar\x0000"
+_END = bytes(2 * BLOCK)
+
+
+def _template() -> bytearray:
+    buf = bytearray(BLOCK)
+    buf[100:108] = _MODE
+    buf[108:116] = _ZERO_ID   # uid
+    buf[116:124] = _ZERO_ID   # gid
+    buf[136:148] = _MTIME
+    buf[148:156] = b" " * 8   # checksum field counts as spaces while summing
+    buf[257:265] = _MAGIC     # "ustar\0" + version "00"
+    buf[329:337] = _ZERO_ID   # devmajor
+    buf[337:345] = _ZERO_ID   # devminor
+    return buf
+
+
+_TEMPLATE = bytes(_template())
+
+
+def padding(size: int) -> int:
+    """Zero bytes that follow ``size`` bytes of member data up to a block boundary."""
+    return -size % BLOCK
+
+
+def ustar_header(name: bytes, size: int, *, prefix: bytes = b"", typeflag: bytes = b"0") -> bytes:
+    """One 512-byte USTAR header block.
+
+    Args:
+        name: the name field, at most 100 bytes.
+        size: the member's data size in bytes.
+        prefix: the prefix field (the name's leading directories), at most 155 bytes.
+        typeflag: b"0" for a regular file, b"x" for a PAX extended header.
+
+    Raises:
+        FastDataError: a field does not fit.
+    """
+    if len(name) > 100 or len(prefix) > 155:
+        raise FastDataError(f"tar name {name!r} (prefix {prefix!r}) does not fit a USTAR header")
+    if not 0 <= size <= MAX_MEMBER_SIZE:
+        raise FastDataError(f"tar member of {size} bytes is larger than the 8 GiB a tar "
+                            f"header can hold")
+    buf = bytearray(_TEMPLATE)
+    buf[0:len(name)] = name
+    buf[124:136] = b"%011o\0" % size
+    buf[156:157] = typeflag
+    buf[345:345 + len(prefix)] = prefix
+    # The checksum is the unsigned byte sum with its own field read as spaces:
+    # six octal digits, NUL, space (the template's space stays as the 8th byte).
+    buf[148:155] = b"%06o\0" % sum(buf)
+    return bytes(buf)
+
+
+def split_name(name: bytes) -> tuple[bytes, bytes] | None:
+    """Split ``name`` into USTAR (prefix, name) fields, or None when it cannot fit."""
+    if len(name) <= 100:
+        return b"", name
+    # The shortest prefix that leaves a name of at most 100 bytes.
+    start = len(name) - 101
+    cut = name.find(b"/", max(start, 0))
+    while cut != -1:
+        head, tail = name[:cut], name[cut + 1:]
+        if len(head) <= 155 and 0 < len(tail) <= 100:
+            return head, tail
+        if len(head) > 155:
+            break
+        cut = name.find(b"/", cut + 1)
+    return None
+
+
+def pax_record(keyword: str, value: str) -> bytes:
+    """One PAX extended-header record ``"LEN keyword=value\\n"`` (LEN counts itself)."""
+    body = f" {keyword}={value}\n".encode("utf-8")
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length = len(str(length)) + len(body)
+    return str(length).encode("ascii") + body
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The header block(s) of a regular file ``name`` of ``size`` bytes.
+
+    Plain USTAR when the name is ASCII and fits (directly or split at a "/");
+    otherwise a PAX extended header carrying the full UTF-8 path, followed by
+    a USTAR header with a shortened ASCII name for readers that ignore PAX.
+    """
+    raw = name.encode("utf-8")
+    fields = split_name(raw) if raw.isascii() else None
+    if fields is not None:
+        return ustar_header(fields[1], size, prefix=fields[0])
+    pax = pax_record("path", name)
+    short = name.encode("ascii", "replace")[-100:].lstrip(b"/") or b"_"
+    return b"".join((ustar_header(b"././@PaxHeader", len(pax), typeflag=b"x"), pax,
+                     bytes(padding(len(pax))), ustar_header(short, size)))
+
+
+def sample_stem(key: str) -> str:
+    """The webdataset key for a source key: extension dropped, dots of the file
+    name replaced by "_", directories kept (``cat/img.v2.jpg`` -> ``cat/img_v2``)."""
+    directory, _, base = key.rpartition("/")
+    stem = base.rsplit(".", 1)[0] if "." in base.lstrip(".") else base
+    stem = stem.replace(".", "_") or "_"
+    return f"{directory}/{stem}" if directory else stem
+
+
+def image_extension(key: str, encoding: str) -> str:
+    """The member extension for a record: the source's, lower-cased, when it
+    names the stored encoding, else the encoding's usual one."""
+    base = key.rpartition("/")[2]
+    ext = base.rsplit(".", 1)[1].lower() if "." in base.lstrip(".") else ""
+    if ext and _EXT_ENCODING.get(ext, ext) == encoding:
+        return ext
+    return ENCODING_EXTENSIONS.get(encoding) or ext or "bin"
+
+
+class TarWriter(ShardedWriter):
+    """Writes records as webdataset-style tar shards (see the module doc).
+
+    Args:
+        path: output: ``out.tar``, ``out-%06d.tar``, ``out-{000000..000099}.tar``
+            (see fastdata.packers.shards for naming and sidecars).
+        overwrite: replace an existing dataset of that name.
+        shard_size: records per shard (``10000``) or bytes per shard (``"256MB"``,
+            counted on disk: headers and padding included).
+        write_json: also write a ``KEY.json`` member per sample.
+    """
+
+    format_name = "tar"
+    extensions = (".tar",)
+
+    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
+                 write_json: bool = False) -> None:
+        self.write_json = bool(write_json)
+        self._file = None
+        self._pos = 0
+        self._stems: set[str] = set()
+        self._planned: tuple[int, tuple[str, list[bytes], int, int]] | None = None
+        super().__init__(path, overwrite=overwrite, shard_size=shard_size)
+
+    # -- member layout ----------------------------------------------------------
+
+    def _plan(self, record: Record) -> tuple[str, list[bytes], int, int]:
+        """(sample stem, chunks to write, offset of the image data in them, total size)."""
+        if self._planned is not None and self._planned[0] == record.index:
+            return self._planned[1]
+        stem = sample_stem(record.key)
+        if stem in self._stems:
+            n = 1
+            while f"{stem}_{n}" in self._stems:
+                n += 1
+            stem = f"{stem}_{n}"
+        ext = image_extension(record.key, record.encoding)
+        size = len(record.payload)
+        head = member_header(f"{stem}.{ext}", size)
+        label = str(int(record.label)).encode("ascii")
+        chunks = [head, record.payload, bytes(padding(size)),
+                  member_header(f"{stem}.{LABEL_EXT}", len(label)), label,
+                  bytes(padding(len(label)))]
+        if self.write_json:
+            meta = json.dumps({"key": record.key, "label": int(record.label)},
+                              ensure_ascii=False).encode("utf-8")
+            chunks += [member_header(f"{stem}.{JSON_EXT}", len(meta)), meta,
+                       bytes(padding(len(meta)))]
+        plan = (stem, chunks, len(head), sum(len(c) for c in chunks))
+        self._planned = (record.index, plan)
+        return plan
+
+    # -- ShardedWriter hooks ----------------------------------------------------------
+
+    def _manifest_extra(self) -> dict:
+        return {"member_schema": MEMBER_SCHEMA, "label_ext": LABEL_EXT,
+                "json_member": self.write_json}
+
+    def _stored_size(self, record: Record) -> int:
+        return self._plan(record)[3]
+
+    def _begin_shard(self, path: str) -> None:
+        self._file = open(path, "wb", buffering=1 << 20)
+        self._pos = 0
+        self._stems = set()
+        self._planned = None  # planned against the previous shard's names
+
+    def _append(self, record: Record, crc: int) -> tuple[int, int]:
+        stem, chunks, data_at, total = self._plan(record)
+        self._planned = None
+        self._file.write(b"".join(chunks))
+        self._stems.add(stem)
+        offset = self._pos + data_at
+        self._pos += total
+        return offset, len(record.payload)
+
+    def _end_shard(self) -> dict:
+        self._file.write(_END)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        return {}
+
+    def _discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,524 @@
+"""The ``fastdata`` command line (pack, info, verify), through click's CliRunner and,
+for signal handling, a real subprocess."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import (
+    DEFAULT_CLASSES,
+    build_tree,
+    list_partials,
+    make_image_bytes,
+)
+from PIL import Image
+
+import fastdata
+from fastdata.cli import main
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def assert_clean_error(result, *needles):
+    """Exit != 0, one line on stderr starting with "error:", no traceback."""
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:"), result.stderr
+    assert "Traceback" not in result.output and "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def _jpeg(size=(40, 40), name="j") -> bytes:
+    return make_image_bytes(".jpg", size=size, name=name)
+
+
+def decode_only_damaged_image() -> tuple[str, bytes]:
+    """(extension, bytes) of an image whose header and end marker are intact but
+    whose compressed data is damaged: Pillow opens it and only a full decode fails."""
+    good = _jpeg(name="mid")
+    sos, eoi = good.rfind(b"\xff\xda"), good.rfind(b"\xff\xd9")
+    mid = (sos + eoi) // 2
+    candidates = [
+        (".jpg", good[:mid] + b"\xff\xc0\x00\x11" + good[mid + 4:]),  # a second SOF marker
+        (".jpg", good[:mid] + b"\xff\xd8" + good[mid + 2:]),          # a stray SOI marker
+    ]
+    png = make_image_bytes(".png", size=(40, 40), name="mid-png")
+    i = png.find(b"IDAT")
+    length = int.from_bytes(png[i - 4:i], "big")
+    at = i + 4 + length // 2
+    candidates.append((".png", png[:at] + bytes(range(16)) + png[at + 16:]))
+    for ext, data in candidates:
+        with Image.open(io.BytesIO(data)) as img:  # the header is fine
+            img.size
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+        except Exception:
+            return ext, data
+    pytest.fail("could not construct an image that only a full decode rejects")
+
+
+@pytest.fixture
+def bad_tree(tmp_path):
+    """Three good images and bad ones: a truncated JPEG, an empty file and text named .jpg."""
+    tree = build_tree(tmp_path / "src", ["a/ok1.png", "a/ok2.jpg", "c/ok3.bmp"])
+    b = tree.root / "b"
+    b.mkdir()
+    jpeg = _jpeg(name="trunc")
+    (b / "trunc.jpg").write_bytes(jpeg[:-10])  # cut before its end-of-image marker
+    (b / "zero.jpg").write_bytes(b"")
+    (b / "text.jpg").write_bytes(b"hello, I am not a JPEG at all\n" * 4)
+    expected = {
+        "b/text.jpg": "not a recognised image format",
+        "b/trunc.jpg": "truncated",
+        "b/zero.jpg": "empty file",
+    }
+    return tree, expected
+
+
+# -- pack ---------------------------------------------------------------------------
+
+
+def test_pack_success_output(image_tree, tmp_path):
+    out = tmp_path / "out.lmdb"
+    result = invoke("pack", image_tree.root, out)
+    assert result.exit_code == 0, result.output
+    n = len(image_tree.samples)
+    assert f"packed {n} images in {len(DEFAULT_CLASSES)} classes" in result.stdout
+    assert str(out) in result.stdout
+    assert "ignored 7" in result.stdout
+    # The empty class is a warning on stderr, not an error.
+    assert "warning:" in result.stderr and "z_empty" in result.stderr
+    assert "Traceback" not in result.output
+    ds = fastdata.open_dataset(out, output="bytes")
+    assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in image_tree.samples]
+    assert list_partials(tmp_path) == []
+
+
+def test_pack_json_summary(image_tree, tmp_path):
+    out = tmp_path / "out.lmdb"
+    result = invoke("pack", image_tree.root, out, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    for name in ("output", "format", "records", "classes", "bytes_in", "bytes_out", "seconds",
+                 "skipped", "ignored", "warnings", "report", "encodings"):
+        assert name in summary, name
+    assert summary["output"] == str(out)
+    assert summary["format"] == "lmdb"
+    assert summary["records"] == len(image_tree.samples)
+    assert summary["classes"] == len(DEFAULT_CLASSES)
+    assert summary["bytes_in"] == sum(len(s.data) for s in image_tree.samples)
+    assert summary["bytes_out"] > 0
+    assert summary["seconds"] >= 0
+    assert summary["skipped"] == []
+    assert summary["ignored"] == 7
+    assert any("z_empty" in w for w in summary["warnings"])
+    assert sum(summary["encodings"].values()) == len(image_tree.samples)
+    assert set(summary["encodings"]) == {"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm",
+                                         "gif"}
+    # Warnings go to the report too.
+    assert summary["report"] == f"{out}.report.json"
+    report = json.loads(Path(summary["report"]).read_text())
+    assert report["warnings"] == summary["warnings"] and report["skipped"] == []
+    assert "warning:" in result.stderr
+
+
+def test_bad_images_are_skipped_and_reported(bad_tree, tmp_path):
+    tree, expected = bad_tree
+    out = tmp_path / "out.lmdb"
+    result = invoke("pack", tree.root, out, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["records"] == 3
+    skipped = {s["key"]: s["reason"] for s in summary["skipped"]}
+    assert set(skipped) == set(expected)
+    for key, needle in expected.items():
+        assert needle in skipped[key], (key, skipped[key])
+    report = json.loads(Path(summary["report"]).read_text())
+    assert report["skipped"] == summary["skipped"]
+    assert report["output"] == str(out)
+    ds = fastdata.open_dataset(out, output="bytes")
+    assert ds.keys == ["a/ok1.png", "a/ok2.jpg", "c/ok3.bmp"]
+    assert ds.classes == ["a", "b", "c"]
+    assert fastdata.read_manifest(out).source["skipped"] == len(expected)
+
+    # The human summary lists them as well.
+    out2 = tmp_path / "human.lmdb"
+    human = invoke("pack", tree.root, out2)
+    assert human.exit_code == 0, human.output
+    assert f"skipped {len(expected)} bad image(s)" in human.stdout
+    for key in expected:
+        assert key in human.stdout
+    assert f"{out2}.report.json" in human.stdout
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root can read a chmod 000 file")
+def test_unreadable_file_is_skipped(tmp_path):
+    tree = build_tree(tmp_path / "src", ["a/ok.png", "b/ok.png"])
+    noperm = tree.root / "a" / "noperm.png"
+    noperm.write_bytes(make_image_bytes(".png", name="noperm"))
+    noperm.chmod(0)
+    try:
+        out = tmp_path / "out.lmdb"
+        result = invoke("pack", tree.root, out, "--json")
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert summary["records"] == 2
+        assert [s["key"] for s in summary["skipped"]] == ["a/noperm.png"]
+        assert "cannot read" in summary["skipped"][0]["reason"]
+        report = json.loads(Path(f"{out}.report.json").read_text())
+        assert report["skipped"] == summary["skipped"]
+        strict = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--strict")
+        assert_clean_error(strict, "a/noperm.png")
+    finally:
+        noperm.chmod(0o644)
+
+
+def test_dangling_symlink_is_skipped(tmp_path):
+    # The same "cannot read" path as an unreadable file, and it works as root too.
+    tree = build_tree(tmp_path / "src", ["a/ok.png", "b/ok.png"])
+    os.symlink(tmp_path / "gone.png", tree.root / "a" / "dangling.png")
+    out = tmp_path / "out.lmdb"
+    result = invoke("pack", tree.root, out, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["records"] == 2
+    assert [s["key"] for s in summary["skipped"]] == ["a/dangling.png"]
+    assert "cannot read" in summary["skipped"][0]["reason"]
+
+
+def test_strict_stops_at_first_bad_image(bad_tree, tmp_path):
+    tree, _ = bad_tree
+    out = tmp_path / "out.lmdb"
+    result = invoke("pack", tree.root, out, "--strict")
+    assert_clean_error(result, "b/text.jpg", str(tree.root / "b" / "text.jpg"), "--strict")
+    assert not out.exists()
+    assert not Path(f"{out}.report.json").exists()
+    assert list_partials(tmp_path) == []
+
+
+def test_verify_decode_catches_damage_the_cheap_check_misses(tmp_path):
+    ext, damaged = decode_only_damaged_image()
+    tree = build_tree(tmp_path / "src", ["a/ok.png", "b/ok.jpg"])
+    (tree.root / "a" / f"mid{ext}").write_bytes(damaged)
+    key = f"a/mid{ext}"
+
+    cheap = invoke("pack", tree.root, tmp_path / "cheap.lmdb", "--json")
+    assert cheap.exit_code == 0, cheap.output
+    cheap_summary = json.loads(cheap.stdout)
+    assert cheap_summary["records"] == 3 and cheap_summary["skipped"] == []
+
+    full = invoke("pack", tree.root, tmp_path / "full.lmdb", "--json", "--verify-decode")
+    assert full.exit_code == 0, full.output
+    summary = json.loads(full.stdout)
+    assert summary["records"] == 2
+    assert [s["key"] for s in summary["skipped"]] == [key]
+    assert "cannot be decoded" in summary["skipped"][0]["reason"]
+    assert fastdata.read_manifest(tmp_path / "full.lmdb").pack_options["verify_decode"] is True
+
+    strict = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--verify-decode", "--strict")
+    assert_clean_error(strict, key)
+
+
+def test_every_image_of_a_class_skipped_warns(tmp_path):
+    tree = build_tree(tmp_path / "src", ["a/ok.png"])
+    (tree.root / "b").mkdir()
+    (tree.root / "b" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
+    result = invoke("pack", tree.root, tmp_path / "out.lmdb", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["records"] == 1 and summary["classes"] == 2
+    assert any("'b'" in w and "skipped" in w for w in summary["warnings"])
+    assert "warning:" in result.stderr
+
+
+def test_all_images_bad_is_an_error(tmp_path):
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "zero.png").write_bytes(b"")
+    out = tmp_path / "out.lmdb"
+    assert_clean_error(invoke("pack", root, out), "a/zero.png")
+    assert not out.exists() and list_partials(tmp_path) == []
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "no-classes", "no-images", "bad-ext",
+                                  "bad-format", "inside-source"])
+def test_pack_errors(tmp_path, case):
+    src = tmp_path / "src"
+    out = tmp_path / "out.lmdb"
+    needle = ""
+    if case == "missing":
+        needle = "does not exist"
+    elif case == "file":
+        src = tmp_path / "file.png"
+        src.write_bytes(make_image_bytes(".png"))
+        needle = "not a folder"
+    elif case == "no-classes":
+        src.mkdir()
+        (src / "loose.png").write_bytes(make_image_bytes(".png"))
+        needle = "no class folders"
+    elif case == "no-images":
+        build_tree(src, ["a/", "b/readme.txt"])
+        needle = "no image files"
+    elif case == "bad-ext":
+        build_tree(src, ["a/x.png"])
+        out = tmp_path / "out.xyz"
+        needle = "extension"
+    elif case == "bad-format":
+        build_tree(src, ["a/x.png"])
+        result = invoke("pack", src, out, "--format", "zip")
+        assert_clean_error(result, "zip")
+        assert not out.exists()
+        return
+    elif case == "inside-source":
+        build_tree(src, ["a/x.png"])
+        out = src / "out.lmdb"
+        needle = "inside the source"
+    result = invoke("pack", src, out)
+    assert_clean_error(result, needle)
+    assert not out.exists()
+    assert list_partials(out.parent) == []
+
+
+def test_existing_output_needs_overwrite(image_tree, tmp_path):
+    out = tmp_path / "out.lmdb"
+    assert invoke("pack", image_tree.root, out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = build_tree(tmp_path / "other", ["x/1.png", "y/2.png"])
+
+    refused = invoke("pack", other.root, out)
+    assert_clean_error(refused, "already exists", "--overwrite")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert len(fastdata.read_manifest(out).classes) == len(DEFAULT_CLASSES)
+
+    replaced = invoke("pack", other.root, out, "--overwrite")
+    assert replaced.exit_code == 0, replaced.output
+    m = fastdata.read_manifest(out)
+    assert m.classes == ["x", "y"] and m.count == 2
+    assert list_partials(tmp_path) == []
+
+
+def test_existing_file_output_needs_overwrite(image_tree, tmp_path):
+    out = tmp_path / "out.lmdb"
+    out.write_text("precious")
+    assert_clean_error(invoke("pack", image_tree.root, out), "already exists")
+    assert out.read_text() == "precious"
+    assert invoke("pack", image_tree.root, out, "--overwrite").exit_code == 0
+    assert fastdata.read_manifest(out).count == len(image_tree.samples)
+
+
+def test_overwrite_does_not_leave_a_stale_report(bad_tree, tmp_path):
+    tree, _ = bad_tree
+    out = tmp_path / "out.lmdb"
+    assert invoke("pack", tree.root, out).exit_code == 0
+    report = Path(f"{out}.report.json")
+    assert report.exists()
+    clean = build_tree(tmp_path / "clean", ["a/x.png", "b/y.png"])
+    result = invoke("pack", clean.root, out, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["report"] is None
+    assert not report.exists() or json.loads(report.read_text())["skipped"] == []
+
+
+def test_format_option_with_odd_extension(image_tree, tmp_path):
+    out = tmp_path / "train.data"
+    result = invoke("pack", image_tree.root, out, "--format", "lmdb", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["format"] == "lmdb"
+    assert fastdata.read_manifest(out).format == "lmdb"
+    ds = fastdata.open_dataset(out, output="bytes")
+    assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in image_tree.samples]
+    info = invoke("info", out)
+    assert info.exit_code == 0, info.output
+    assert invoke("verify", out).exit_code == 0
+    # Upper-case format names are accepted too.
+    assert invoke("pack", image_tree.root, tmp_path / "b.bin", "--format", "LMDB").exit_code == 0
+
+
+# -- info and verify ------------------------------------------------------------------
+
+
+@pytest.fixture
+def packed_cli(image_tree, tmp_path):
+    out = tmp_path / "ds.lmdb"
+    result = invoke("pack", image_tree.root, out)
+    assert result.exit_code == 0, result.output
+    return image_tree, out
+
+
+def test_info_human(packed_cli):
+    tree, out = packed_cli
+    result = invoke("info", out)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert str(out) in text
+    assert "lmdb" in text and "manifest v1" in text
+    assert re.search(rf"records\s+{len(tree.samples)}\b", text), text
+    for name, count in zip(tree.classes, tree.class_counts):
+        assert f"{name} ({count})" in text
+    assert "crc32" in text and "data.mdb" in text
+
+
+def test_info_json(packed_cli):
+    tree, out = packed_cli
+    result = invoke("info", out, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["kind"] == "fastdata-manifest"
+    assert data["format"] == "lmdb" and data["count"] == len(tree.samples)
+    assert data["classes"] == tree.classes and data["class_counts"] == tree.class_counts
+    assert data == fastdata.read_manifest(out).to_dict()
+
+
+def test_info_on_non_dataset(tmp_path):
+    assert_clean_error(invoke("info", tmp_path / "nope.lmdb"), "nope.lmdb")
+    assert_clean_error(invoke("info", tmp_path / "nope.zzz"))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert_clean_error(invoke("info", folder), str(folder))
+
+
+def test_verify_ok(packed_cli):
+    tree, out = packed_cli
+    result = invoke("verify", out)
+    assert result.exit_code == 0, result.output
+    assert f"{len(tree.samples)} records checked, 0 damaged" in result.stdout
+    decoded = invoke("verify", out, "--decode", "--json")
+    assert decoded.exit_code == 0, decoded.output
+    data = json.loads(decoded.stdout)
+    assert data["ok"] is True and data["decoded"] is True
+    assert data["checked"] == data["count"] == len(tree.samples)
+
+
+def test_verify_damaged(packed_cli):
+    import lmdb
+
+    tree, out = packed_cli
+    bad = 5
+    value = bytearray(tree.samples[bad].data)
+    value[len(value) // 2] ^= 0x0F
+    env = lmdb.open(str(out), subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(f"{bad:010d}".encode(), bytes(value))
+    env.close()
+    result = invoke("verify", out)
+    assert result.exit_code == 1, result.output
+    assert "1 damaged" in result.stdout
+    assert f"record {bad} ({tree.samples[bad].key})" in result.stdout
+    as_json = invoke("verify", out, "--json")
+    assert as_json.exit_code == 1
+    data = json.loads(as_json.stdout)
+    assert data["ok"] is False
+    assert [(p["index"], p["key"]) for p in data["problems"]] == [(bad, tree.samples[bad].key)]
+
+
+def test_verify_truncated(packed_cli):
+    _, out = packed_cli
+    data = out / "data.mdb"
+    os.truncate(data, data.stat().st_size // 2)
+    result = invoke("verify", out)
+    assert_clean_error(result, "truncated")
+    assert result.exit_code == 1
+
+
+# -- help and version -------------------------------------------------------------------
+
+
+def test_help_for_every_command():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "Usage" in result.stdout
+    assert invoke("-h").exit_code == 0
+    for name in ("pack", "info", "verify"):
+        assert name in main.commands
+    for name in main.commands:
+        sub = invoke(name, "--help")
+        assert sub.exit_code == 0, (name, sub.output)
+        assert "Usage" in sub.stdout and name in sub.stdout
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert fastdata.__version__ in result.stdout
+
+
+def test_no_command_shows_usage():
+    result = invoke()
+    assert "Usage" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- interruption -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_tree(tmp_path_factory):
+    """400 PNGs that each take a few ms to decode: ``pack --verify-decode`` runs
+    for seconds, long enough to be interrupted."""
+    root = tmp_path_factory.mktemp("slow") / "src"
+    y, x = np.mgrid[0:1024, 0:1024]
+    pixels = np.stack([(x // 2) % 256, (y // 3) % 256, ((x + y) // 4) % 256], -1)
+    buf = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buf, "PNG")
+    data = buf.getvalue()
+    for c in range(4):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(100):
+            (root / f"c{c}" / f"{i:04d}.png").write_bytes(data)
+    return root
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # in case the test runner ignores SIGINT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_pack_leaves_nothing(slow_tree, tmp_path, sig):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    out = workdir / "out.lmdb"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastdata.cli", "pack", str(slow_tree), str(out),
+         "--verify-decode", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    try:
+        # Wait until the pack is writing (its temporary output exists), then a bit more.
+        deadline = time.monotonic() + 60
+        while not list_partials(workdir):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "pack never started writing"
+            time.sleep(0.005)
+        time.sleep(0.3)
+        assert proc.poll() is None, "pack finished before it could be interrupted"
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert "interrupted" in stderr
+    assert "Traceback" not in stderr
+    assert stdout == ""
+    assert not out.exists()
+    assert not Path(f"{out}.report.json").exists()
+    assert os.listdir(workdir) == []

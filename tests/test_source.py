@@ -1,0 +1,206 @@
+"""ImageFolderSource: classes, labels and sample order as torchvision's ImageFolder has them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import (
+    DEFAULT_CLASSES,
+    DEFAULT_KEYS,
+    DEFAULT_SPEC,
+    build_tree,
+    make_image_bytes,
+    torchvision_classes,
+    torchvision_samples,
+)
+
+from fastdata.errors import FastDataError, SourceError
+from fastdata.packers.source import ImageFolderSource
+
+
+def _entries(src: ImageFolderSource) -> list[tuple[str, int]]:
+    return [(e.key, e.label) for e in src]
+
+
+def test_reimplementation_sanity(image_tree):
+    # The hand-written expectations and the re-implemented torchvision walk agree.
+    assert image_tree.classes == DEFAULT_CLASSES
+    assert image_tree.keys == DEFAULT_KEYS
+
+
+def test_classes_and_labels_match_torchvision(image_tree):
+    src = ImageFolderSource(image_tree.root)
+    assert src.classes == torchvision_classes(image_tree.root) == DEFAULT_CLASSES
+    assert src.class_to_idx == {c: i for i, c in enumerate(DEFAULT_CLASSES)}
+    assert _entries(src) == [(s.key, s.label) for s in image_tree.samples]
+    assert len(src) == len(image_tree.samples)
+    for entry, sample in zip(src, image_tree.samples):
+        assert os.path.isabs(entry.path)
+        with open(entry.path, "rb") as f:
+            assert f.read() == sample.data
+        assert entry.key == os.path.relpath(entry.path, src.root).replace(os.sep, "/")
+
+
+def test_root_given_relative_and_as_pathlike(image_tree, monkeypatch):
+    monkeypatch.chdir(image_tree.root.parent)
+    a = ImageFolderSource("src")
+    b = ImageFolderSource(image_tree.root)
+    assert a.root == b.root == str(image_tree.root)
+    assert _entries(a) == _entries(b)
+
+
+def test_recursive_order_is_by_directory_path_then_name(image_tree):
+    keys = [e.key for e in ImageFolderSource(image_tree.root) if e.label == 0]
+    # Sorted by full directory path: "sub" < "sub-x" < "sub/deep" ('-' < '/'),
+    # which is not a depth-first order.
+    assert keys == ["A_cls/IMG1.JPEG", "A_cls/img0.jpg", "A_cls/sub/z.webp",
+                    "A_cls/sub-x/y.bmp", "A_cls/sub/deep/x.png"]
+    assert "b_cls/nested/more/b5.pgm" in DEFAULT_KEYS
+
+
+def test_case_insensitive_extensions(image_tree):
+    keys = {e.key for e in ImageFolderSource(image_tree.root)}
+    for key in ("A_cls/IMG1.JPEG", "b_cls/b0.Png", "b_cls/B4.TIFF", "c2/x.PPM"):
+        assert key in keys
+
+
+def test_every_accepted_extension_is_found(tmp_path):
+    exts = [".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".pgm", ".tif", ".tiff", ".gif"]
+    spec = [f"k/f{i}{e.upper() if i % 2 else e}" for i, e in enumerate(exts)]
+    tree = build_tree(tmp_path / "src", spec)
+    src = ImageFolderSource(tree.root)
+    assert len(src) == len(exts) == len(tree.samples)
+    assert [e.key for e in src] == tree.keys
+
+
+def test_hidden_and_non_images_are_ignored_and_counted(image_tree):
+    src = ImageFolderSource(image_tree.root)
+    keys = [e.key for e in src]
+    assert not any(part.startswith(".") for k in keys for part in k.split("/"))
+    assert not any(k.endswith((".txt", ".db")) for k in keys)
+    assert ".hidden_cls" not in src.classes
+    ignored = {i.key: i.reason for i in src.ignored}
+    assert ignored == {
+        ".hidden_cls": "hidden",
+        ".DS_Store": "hidden",
+        "README.txt": "file outside any class folder",
+        "A_cls/.hid_dir": "hidden",
+        "A_cls/.hidden.jpg": "hidden",
+        "A_cls/notes.txt": "not an image extension",
+        "c10/thumbs.db": "not an image extension",
+    }
+
+
+def test_empty_class_keeps_its_label(image_tree):
+    src = ImageFolderSource(image_tree.root)
+    assert src.empty_classes == ["z_empty"]
+    assert src.class_to_idx["z_empty"] == 4
+    assert src.classes[-1] == "z_empty"
+    assert 4 not in {e.label for e in src}
+
+
+def test_class_with_only_non_images_is_empty(tmp_path):
+    build_tree(tmp_path / "src", ["a/x.png", "b/readme.txt", "c/.hidden.png", "d/y.jpg"])
+    src = ImageFolderSource(tmp_path / "src")
+    assert src.classes == ["a", "b", "c", "d"]
+    assert src.empty_classes == ["b", "c"]
+    assert _entries(src) == [("a/x.png", 0), ("d/y.jpg", 3)]
+
+
+@pytest.mark.parametrize("order", ["sorted", "reverse", "random"])
+def test_order_does_not_depend_on_creation_order(tmp_path, order):
+    tree = build_tree(tmp_path / "src", DEFAULT_SPEC, order=order)
+    src = ImageFolderSource(tree.root)
+    assert src.classes == DEFAULT_CLASSES
+    assert [e.key for e in src] == DEFAULT_KEYS
+    assert _entries(src) == [(s.key, s.label) for s in tree.samples]
+
+
+def test_same_result_for_differently_created_trees(tmp_path):
+    a = build_tree(tmp_path / "a", DEFAULT_SPEC, order="sorted")
+    b = build_tree(tmp_path / "b", DEFAULT_SPEC, order="random", seed=0)
+    assert _entries(ImageFolderSource(a.root)) == _entries(ImageFolderSource(b.root))
+    assert a.samples == b.samples  # same spec + seed: the same bytes too
+
+
+def test_many_files_in_scrambled_creation_order(tmp_path):
+    import random
+
+    names = [f"{i:03d}.png" for i in range(60)] + [f"N{i}.jpg" for i in range(10)]
+    random.Random(7).shuffle(names)
+    root = tmp_path / "src"
+    for j, name in enumerate(names):
+        cls = ("b", "a", "C")[j % 3]
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        (root / cls / name).write_bytes(make_image_bytes(os.path.splitext(name)[1], name=name))
+    src = ImageFolderSource(root)
+    assert _entries(src) == [(s.key, s.label) for s in torchvision_samples(root)]
+    assert src.classes == ["C", "a", "b"]
+
+
+def test_symlinked_folder_is_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "o.png").write_bytes(make_image_bytes(".png", name="o"))
+    tree_root = tmp_path / "src"
+    build_tree(tree_root, ["k/a.png", "k/zz/b.png"])
+    os.symlink(outside, tree_root / "k" / "linked")
+    src = ImageFolderSource(tree_root)
+    assert [e.key for e in src] == [s.key for s in torchvision_samples(tree_root)]
+    assert "k/linked/o.png" in [e.key for e in src]
+
+
+def test_symlink_loop_terminates(tmp_path):
+    root = tmp_path / "src"
+    build_tree(root, ["k/a.png", "k/sub/b.png"])
+    os.symlink("..", root / "k" / "sub" / "up")  # k/sub/up -> k
+    src = ImageFolderSource(root)
+    keys = [e.key for e in src]
+    assert keys.count("k/a.png") == 1 and keys.count("k/sub/b.png") == 1
+    assert len(keys) == len(set(keys))
+
+
+# -- errors -----------------------------------------------------------------------
+
+
+def test_missing_folder(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(SourceError, match="does not exist") as info:
+        ImageFolderSource(missing)
+    assert info.value.path == str(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_file_instead_of_folder(tmp_path):
+    f = tmp_path / "file.png"
+    f.write_bytes(make_image_bytes(".png"))
+    with pytest.raises(SourceError, match="not a folder") as info:
+        ImageFolderSource(f)
+    assert info.value.path == str(f)
+
+
+@pytest.mark.parametrize("spec", [
+    [],                                  # an empty folder
+    ["a.png", "b.jpg", "notes.txt"],     # images but no class folders
+    [".hidden/a.png", ".git/x.png"],     # only hidden folders
+], ids=["empty", "files-only", "hidden-only"])
+def test_no_class_folders(tmp_path, spec):
+    root = tmp_path / "src"
+    build_tree(root, spec)
+    with pytest.raises(SourceError, match="no class folders") as info:
+        ImageFolderSource(root)
+    assert info.value.path == str(root)
+
+
+@pytest.mark.parametrize("spec", [
+    ["a/", "b/"],
+    ["a/readme.txt", "b/sub/", "b/.hidden.png", "c/data.csv"],
+], ids=["empty-classes", "non-images"])
+def test_class_folders_without_images(tmp_path, spec):
+    root = tmp_path / "src"
+    build_tree(root, spec)
+    with pytest.raises(SourceError, match="no image files") as info:
+        ImageFolderSource(root)
+    assert isinstance(info.value, FastDataError)
+    assert info.value.path == str(root)
