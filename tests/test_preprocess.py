@@ -160,3 +160,19 @@ def test_getitems_equals_per_item_with_size(tmp_path):
         single, single_label = ds[i]
         assert tuple(image.shape) == (3, 12, 12) and bool((image == single).all())
         assert label == single_label
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord"])
+def test_streaming_dataset_reads_raw_and_resizes(tmp_path, fmt):
+    src = _tree(str(tmp_path / "src"))
+    summary = _pack(src, _out(tmp_path, fmt),
+                    preprocess=Preprocess(resize=(10, 12), encoding="raw"), shard_size=3)
+    stream = fastdata.ShardedIterableDataset(summary.output)
+    mapped = fastdata.open_dataset(summary.output)
+    got = list(stream)
+    assert len(got) == len(mapped)
+    for (image, label), i in zip(got, range(len(mapped))):
+        assert tuple(image.shape) == (3, 10, 12) and label == mapped[i][1]
+        assert bool((image == mapped[i][0]).all())
+    small = fastdata.ShardedIterableDataset(summary.output, size=(5, 6))
+    assert tuple(next(iter(small))[0].shape) == (3, 5, 6)

@@ -16,7 +16,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import detect_format
-from fastdata.loaders.datasets import check_options, convert_payload
+from fastdata.loaders.datasets import check_options, convert_payload, raw_shape_of
+from fastdata.loaders.decode import DecoderChain
 
 
 def _seed(*parts: int | str) -> int:
@@ -82,6 +83,7 @@ class ShardedIterableDataset(IterableDataset):
         on_error: "raise" or "skip" (count in ``skipped`` and go on).
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
+        decoder, size, keep_gray: decoding options, as for map-style datasets.
         **reader_options: format options passed to the reader (for TFRecord:
             ``feature_keys``, ``chunk_size``).
     """
@@ -100,6 +102,9 @@ class ShardedIterableDataset(IterableDataset):
         verify: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
+        decoder: str = "auto",
+        size: int | tuple[int, int] | None = None,
+        keep_gray: bool = False,
         **reader_options: Any,
     ) -> None:
         check_options(output, on_error)
@@ -112,6 +117,8 @@ class ShardedIterableDataset(IterableDataset):
                                 f"a map-style Dataset", path=os.fspath(path) if not
                                 isinstance(path, (list, tuple)) else None)
         self.reader = reader_cls(path, verify=verify, **reader_options)
+        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
+                                   raw_shape=raw_shape_of(self.reader.manifest))
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -178,7 +185,7 @@ class ShardedIterableDataset(IterableDataset):
         labels = self.reader.labels
         for index, data in records:
             try:
-                image = convert_payload(data, self.output)
+                image = convert_payload(data, self.output, self.decode)
             except Exception as exc:  # decoders raise many types
                 if self.on_error == "raise":
                     raise DecodeError(
