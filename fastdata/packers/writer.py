@@ -60,7 +60,11 @@ class Writer:
         self.payload_bytes = 0
         self._sha = hashlib.sha256()
         self._done = False
-        self._open(self.temp_path)
+        try:
+            self._open(self.temp_path)
+        except BaseException:
+            _remove(self.temp_path)  # nothing half-made stays behind
+            raise
 
     # -- subclass hooks -------------------------------------------------------
 
