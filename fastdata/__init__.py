@@ -43,6 +43,7 @@ _LAZY = {
     "synthesize": "fastdata.synth:synthesize",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
+    "DALILoader": "fastdata.dali:DALILoader",
 }
 
 __all__ = sorted([

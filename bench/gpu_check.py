@@ -1,0 +1,130 @@
+"""DALI on the GPU: a short check to run on a machine with CUDA.
+
+Synthesises 256 ImageNet-like JPEGs (``fastdata.synthesize(kind="photos")``),
+packs them to TFRecord (read by DALI's own reader) and LMDB (read through
+fastdata's reader in an external source), and runs ``fastdata.dali.DALILoader``
+with ``device="gpu"`` (nvJPEG decoding, resize and normalisation on the GPU).
+For each it prints images/s over a few epochs (after the pipeline is built;
+256 images are few, so this is a smoke test with a rough rate, not a
+benchmark), the device, dtype and shape of
+the image and label tensors, and whether the labels equal fastdata's. The same
+loop on the CPU pipeline gives the baseline.
+
+    python bench/gpu_check.py [--n 256] [--batch 64] [--size 224] [--epochs 5] [--json]
+
+Without CUDA, or without DALI, it says so and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+
+def _run(path: str, device: str, args) -> dict:
+    import torch
+
+    from fastdata.dali import DALILoader
+
+    started = time.perf_counter()
+    loader = DALILoader(path, batch_size=args.batch, size=(args.size, args.size), device=device,
+                        num_threads=args.threads, mean=(0.485, 0.456, 0.406),
+                        std=(0.229, 0.224, 0.225))
+    build_s = time.perf_counter() - started
+    first = None
+    labels: list[int] = []
+    total = 0
+    for epoch in range(args.epochs):
+        epoch_labels = []
+        for images, y in loader:
+            if first is None:
+                first = images, y
+            total += len(y)
+            epoch_labels += y.tolist()
+        if epoch == 0:
+            labels = epoch_labels
+    if device == "gpu":
+        torch.cuda.synchronize()
+    # DALI's iterator decodes batches ahead, from its construction on and across
+    # epoch ends, so per-epoch timings would mislead: time everything after the build
+    # (and report the build, which includes the first prefetched batches, apart).
+    rate = total / (time.perf_counter() - started - build_s)
+    images, y = first
+    return {
+        "path": os.path.basename(path), "device": device, "reader": loader.plan.reader,
+        "batches": len(loader), "build_s": round(build_s, 2),
+        "images_per_s": round(rate, 1),
+        "images": {"device": str(images.device), "dtype": str(images.dtype),
+                   "shape": list(images.shape)},
+        "labels": {"device": str(y.device), "dtype": str(y.dtype), "shape": list(y.shape)},
+        "labels_match_fastdata": labels == _targets(path),
+    }
+
+
+def _targets(path: str) -> list[int]:
+    import fastdata
+
+    with fastdata.open_reader(path) as reader:
+        return reader.labels.tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=256, help="synthetic images")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--size", type=int, default=224, help="output height and width")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=4, help="DALI CPU threads")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the CPU baseline")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        print("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); nothing to check")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU on this machine: the DALI GPU check needs one; nothing to check")
+        return 0
+
+    import fastdata
+    from fastdata.dali import _cuda_devices
+
+    results = {"gpu": torch.cuda.get_device_name(0), "dali_gpus": _cuda_devices(),
+               "dali": nvidia.dali.__version__, "runs": []}
+    with tempfile.TemporaryDirectory(prefix="fastdata-gpu-check-") as tmp:
+        os.environ.setdefault("FASTDATA_CACHE_DIR", os.path.join(tmp, "cache"))
+        src = os.path.join(tmp, "photos")
+        fastdata.synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
+        paths = []
+        for name in ("photos.tfrecord", "photos.lmdb"):
+            out = os.path.join(tmp, name)
+            fastdata.pack(src, out, progress=False)
+            paths.append(out)
+        for path in paths:
+            for device in ("gpu",) if args.no_cpu else ("gpu", "cpu"):
+                run = _run(path, device, args)
+                results["runs"].append(run)
+                if not args.json:
+                    print(f"{run['path']:18s} {device}: {run['reader']:9s} "
+                          f"{run['images_per_s']:8.1f} img/s over {args.epochs} epochs "
+                          f"(build {run['build_s']} s); "
+                          f"images {run['images']['device']} {run['images']['dtype']} "
+                          f"{run['images']['shape']}; labels {run['labels']['device']} "
+                          f"{run['labels']['dtype']} {run['labels']['shape']}; labels match "
+                          f"fastdata: {run['labels_match_fastdata']}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    ok = all(r["labels_match_fastdata"] for r in results["runs"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""Tests of fastdata.dali: DALI pipelines over every format, CPU-only here.
+
+The pipelines run with ``device="cpu"`` (``device_id=None``, DALI's CPU
+decoders); the GPU test skips without CUDA. Pixels are compared with
+``fastdata.open_dataset(path, size=...)``: DALI's resize (linear with
+antialiasing) and its JPEG decoder differ from fastdata's (DCT-scaled decode,
+OpenCV bilinear/area), so they agree within a tolerance, not exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata.errors import FastDataError
+from fastdata.packers.preprocess import Preprocess
+
+
+def _have_dali() -> bool:
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ImportError:  # no "nvidia" namespace at all
+        return False
+
+
+needs_dali = pytest.mark.skipif(not _have_dali(), reason="NVIDIA DALI is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+#: Mean absolute difference (0-255 levels) allowed between DALI's and fastdata's
+#: pixels at 32x32. Measured on these images (DALI 2.4, CPU): 1.91 over the
+#: dataset, 1.30-2.50 per image, single pixels up to 18 (edges); at 48x48 0.61
+#: (0.01-1.13 per image).
+MEAN_TOLERANCE = 3.0
+IMAGE_TOLERANCE = 6.0
+
+SIZE = (32, 32)
+BATCH = 5
+N = 24
+
+# Output extension and pack options of every format; sharded formats get 3 shards.
+FORMATS = {
+    "lmdb": (".lmdb", {}),
+    "hdf5": (".h5", {}),
+    "tfrecord": (".tfrecord", {"shard_size": 10}),
+    "tar": (".tar", {"shard_size": 10}),
+}
+
+
+def photo(rng: np.random.Generator, w: int, h: int) -> Image.Image:
+    """A photo-like image: smooth colour regions plus sensor-like noise."""
+    base = rng.integers(0, 256, size=(5, 5, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(base).resize((w, h), Image.BICUBIC), dtype=np.float32)
+    noisy = smooth + rng.normal(0, 10, size=smooth.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+
+def make_tree(root: Path, *, classes: int = 3, per_class: int = 8, seed: int = 0,
+              exts=(".jpg",), size: tuple[int, int] | None = None) -> Path:
+    """``classes`` folders of ``per_class`` images (JPEG, 40-64 px unless told)."""
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        folder = root / f"class_{c:02d}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            w, h = size or (int(rng.integers(40, 65)), int(rng.integers(40, 65)))
+            img = photo(rng, w, h)
+            ext = exts[(c + i) % len(exts)]
+            buf = io.BytesIO()
+            if ext == ".jpg":
+                img.save(buf, "JPEG", quality=90)
+            elif ext == ".gif":
+                img.convert("P", palette=Image.Palette.ADAPTIVE).save(buf, "GIF")
+            else:
+                img.save(buf, ext[1:].upper())
+            (folder / f"img_{i:03d}{ext}").write_bytes(buf.getvalue())
+    return root
+
+
+def pack(src: Path, out: Path, **options) -> str:
+    fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
+    if options.get("shard_size"):
+        return str(out.parent / (out.name.rsplit(".", 1)[0] + ".fastdata.json"))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    return make_tree(tmp_path_factory.mktemp("dali") / "src")
+
+
+@pytest.fixture(scope="module")
+def datasets(tree, tmp_path_factory) -> dict[str, str]:
+    """The tree packed into every format: name -> path to open."""
+    out = tmp_path_factory.mktemp("packed")
+    return {name: pack(tree, out / f"ds_{name}{ext}", **opts)
+            for name, (ext, opts) in FORMATS.items()}
+
+
+@pytest.fixture
+def index_dir(tmp_path, monkeypatch) -> Path:
+    """Generated DALI index files go here, never into the user's cache."""
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "dali-index"
+
+
+def reference(path: str, size=SIZE) -> tuple[torch.Tensor, list[int]]:
+    ds = fastdata.open_dataset(path, size=size)
+    return torch.stack([ds[i][0] for i in range(len(ds))]), ds.targets
+
+
+def one_epoch(loader) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    images, labels, sizes = [], [], []
+    for x, y in loader:
+        images.append(x)
+        labels.append(y)
+        sizes.append(len(y))
+    return torch.cat(images), torch.cat(labels), sizes
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference per image."""
+    return (a.int() - b.int()).abs().float().mean(dim=(1, 2, 3))
+
+
+def nearest(images: torch.Tensor, ref: torch.Tensor) -> list[int]:
+    """Index of the reference image closest to each image."""
+    d = (images.float()[:, None] - ref.float()[None]).abs().mean(dim=(2, 3, 4))
+    return d.argmin(dim=1).tolist()
+
+
+# -- every format, CPU-only ---------------------------------------------------------------
+
+
+@needs_dali
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_cpu_pipeline_matches_fastdata(fmt, datasets, index_dir):
+    from fastdata.dali import DALILoader
+
+    path = datasets[fmt]
+    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
+    assert loader.plan.device == "cpu" and loader.plan.device_id is None
+    assert loader.plan.reader == {"tfrecord": "tfrecord", "tar": "webdataset"}.get(fmt,
+                                                                                   "external")
+    assert len(loader) == 5
+    ref, targets = reference(path)
+    for _ in range(2):  # the second epoch is whole too
+        images, labels, sizes = one_epoch(loader)
+        assert sizes == [5, 5, 5, 5, 4]  # the epoch ends with the partial batch
+        assert images.shape == (N, 3, *SIZE) and images.dtype == torch.uint8
+        assert labels.dtype == torch.int64 and labels.tolist() == targets
+        per_image = diff(images, ref)
+        assert float(per_image.mean()) <= MEAN_TOLERANCE, per_image
+        assert float(per_image.max()) <= IMAGE_TOLERANCE, per_image
+    assert loader.classes == ["class_00", "class_01", "class_02"]
+
+
+@needs_dali
+@pytest.mark.parametrize("fmt", ["tfrecord", "tar"])
+def test_external_source_reads_sharded_formats_too(fmt, datasets, index_dir):
+    from fastdata.dali import DALILoader
+
+    loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu",
+                        reader="external")
+    assert loader.plan.reader == "external"
+    native = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu")
+    a, la, _ = one_epoch(loader)
+    b, lb, _ = one_epoch(native)
+    assert la.tolist() == lb.tolist()
+    assert torch.equal(a, b)  # same bytes, same decoder: the same pixels
+
+
+@needs_dali
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_two_shards_cover_every_sample_once(fmt, shuffle, datasets, index_dir):
+    from fastdata.dali import DALILoader
+
+    path = datasets[fmt]
+    ref, targets = reference(path)
+    seen = []
+    for shard in (0, 1):
+        loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shard_id=shard,
+                            num_shards=2, shuffle=shuffle, seed=11)
+        assert len(loader) == 3
+        images, labels, sizes = one_epoch(loader)
+        assert sizes == [5, 5, 2]
+        found = nearest(images, ref)
+        assert labels.tolist() == [targets[i] for i in found]
+        if not shuffle:
+            assert found == list(range(shard * 12, shard * 12 + 12))
+        seen += found
+    assert sorted(seen) == list(range(N))
+
+
+@needs_dali
+def test_external_shuffle_is_seeded_and_global(datasets):
+    from fastdata.dali import DALILoader
+
+    path = datasets["lmdb"]
+    ref, _ = reference(path)
+    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shuffle=True, seed=3)
+    first = nearest(one_epoch(loader)[0], ref)
+    second = nearest(one_epoch(loader)[0], ref)
+    assert sorted(first) == sorted(second) == list(range(N))
+    assert first != list(range(N)) and first != second  # reshuffled every epoch
+    again = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shuffle=True, seed=3)
+    assert nearest(one_epoch(again)[0], ref) == first
+
+
+@needs_dali
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_drop_last(fmt, datasets, index_dir):
+    from fastdata.dali import DALILoader
+
+    loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu",
+                        drop_last=True)
+    assert len(loader) == 4
+    for _ in range(2):
+        _, labels, sizes = one_epoch(loader)
+        assert sizes == [5, 5, 5, 5]
+        assert labels.tolist() == fastdata.open_dataset(datasets[fmt]).targets[:20]
+
+
+@needs_dali
+def test_parallel_external_source_workers(datasets):
+    from fastdata.dali import DALILoader
+
+    path = datasets["hdf5"]
+    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", py_workers=2)
+    plain = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
+    for _ in range(2):
+        a, la, sizes = one_epoch(loader)
+        b, lb, _ = one_epoch(plain)
+        assert sizes == [5, 5, 5, 5, 4]
+        assert la.tolist() == lb.tolist() and torch.equal(a, b)
+
+
+@needs_dali
+def test_normalize_crop_and_layout(datasets):
+    from fastdata.dali import DALILoader
+
+    path = datasets["lmdb"]
+    plain, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, device="cpu"))
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    norm, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, device="cpu",
+                                      mean=mean, std=std))
+    assert norm.dtype == torch.float32 and norm.shape == plain.shape
+    m = torch.tensor(mean).view(1, 3, 1, 1)
+    s = torch.tensor(std).view(1, 3, 1, 1)
+    torch.testing.assert_close(norm, (plain.float() / 255 - m) / s, atol=1e-3, rtol=1e-4)
+    crop, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, crop=(20, 24),
+                                      device="cpu"))
+    assert torch.equal(crop, plain[:, :, 6:26, 4:28])
+    hwc, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, layout="HWC",
+                                     device="cpu"))
+    assert torch.equal(hwc, plain.permute(0, 2, 3, 1))
+
+
+@needs_dali
+def test_shorter_side_resize_then_crop(datasets):
+    from fastdata.dali import DALILoader
+
+    loader = DALILoader(datasets["tfrecord"], batch_size=BATCH, size=36, crop=32,
+                        device="cpu")
+    images, labels, _ = one_epoch(loader)
+    assert images.shape == (N, 3, 32, 32) and len(labels) == N
+
+
+@needs_dali
+@pytest.mark.parametrize("ext", [".lmdb", ".tar"])
+def test_raw_datasets_skip_decoding(ext, tree, tmp_path):
+    from fastdata.dali import DALILoader
+
+    path = pack(tree, tmp_path / f"raw{ext}", preprocess=Preprocess(resize=(40, 48),
+                                                                     encoding="raw"))
+    loader = DALILoader(path, batch_size=BATCH, device="cpu")
+    assert loader.plan.mode == "raw" and loader.plan.reader == "external"
+    images, labels, sizes = one_epoch(loader)
+    ref, targets = reference(path, size=None)
+    assert sizes == [5, 5, 5, 5, 4] and labels.tolist() == targets
+    assert torch.equal(images, ref)  # the stored pixels, untouched
+    resized, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu"))
+    assert float(diff(resized, reference(path)[0]).max()) <= IMAGE_TOLERANCE
+
+
+@needs_dali
+@pytest.mark.parametrize("ext", [".lmdb", ".tar"])
+def test_gif_records_are_transcoded_for_dali(ext, tmp_path, index_dir):
+    from fastdata.dali import DALILoader
+
+    src = make_tree(tmp_path / "src", classes=2, per_class=3, exts=(".gif", ".png"),
+                    size=(44, 36))
+    path = pack(src, tmp_path / f"gif{ext}")
+    loader = DALILoader(path, batch_size=4, device="cpu")
+    assert loader.plan.transcode and loader.plan.reader == "external"
+    images, labels, _ = one_epoch(loader)
+    ref, targets = reference(path, size=None)
+    assert labels.tolist() == targets
+    assert torch.equal(images, ref)  # lossless encodings: exact
+
+
+@needs_dali
+def test_tar_labels_of_many_digits_and_cached_index(tmp_path, index_dir):
+    from fastdata.dali import DALILoader
+
+    src = make_tree(tmp_path / "src", classes=12, per_class=1, size=(40, 40))
+    path = pack(src, tmp_path / "many.tar", shard_size=5)
+    loader = DALILoader(path, batch_size=4, size=SIZE, device="cpu")
+    assert loader.plan.reader == "webdataset"
+    assert one_epoch(loader)[1].tolist() == list(range(12))  # "10" and "11" parsed whole
+    written = sorted(index_dir.glob("*.wds.idx"))
+    assert len(written) == 3
+    assert written[0].read_text().startswith("v1.2 5\nimg ")
+    stamps = [p.stat().st_mtime_ns for p in written]
+    again = DALILoader(path, batch_size=4, size=SIZE, device="cpu")
+    assert one_epoch(again)[1].tolist() == list(range(12))
+    assert [p.stat().st_mtime_ns for p in written] == stamps  # reused, not rewritten
+
+
+@needs_dali
+def test_tfrecord_without_idx_files_gets_generated_ones(tree, tmp_path, index_dir):
+    from fastdata.dali import DALILoader
+
+    path = pack(tree, tmp_path / "noidx.tfrecord", shard_size=10)
+    for idx in tmp_path.glob("*.tfrecord.idx"):
+        idx.unlink()
+    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
+    assert loader.plan.reader == "tfrecord"
+    _, labels, sizes = one_epoch(loader)
+    assert sizes == [5, 5, 5, 5, 4]
+    assert labels.tolist() == fastdata.open_dataset(path).targets
+    assert len(list(index_dir.glob("*.tfrecord.idx"))) == 3
+
+
+@needs_dali
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
+def test_tar_shards_written_by_webdataset(tmp_path, index_dir):
+    """Shards of another tool (PAX headers, no fastdata manifest) get a DALI index too."""
+    import webdataset as wds
+
+    from fastdata.dali import DALILoader
+
+    rng = np.random.default_rng(5)
+    expected = []
+    pattern = str(tmp_path / "wds-%06d.tar")
+    with wds.ShardWriter(pattern, maxcount=4, verbose=0) as sink:
+        for i in range(10):
+            buf = io.BytesIO()
+            photo(rng, 30, 30).save(buf, "PNG")
+            sink.write({"__key__": f"s{i:04d}", "png": buf.getvalue(), "cls": 5 + i})
+            expected.append(5 + i)
+    loader = DALILoader(pattern, batch_size=4, device="cpu")
+    assert loader.plan.reader == "webdataset"
+    images, labels, sizes = one_epoch(loader)
+    assert sizes == [4, 4, 2] and labels.tolist() == expected
+    assert torch.equal(images, reference(pattern, size=None)[0])
+
+
+@needs_dali
+def test_default_shard_is_the_distributed_rank(datasets, monkeypatch):
+    import torch.distributed as dist
+
+    from fastdata.dali import DALILoader
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 3)
+    loader = DALILoader(datasets["lmdb"], batch_size=BATCH, size=SIZE, device="cpu")
+    assert (loader.plan.shard_id, loader.plan.num_shards) == (1, 3)
+    _, labels, sizes = one_epoch(loader)
+    assert sizes == [5, 3]
+    assert labels.tolist() == fastdata.open_dataset(datasets["lmdb"]).targets[8:16]
+
+
+@needs_dali
+def test_build_pipeline_returns_a_runnable_pipeline(datasets, index_dir):
+    from fastdata.dali import READER_NAME, build_pipeline
+
+    pipe = build_pipeline(datasets["tar"], batch_size=BATCH, size=SIZE, device="cpu")
+    images, labels = pipe.run()
+    assert len(images) == BATCH
+    assert images.as_array().shape == (BATCH, 3, *SIZE)
+    assert labels.as_array().tolist() == [0] * BATCH
+    assert pipe.reader_meta(READER_NAME)["epoch_size"] == N
+
+
+@needs_dali
+def test_option_errors(datasets):
+    from fastdata.dali import DALILoader, build_pipeline
+
+    path = datasets["lmdb"]
+    with pytest.raises(ValueError, match="batch_size"):
+        build_pipeline(path, batch_size=0, device="cpu")
+    with pytest.raises(ValueError, match="shard_id"):
+        build_pipeline(path, batch_size=4, device="cpu", shard_id=2, num_shards=2)
+    with pytest.raises(ValueError, match="mean and std"):
+        build_pipeline(path, batch_size=4, device="cpu", mean=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="device"):
+        build_pipeline(path, batch_size=4, device="tpu")
+    with pytest.raises(FastDataError, match="no reader"):
+        build_pipeline(path, batch_size=4, device="cpu", reader="dali")
+    with pytest.raises(FastDataError, match="no full batch"):
+        DALILoader(path, batch_size=64, device="cpu", drop_last=True)
+
+
+@needs_dali
+def test_ragged_batches_get_a_clear_error(datasets):
+    from fastdata.dali import DALILoader, build_pipeline
+
+    with pytest.raises(FastDataError, match=r"size=\(height, width\)"):
+        list(DALILoader(datasets["lmdb"], batch_size=BATCH, device="cpu"))
+    images, _ = build_pipeline(datasets["lmdb"], batch_size=BATCH, device="cpu",
+                               layout="HWC").run()
+    assert len({tuple(images[i].shape()) for i in range(BATCH)}) > 1  # ragged is fine here
+
+
+@needs_dali
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_leaving_an_epoch_early_continues_it(fmt, datasets, index_dir):
+    from fastdata.dali import DALILoader
+
+    loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu")
+    for _ in loader:
+        break
+    assert one_epoch(loader)[2] == [5, 5, 5, 4]  # the rest of the first epoch
+    assert one_epoch(loader)[2] == [5, 5, 5, 5, 4]
+
+
+# -- devices --------------------------------------------------------------------------------
+
+
+@needs_dali
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_without_cuda_auto_is_cpu_and_gpu_is_refused(datasets):
+    from fastdata.dali import DALILoader, build_pipeline
+
+    loader = DALILoader(datasets["lmdb"], batch_size=BATCH, size=SIZE)  # device="auto"
+    assert loader.plan.device == "cpu" and loader.plan.device_id is None
+    with pytest.raises(FastDataError, match="device='cpu'"):
+        build_pipeline(datasets["lmdb"], batch_size=BATCH, size=SIZE, device="gpu")
+
+
+@needs_dali
+@needs_cuda
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gpu_pipeline(fmt, datasets, index_dir):
+    from fastdata.dali import DALILoader
+
+    path = datasets[fmt]
+    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="gpu",
+                        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    assert loader.plan.device == "gpu" and loader.plan.device_id is not None
+    images, labels, sizes = one_epoch(loader)
+    assert images.is_cuda and labels.is_cuda and images.dtype == torch.float32
+    assert sizes == [5, 5, 5, 5, 4]
+    ref, targets = reference(path)
+    assert labels.tolist() == targets
+    pixels = (images.cpu() * 127.5 + 127.5).round().clamp(0, 255).to(torch.uint8)
+    # nvJPEG's IDCT differs a little from libjpeg-turbo's too.
+    assert float(diff(pixels, ref).mean()) <= MEAN_TOLERANCE + 1
+
+
+# -- without DALI -----------------------------------------------------------------------------
+
+
+def test_clear_error_without_dali(tmp_path):
+    """``import fastdata.dali`` works without DALI; building says how to install it."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["nvidia"] = None          # as if nothing of NVIDIA's were installed
+        sys.modules["nvidia.dali"] = None
+        import fastdata.dali
+        from fastdata.errors import FastDataError
+        for call in (lambda: fastdata.dali.build_pipeline("x.lmdb", batch_size=2),
+                     lambda: fastdata.dali.DALILoader("x.lmdb", batch_size=2)):
+            try:
+                call()
+            except FastDataError as exc:
+                print(exc)
+            else:
+                raise SystemExit("no error")
+        print("torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=str(Path(__file__).resolve().parent.parent))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    hint = ("NVIDIA DALI is not installed: pip install nvidia-dali-cuda130 "
+            "(or fastdata[dali])")
+    assert lines[:2] == [hint, hint]
+    assert lines[2] == "False"  # and building did not even import torch
+
+
+def test_missing_dali_is_reported_in_process(monkeypatch):
+    import fastdata.dali as fd
+
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)
+    with pytest.raises(FastDataError) as info:
+        fd.build_pipeline("anything.lmdb", batch_size=2)
+    assert str(info.value) == fd.INSTALL_HINT
