@@ -5,11 +5,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, JpegImagePlugin
 
 from fastdata.errors import SourceError
-from fastdata.synth import SynthSummary, synthesize
+from fastdata.synth import SynthSummary, _photo_encoding, _photo_size, synthesize
 
 
 def _files(root: Path) -> list[Path]:
@@ -64,6 +65,42 @@ def test_photos_decode_with_expected_sizes(photos):
     assert summary.root == str(root.absolute())
     assert summary.seconds > 0
     assert summary.to_dict()["images"] == 12
+
+
+def test_photos_are_imagenet_like_jpegs(photos):
+    root, summary = photos
+    pixels = 0
+    for path in _files(root):
+        with Image.open(path) as im:
+            # Baseline JPEG, 4:4:4 / 4:2:2 / 4:2:0 chroma, as in ImageNet.
+            assert not im.info.get("progressive")
+            assert JpegImagePlugin.get_sampling(im) in (0, 1, 2)
+            pixels += im.size[0] * im.size[1]
+            y = np.asarray(im.convert("L"), np.float32)
+        # Photo-like, not white noise: neighbouring pixels are strongly
+        # correlated (white noise ~0, real photos ~0.9) ...
+        assert np.corrcoef(y[:, :-1].ravel(), y[:, 1:].ravel())[0, 1] > 0.6
+        # ... yet full of fine detail, not smooth gradients (~0.5).
+        assert np.abs(np.diff(y, axis=1)).mean() > 4.0
+    # Compressed size like ImageNet train JPEGs (about 0.6-0.8 bytes/pixel).
+    assert 0.4 <= summary.bytes / pixels <= 0.9
+
+
+def test_photo_size_and_encoding_mix():
+    rng = np.random.default_rng(0)
+    sizes = np.array([_photo_size(rng) for _ in range(4000)])
+    assert sizes.min() >= 300 and sizes.max() <= 640
+    mean_w, mean_h = sizes.mean(axis=0)
+    assert 440 <= mean_w <= 500 and 350 <= mean_h <= 400
+    enc = [_photo_encoding(rng) for _ in range(4000)]
+    quality = np.array([q for q, _ in enc])
+    subsampling = [s for _, s in enc]
+    assert quality.min() >= 75 and quality.max() <= 95
+    # Skewed towards ImageNet's light compression: ~70% at 88-95 ...
+    assert 0.65 <= (quality >= 88).mean() <= 0.75
+    # ... and mostly without chroma subsampling.
+    assert set(subsampling) == {"4:4:4", "4:2:2", "4:2:0"}
+    assert 0.6 <= subsampling.count("4:4:4") / len(enc) <= 0.8
 
 
 def test_tiny_pngs(tmp_path):
