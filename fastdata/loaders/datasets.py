@@ -79,7 +79,29 @@ def check_options(output: str, on_error: str) -> None:
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
 
 
-class PackedDataset(Dataset):
+class DatasetInfo:
+    """torchvision-style metadata of a Dataset that holds a fastdata ``reader``."""
+
+    reader: Reader
+
+    @property
+    def path(self) -> str:
+        return self.reader.path
+
+    @property
+    def manifest(self):
+        return self.reader.manifest
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.reader.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self.reader.manifest.class_to_idx
+
+
+class PackedDataset(DatasetInfo, Dataset):
     """Map-style Dataset over a random-access packed container.
 
     Subclasses set ``reader_class``; use :func:`open_dataset` to pick one from
@@ -151,21 +173,6 @@ class PackedDataset(Dataset):
 
     # -- torchvision-style metadata --------------------------------------------
 
-    @property
-    def path(self) -> str:
-        return self.reader.path
-
-    @property
-    def manifest(self):
-        return self.reader.manifest
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.reader.manifest.classes)
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self.reader.manifest.class_to_idx
 
     @property
     def targets(self) -> list[int]:

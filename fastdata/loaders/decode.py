@@ -35,6 +35,7 @@ Every decoder gives the same output contract:
 
 from __future__ import annotations
 
+import importlib
 import io
 import threading
 from collections.abc import Sequence
@@ -118,9 +119,17 @@ class Decoder:
     #: Encodings handled; None means whatever the library can open.
     encodings: frozenset[str] | None = None
     install_hint = ""
+    #: The module this decoder needs; it is available when that imports.
+    module = ""
 
     @classmethod
     def available(cls) -> bool:
+        if not cls.module:
+            return True
+        try:
+            importlib.import_module(cls.module)
+        except (ImportError, OSError):  # OSError: a wrapper whose native library is missing
+            return False
         return True
 
     def handles(self, encoding: str | None) -> bool:
@@ -189,14 +198,7 @@ class OpenCVDecoder(Decoder):
     name = "opencv"
     encodings = frozenset({"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm", "pbm"})
     install_hint = "pip install opencv-python-headless"
-
-    @classmethod
-    def available(cls) -> bool:
-        try:
-            import cv2  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    module = "cv2"
 
     def _decode(self, data, *, size, keep_gray, encoding):
         import cv2
@@ -232,14 +234,7 @@ class SimpleJPEGDecoder(Decoder):
     name = "simplejpeg"
     encodings = frozenset({"jpeg"})
     install_hint = "pip install simplejpeg"
-
-    @classmethod
-    def available(cls) -> bool:
-        try:
-            import simplejpeg  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    module = "simplejpeg"
 
     def _decode(self, data, *, size, keep_gray, encoding):
         import simplejpeg
@@ -269,12 +264,17 @@ class JPEG4PyDecoder(Decoder):
 
     @classmethod
     def available(cls) -> bool:
+        # jpeg4py imports without libturbojpeg and fails on first use: try one decode.
         try:
             import jpeg4py
+            from PIL import Image
 
-            return bool(jpeg4py.JPEG.available()) if hasattr(jpeg4py.JPEG, "available") else True
-        except (ImportError, OSError, AttributeError):
+            buf = io.BytesIO()
+            Image.new("RGB", (8, 8)).save(buf, "JPEG")
+            jpeg4py.JPEG(np.frombuffer(buf.getvalue(), dtype=np.uint8)).decode()
+        except Exception:  # ImportError, OSError, or the wrapper's own errors
             return False
+        return True
 
     def _decode(self, data, *, size, keep_gray, encoding):
         import jpeg4py

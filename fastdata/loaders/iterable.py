@@ -16,7 +16,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import detect_format
-from fastdata.loaders.datasets import check_options, convert_payload, raw_shape_of
+from fastdata.loaders.datasets import (
+    DatasetInfo,
+    check_options,
+    convert_payload,
+    raw_shape_of,
+)
 from fastdata.loaders.decode import DecoderChain
 
 
@@ -36,7 +41,7 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-class ShardedIterableDataset(IterableDataset):
+class ShardedIterableDataset(DatasetInfo, IterableDataset):
     """Streams ``(image, label)`` from tar or TFRecord shards.
 
     **Splitting.** With R ranks (torch.distributed, or ``rank``/``world_size``)
@@ -130,14 +135,6 @@ class ShardedIterableDataset(IterableDataset):
         self.skipped = 0
         self._rank = rank
         self._world = world_size
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.reader.manifest.classes)
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self.reader.manifest.class_to_idx
 
     def __len__(self) -> int:
         """Records in the whole dataset (all ranks and workers together)."""
