@@ -44,6 +44,8 @@ _LAZY = {
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
     "DALILoader": "fastdata.dali:DALILoader",
+    "collate": "fastdata.loaders.collate:collate",
+    "Batch": "fastdata.loaders.collate:Batch",
 }
 
 __all__ = sorted([

@@ -205,9 +205,63 @@ class PackedDataset(DatasetInfo, Dataset):
                 return sample[0]
         raise FastDataError("every record failed to load", path=self.path)
 
-    def __getitems__(self, indices: Sequence[int]) -> list:
-        """A whole batch in one call; the DataLoader uses this when present."""
-        return self._load(list(indices))
+    def __getitems__(self, indices: Sequence[int]) -> Sequence:
+        """A whole batch in one call; the DataLoader uses this when present.
+
+        With tensor output and no per-sample transform, a batch whose images
+        share one shape comes back as a :class:`fastdata.loaders.collate.Batch`
+        (one stacked uint8 tensor); ``fastdata.collate`` passes it through.
+        """
+        indices = list(indices)
+        if (self.output == "tensor" and self.transform is None
+                and self.target_transform is None and len(indices) > 1):
+            batch = self._load_stacked(indices)
+            if batch is not None:
+                return batch
+        return self._load(indices)
+
+    def _load_stacked(self, indices: list[int]):
+        """The batch as one NHWC array, or None to fall back to per-sample loading."""
+        import numpy as np
+
+        from fastdata.loaders.collate import Batch
+
+        try:
+            payloads = self._read(indices)
+        except CorruptDataError:
+            return None  # the per-sample path reports or skips the bad record
+        shape = self.decode.raw_shape
+        if shape is not None and self.decode.size is None and len(shape) == 3:
+            # Pre-decoded: the payloads are the pixels; one join is the only copy.
+            nbytes = int(np.prod(shape))
+            if any(len(p) != nbytes for p in payloads):
+                return None
+            array = np.frombuffer(bytearray().join(payloads), dtype=np.uint8)
+            array = array.reshape(len(payloads), *shape)
+            if shape[2] == 1 and not self.decode.keep_gray:
+                array = np.repeat(array, 3, axis=3)
+        else:
+            arrays = self._convert_arrays(payloads)
+            if arrays is None:
+                return None
+            array = np.stack(arrays)
+        labels = self.reader.labels[np.asarray(indices, dtype=np.int64) % len(self)]
+        images = torch.from_numpy(array).permute(0, 3, 1, 2)
+        return Batch(images, torch.from_numpy(labels.astype(np.int64, copy=True)))
+
+    def _convert_arrays(self, payloads: list):
+        """Decode to HWC arrays in the thread pool; None when any fails or shapes differ."""
+        def one(data):
+            try:
+                return self.decode(data)
+            except Exception:  # the per-sample path raises it with the record's name
+                return None
+
+        pool = self._thread_pool()
+        arrays = list(pool.map(one, payloads)) if pool is not None else [one(p) for p in payloads]
+        if any(a is None for a in arrays) or len({a.shape for a in arrays}) != 1:
+            return None
+        return arrays
 
     def _read(self, indices: list[int]) -> list:
         if self.cache is None:

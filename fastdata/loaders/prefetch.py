@@ -229,6 +229,10 @@ def loader(
     )
     if num_workers > 0:
         options["prefetch_factor"] = 4
+    if not iterable:
+        from fastdata.loaders.collate import collate
+
+        options["collate_fn"] = collate  # batches stacked once by __getitems__
     if seed is not None and shuffle and not iterable:
         generator = torch.Generator()
         generator.manual_seed(seed)

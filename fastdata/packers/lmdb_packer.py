@@ -40,7 +40,7 @@ KEY_SCHEMA = "fastdata-lmdb-1"
 
 def sample_key(index: int) -> bytes:
     """The LMDB key of record ``index``."""
-    return SAMPLE_KEY_FORMAT.format(index).encode("ascii")
+    return b"%010d" % index
 
 
 class LMDBWriter(Writer):

@@ -1,0 +1,50 @@
+"""Batches built once: a batch of same-size images becomes one uint8 tensor.
+
+``__getitems__`` of a fastdata map-style Dataset returns a :class:`Batch` when
+every image of the batch has one shape: the images are stacked once into an
+NHWC uint8 array and handed out as an NCHW view of it (channels-last memory,
+which convolutions on the GPU prefer). ``fastdata.collate`` passes that tensor
+through; torch's ``default_collate`` still works on a Batch (it sees a
+sequence of ``(image, label)`` samples), at the cost of stacking again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import default_collate
+
+
+class Batch(Sequence):
+    """A sequence of ``(image, label)`` samples backed by two batch tensors.
+
+    Attributes:
+        images: uint8 tensor [B, C, H, W] (a view of NHWC memory).
+        labels: int64 tensor [B].
+    """
+
+    __slots__ = ("images", "labels")
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.images[i], int(self.labels[i])
+
+    def __repr__(self) -> str:
+        return f"Batch(images={tuple(self.images.shape)}, labels={tuple(self.labels.shape)})"
+
+
+def collate(batch):
+    """DataLoader ``collate_fn``: a :class:`Batch` becomes ``[images, labels]``
+    without another copy; anything else goes to torch's ``default_collate``."""
+    if isinstance(batch, Batch):
+        return [batch.images, batch.labels]
+    return default_collate(batch)

@@ -1,0 +1,75 @@
+"""Batches stacked once in __getitems__, and fastdata.collate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, default_collate
+
+import fastdata
+from fastdata.loaders.collate import Batch
+from fastdata.packers.pack import PackOptions
+from fastdata.packers.preprocess import Preprocess
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    src = tmp_path_factory.mktemp("collate") / "src"
+    rng = np.random.default_rng(1)
+    for c in range(2):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(10):
+            size = (16, 16) if i % 3 else (12, 20)
+            Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(
+                src / f"c{c}" / f"{i}.png")
+    return src
+
+
+def _pack(tree, tmp_path, name, **pre):
+    out = str(tmp_path / f"{name}.lmdb")
+    fastdata.pack(str(tree), out, options=PackOptions(workers=1, preprocess=Preprocess(**pre)),
+                  progress=False)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["encoded", "raw"])
+def test_same_size_batch_is_stacked_once(tree, tmp_path, variant):
+    pre = {"resize": (16, 16)} if variant == "encoded" else {"resize": (16, 16), "encoding": "raw"}
+    ds = fastdata.open_dataset(_pack(tree, tmp_path, variant, **pre))
+    indices = [5, 0, 19, 3]
+    batch = ds.__getitems__(indices)
+    assert isinstance(batch, Batch) and len(batch) == 4
+    assert batch.images.shape == (4, 3, 16, 16) and batch.images.dtype == torch.uint8
+    assert batch.images.is_contiguous(memory_format=torch.channels_last)
+    for k, i in enumerate(indices):
+        image, label = ds[i]
+        assert torch.equal(batch.images[k], image) and int(batch.labels[k]) == label
+    batch.images[0, 0, 0, 0] = 1  # writable memory, not a view of the stored bytes
+    images, labels = fastdata.collate(batch)
+    assert images is batch.images
+    dc_images, dc_labels = default_collate(batch)  # torch's collate still works on it
+    assert torch.equal(dc_images, batch.images) and torch.equal(dc_labels, batch.labels)
+
+
+def test_mixed_sizes_fall_back_to_samples(tree, tmp_path):
+    ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
+    batch = ds.__getitems__([0, 1, 2])
+    assert isinstance(batch, list) and {tuple(b[0].shape) for b in batch} == \
+        {(3, 16, 16), (3, 12, 20)}
+    assert isinstance(fastdata.open_dataset(ds.path, size=(8, 8)).__getitems__([0, 1, 2]), Batch)
+
+
+def test_transform_or_other_outputs_keep_per_sample_path(tree, tmp_path):
+    path = _pack(tree, tmp_path, "t", resize=(16, 16))
+    assert isinstance(fastdata.open_dataset(path, transform=lambda x: x).__getitems__([0, 1]),
+                      list)
+    assert isinstance(fastdata.open_dataset(path, output="numpy").__getitems__([0, 1]), list)
+
+
+def test_dataloader_with_fastdata_collate(tree, tmp_path):
+    ds = fastdata.open_dataset(_pack(tree, tmp_path, "dl", resize=(16, 16), encoding="raw"))
+    loader = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=fastdata.collate)
+    labels = torch.cat([y for _, y in loader]).tolist()
+    assert labels == ds.targets
