@@ -257,8 +257,7 @@ class PackedDataset(DatasetInfo, Dataset):
             except Exception:  # the per-sample path raises it with the record's name
                 return None
 
-        pool = self._thread_pool()
-        arrays = list(pool.map(one, payloads)) if pool is not None else [one(p) for p in payloads]
+        arrays = self._map(one, payloads)
         if any(a is None for a in arrays) or len({a.shape for a in arrays}) != 1:
             return None
         return arrays
@@ -315,10 +314,23 @@ class PackedDataset(DatasetInfo, Dataset):
     def _convert_all(self, payloads: list) -> list:
         if self.output == "bytes" or len(payloads) < 2 or self.decode.raw_shape is not None:
             return [self._convert_one(d) for d in payloads]
+        return self._map(self._convert_one, payloads)
+
+    def _map(self, fn, items: list) -> list:
+        """``[fn(x) for x in items]``, split into one contiguous chunk per
+        decode thread: one task per thread, not per image, so small images do
+        not pay more in task hand-offs than they take to decode."""
         pool = self._thread_pool()
-        if pool is None:
-            return [self._convert_one(d) for d in payloads]
-        return list(pool.map(self._convert_one, payloads))
+        if pool is None or len(items) < 2:
+            return [fn(x) for x in items]
+        parts = min(self._pool_threads, len(items))
+        step = -(-len(items) // parts)
+        chunks = [items[i:i + step] for i in range(0, len(items), step)]
+        futures = [pool.submit(_apply_all, fn, chunk) for chunk in chunks[1:]]
+        out = _apply_all(fn, chunks[0])  # this thread works too
+        for f in futures:
+            out.extend(f.result())
+        return out
 
     def _thread_pool(self):
         # The decoders release the GIL, so threads decode a batch in parallel.
@@ -328,6 +340,7 @@ class PackedDataset(DatasetInfo, Dataset):
             self._pool = None
             self._pool_pid = pid
             threads = decode_threads_for_worker(self.decode_threads)
+            self._pool_threads = threads
             if threads > 1:
                 from concurrent.futures import ThreadPoolExecutor
 
@@ -344,6 +357,10 @@ class PackedDataset(DatasetInfo, Dataset):
         warnings.warn(f"{self.path}: skipping {why} record {index} "
                       f"(key {self.reader._key_or_none(index)!r}); {self.skipped} skipped so far",
                       RuntimeWarning, stacklevel=3)
+
+
+def _apply_all(fn, items: list) -> list:
+    return [fn(x) for x in items]
 
 
 class _Failed:

@@ -1,0 +1,197 @@
+"""``fastdata bench``: it runs, reports every figure, and refuses rows that cheat.
+
+No speed is ever asserted: these tests check the measurement's bookkeeping,
+the output checks and the files it writes, on a few hundred 32x32 images.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+import fastdata
+from fastdata import benchmark as bm
+from fastdata.cli import main
+from fastdata.formats import FORMATS
+
+ROW_FIELDS = {"name", "format", "variant", "label", "path", "workers", "status", "error", "cache",
+              "decoder", "samples_per_s", "mb_per_s", "ratio", "pack_seconds", "size_bytes",
+              "payload_bytes", "cpu", "other_cpu", "p50_ms", "p99_ms", "first_batch_ms",
+              "samples", "batches", "epoch_samples_per_s", "epoch_seconds", "output_shape",
+              "output_dtype"}
+MACHINE_FIELDS = {"cpu_model", "usable_cores", "memory_total_bytes", "os", "python", "versions",
+                  "fastdata_version"}
+FIGURES = ("samples_per_s", "mb_per_s", "cpu", "p50_ms", "p99_ms")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench") / "tiny"
+    fastdata.synthesize(root, kind="tiny", n=48, classes=4, progress=False)
+    return root
+
+
+def _run(args, **kwargs):
+    result = CliRunner().invoke(main, ["bench", *args], catch_exceptions=False, **kwargs)
+    return result
+
+
+def test_demo_tiny_writes_every_figure(tmp_path):
+    out_json, out_png = tmp_path / "out.json", tmp_path / "out.png"
+    result = _run(["--demo", "tiny", "--limit", "200", "--epochs", "1", "--workers", "0",
+                   "--batch-size", "32", "--json", str(out_json), "--plot", str(out_png),
+                   "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "folder (PIL)" in result.stdout and "samples/s" in result.stdout
+
+    data = json.loads(out_json.read_text())
+    assert data["cache"] in ("warm", "cold")
+    assert MACHINE_FIELDS <= set(data["machine"])
+    assert {"torch", "numpy", "Pillow", "lmdb", "h5py", "fastdata"} <= set(
+        data["machine"]["versions"])
+    opts = data["options"]
+    assert (opts["size"], opts["batch_size"], opts["workers"], opts["epochs"]) == (32, 32, [0], 1)
+    assert opts["limit"] == 200
+
+    rows = {r["name"]: r for r in data["rows"]}
+    assert set(rows) == {"folder (PIL)", *FORMATS}  # the baseline and every format
+    for row in data["rows"]:
+        assert ROW_FIELDS <= set(row)
+        assert row["cache"] == data["cache"] and row["workers"] == 0
+        if row["status"] == "ok":
+            assert all(isinstance(row[k], float) and row[k] >= 0 for k in FIGURES)
+            assert row["samples"] == 200 and row["output_shape"] == [32, 3, 32, 32]
+            assert row["output_dtype"] == "uint8" and row["error"] is None
+        else:  # a format that cannot be packed or read is reported, never fatal
+            assert row["status"] == "failed" and row["error"]
+    base, lmdb = rows["folder (PIL)"], rows["lmdb"]
+    assert base["status"] == "ok" and base["ratio"] == pytest.approx(1.0)
+    assert base["pack_seconds"] is None and base["decoder"] == "pil"
+    assert lmdb["status"] == "ok" and lmdb["ratio"] > 0
+    assert lmdb["pack_seconds"] > 0 and lmdb["size_bytes"] > 0 and lmdb["payload_bytes"] > 0
+    assert data["fastest"]["name"] in rows and "folder (PIL)" in data["best"]
+
+    with Image.open(out_png) as img:
+        img.load()
+        assert img.format == "PNG" and img.width > 500
+
+
+def test_existing_lmdb_and_limit(tiny_folder, tmp_path):
+    path = tmp_path / "tiny.lmdb"
+    fastdata.pack(tiny_folder, path, progress=False)
+    out_json = tmp_path / "r.json"
+    result = _run([str(path), "--epochs", "1", "--workers", "0", "--size", "16",
+                   "--batch-size", "8", "--limit", "20", "--json", str(out_json),
+                   "--no-progress"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out_json.read_text())["rows"]
+    assert row["status"] == "ok", row["error"]
+    assert row["format"] == "lmdb" and row["variant"] == "existing"
+    assert row["samples"] == 20 and row["output_shape"] == [8, 3, 16, 16]
+    assert row["pack_seconds"] is None and row["ratio"] is None  # no baseline in this run
+
+
+def test_existing_folder_is_the_baseline_and_junk_fails(tiny_folder, tmp_path):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"nothing")
+    result = _run([str(tiny_folder), str(junk), "--epochs", "1", "--workers", "0", "--size", "8",
+                   "--json", "-", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert rows[0]["format"] == "folder" and rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "failed" and "junk.bin" in rows[1]["error"]
+
+
+def test_nothing_measurable_exits_1(tmp_path):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"nothing")
+    result = _run([str(junk), "--epochs", "1", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 1
+    assert "FAILED" in result.stdout
+
+
+@pytest.mark.parametrize("args", [["--workers", "two"], ["--variants", "shrink"],
+                                  ["--formats", "zip"], ["--epochs", "0"]])
+def test_bad_options_are_one_line_errors(tiny_folder, args):
+    result = CliRunner().invoke(main, ["bench", str(tiny_folder), *args])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+
+
+def test_check_batch():
+    good = (torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4))
+    assert bm.check_batch(good, sample_shape=(3, 8, 8), batch_size=4) is None
+    wrong_shape = (torch.zeros(4, 3, 8, 9, dtype=torch.uint8), torch.arange(4))
+    assert "(4, 3, 8, 9)" in bm.check_batch(wrong_shape, sample_shape=(3, 8, 8))
+    wrong_dtype = (torch.zeros(4, 3, 8, 8), torch.arange(4))
+    assert "float32" in bm.check_batch(wrong_dtype, sample_shape=(3, 8, 8))
+    assert "labels" in bm.check_batch((good[0], torch.arange(3)), sample_shape=(3, 8, 8))
+    assert bm.check_batch(good, sample_shape=(3, 8, 8), batch_size=8) is not None
+    assert "expected (images, labels)" in bm.check_batch(good[0], sample_shape=(3, 8, 8))
+
+
+class _WrongSize(torch.utils.data.Dataset):
+    """Decodes nothing and returns images of the wrong size."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 5, 5, dtype=torch.uint8), 0
+
+
+def test_row_with_wrong_output_is_marked_failed(tiny_folder, monkeypatch):
+    baseline = bm.folder_target(tiny_folder)
+    cheat = bm.Target(name="cheat", kind="packed", format="lmdb", variant="keep",
+                      path="nowhere", count=10, payload_bytes=10)
+    real_make = bm.make_dataset
+    monkeypatch.setattr(bm, "make_dataset", lambda t, o: _WrongSize() if t.name == "cheat"
+                        else real_make(t, o))
+    report = bm.run_bench([baseline, cheat], bm.BenchOptions(size=8, epochs=1, workers=(0,)),
+                          progress=False)
+    by_name = {r.name: r for r in report.results}
+    assert by_name["folder (PIL)"].ok
+    bad = by_name["cheat"]
+    assert bad.status == "failed" and bad.samples_per_s is None
+    assert "wrong output" in bad.error and "(10, 3, 5, 5)" in bad.error
+    assert "FAILED: MeasurementError: wrong output" in bm.format_table(report)
+    assert report.fastest().name == "folder (PIL)"
+
+
+def test_measure_loader_counts_and_refuses_missing_samples():
+    batches = [(torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))] * 3
+    calls = []
+    m = bm.measure_loader(lambda: list(batches), epochs=2, warmup=1, payload_bytes=1000,
+                          expected_samples=12, on_epoch=lambda: calls.append(1))
+    assert len(calls) == 3 and m.samples == 12 and m.batches == 3
+    assert len(m.epoch_seconds) == 2 and m.cache == "warm"
+    assert m.output_shape == (4, 3, 2, 2) and m.output_dtype == "uint8"
+    with pytest.raises(bm.MeasurementError, match="12 samples, expected 16"):
+        bm.measure_loader(lambda: list(batches), epochs=1, expected_samples=16)
+
+
+def test_cold_without_permission_runs_warm_and_says_so(tiny_folder, monkeypatch):
+    monkeypatch.setattr(bm, "drop_page_cache", lambda: "cannot drop the page cache (test)")
+    lines = []
+    report = bm.run_bench([bm.folder_target(tiny_folder)],
+                          bm.BenchOptions(size=8, epochs=1, workers=(0,), cold=True),
+                          progress=False, log=lines.append)
+    assert report.cache == "warm" and report.results[0].cache == "warm"
+    assert "running warm" in report.cache_note and any("running warm" in x for x in lines)
+
+
+def test_parsers():
+    assert bm.parse_workers("0, 1,2,2") == (0, 1, 2)
+    names = [v.name for v in bm.parse_variants("keep,resize256,raw", 32)]
+    assert names == ["keep", "resize256", "raw"]
+    raw = bm.parse_variants("raw", 32)[0]
+    assert raw.preprocess.resize == (32, 32) and raw.preprocess.encoding == "raw"
+    assert raw.suffix == " raw (pre-decoded)"
+    assert bm.parse_variants("resize64", 32)[0].preprocess.resize == 64
+    assert bm.parse_formats(None) == tuple(FORMATS)
+    assert bm.select_indices(10, 4, 0) == bm.select_indices(10, 4, 0)
+    assert bm.select_indices(10, 20, 0) is None
