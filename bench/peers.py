@@ -130,8 +130,10 @@ def fastdata_rows(src: str, work: str, size: int, batch_size: int, seed: int,
 def _fastdata_opener(target: bm.Target, opts: bm.BenchOptions) -> Opener:
     def open_(workers: int):
         ds = bm.make_dataset(target, opts)
-        return (bm.loader_factory(ds, batch_size=opts.batch_size, workers=workers,
-                                  seed=opts.seed), lambda: bm.close_dataset(ds))
+        # Non-persistent workers, like the peers' loaders below (a new loader per epoch).
+        factory = bm.loader_factory(ds, batch_size=opts.batch_size, workers=workers,
+                                    seed=opts.seed, persistent=False)
+        return factory, lambda: (factory.close(), bm.close_dataset(ds))
 
     return open_
 

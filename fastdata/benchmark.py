@@ -17,8 +17,10 @@ Rules that keep the figures honest:
   measured epochs;
 * every row decodes, unless its stored format is pre-decoded ("raw"), which is
   then said in its name;
-* workers are non-persistent (PyTorch's default), so worker start-up is part
-  of every epoch and workers' CPU time is counted when they are reaped.
+* workers are persistent, as in a training run (``fastdata.loader`` sets it):
+  worker start-up falls in the warm-up epoch, and the CPU time of the live
+  workers is read from /proc; ``--no-persistent-workers`` restarts workers
+  every epoch (PyTorch's default), start-up included in every epoch.
 
 The measurement loop, :func:`measure_loader`, takes any loader factory, so
 ``bench/peers.py`` measures other libraries' pipelines with the same code.
@@ -176,6 +178,7 @@ class BenchOptions:
             row fails instead of hanging.
         ram_cache: fastdata rows hold their payloads in the shared RAM cache
             (``cache="ram"``); the baseline reads its files as before.
+        persistent_workers: keep DataLoader workers between epochs (every row alike).
     """
 
     size: int = 224
@@ -189,6 +192,7 @@ class BenchOptions:
     limit: int | None = None
     timeout: float = 600.0
     ram_cache: bool = False
+    persistent_workers: bool = True
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -399,6 +403,21 @@ def machine_busy_seconds() -> float | None:
     return busy / ticks
 
 
+def worker_cpu_seconds(it) -> float:
+    """CPU time (user + system) of a DataLoader iterator's live worker processes,
+    from /proc (0 off Linux, or when the iterator has no workers)."""
+    total = 0.0
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for w in getattr(it, "_workers", None) or []:
+        try:
+            with open(f"/proc/{w.pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, ValueError, IndexError, AttributeError):
+            continue
+    return total
+
+
 def _run_epoch(make_loader: Callable[[], Iterable], keep_first: bool) -> _Epoch:
     loader = make_loader()
     gc.collect()  # no collection of the previous epoch's garbage inside the timing
@@ -409,6 +428,8 @@ def _run_epoch(make_loader: Callable[[], Iterable], keep_first: bool) -> _Epoch:
     samples = 0
     first = None
     it = iter(loader)
+    # Persistent workers live on between epochs: count their CPU from /proc.
+    cpu0 += worker_cpu_seconds(it) if getattr(loader, "persistent_workers", False) else 0.0
     for batch in it:
         now = time.perf_counter()
         gaps.append(now - last)
@@ -416,9 +437,10 @@ def _run_epoch(make_loader: Callable[[], Iterable], keep_first: bool) -> _Epoch:
         samples += batch_length(batch)
         if keep_first and first is None:
             first = batch
-    del it  # non-persistent workers are joined (reaped) here at the latest
     wall = time.perf_counter() - t0
-    cpu = cpu_seconds() - cpu0
+    live = worker_cpu_seconds(it) if getattr(loader, "persistent_workers", False) else 0.0
+    del it  # non-persistent workers are joined (reaped) here at the latest
+    cpu = cpu_seconds() + live - cpu0
     busy1 = machine_busy_seconds()
     # CPU that other processes used meanwhile: a sign that the figure is low
     # because something else was running.
@@ -845,24 +867,58 @@ def close_dataset(ds) -> None:
 from fastdata.loaders.collate import collate  # noqa: E402  (torch is imported above)
 
 
-def loader_factory(ds, *, batch_size: int, workers: int, seed: int,
-                   timeout: float = 600.0) -> Callable[[], DataLoader]:
-    """DataLoaders for successive epochs: shuffled, epoch ``e`` with seed ``seed + e``
-    (the same order for every row), non-persistent workers."""
-    epoch = [0]
+class LoaderFactory:
+    """The DataLoader of each epoch for one row, shuffled with the same order
+    for every row (a generator seeded with ``seed``).
 
-    def make() -> DataLoader:
+    With persistent workers one DataLoader serves every epoch (its sampler
+    draws the next permutation each time); otherwise a new DataLoader is made
+    per epoch, seeded ``seed + epoch``. ``close()`` stops the workers.
+    """
+
+    def __init__(self, ds, *, batch_size: int, workers: int, seed: int,
+                 timeout: float = 600.0, persistent: bool = True) -> None:
+        self.ds = ds
+        self.batch_size = batch_size
+        self.workers = workers
+        self.seed = seed
+        self.timeout = timeout
+        self.persistent = persistent and workers > 0
+        self._epoch = 0
+        self._loader: DataLoader | None = None
+
+    def _make(self, seed: int) -> DataLoader:
         g = torch.Generator()
-        g.manual_seed(seed + epoch[0])
-        epoch[0] += 1
+        g.manual_seed(seed)
         # fastdata.collate hands on the batch tensor that fastdata's
         # __getitems__ stacked once; for every other dataset (the baseline) it
         # is torch's default_collate.
-        return DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                          persistent_workers=False, generator=g, collate_fn=collate,
-                          timeout=timeout if workers > 0 else 0)
+        return DataLoader(self.ds, batch_size=self.batch_size, shuffle=True,
+                          num_workers=self.workers, persistent_workers=self.persistent,
+                          generator=g, collate_fn=collate,
+                          timeout=self.timeout if self.workers > 0 else 0)
 
-    return make
+    def __call__(self) -> DataLoader:
+        if self.persistent:
+            if self._loader is None:
+                self._loader = self._make(self.seed)
+            return self._loader
+        loader = self._make(self.seed + self._epoch)
+        self._epoch += 1
+        return loader
+
+    def close(self) -> None:
+        loader, self._loader = self._loader, None
+        it = getattr(loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+
+
+def loader_factory(ds, *, batch_size: int, workers: int, seed: int,
+                   timeout: float = 600.0, persistent: bool = True) -> LoaderFactory:
+    """DataLoaders for successive epochs of one row (see :class:`LoaderFactory`)."""
+    return LoaderFactory(ds, batch_size=batch_size, workers=workers, seed=seed,
+                         timeout=timeout, persistent=persistent)
 
 
 def run_bench(
@@ -961,11 +1017,16 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
         def check(batch) -> str | None:
             return check_batch(batch, sample_shape=sample_shape, batch_size=expected_b)
 
-        m = measure_loader(
-            loader_factory(ds, batch_size=options.batch_size, workers=workers,
-                           seed=options.seed, timeout=options.timeout),
-            epochs=options.epochs, warmup=options.warmup, payload_bytes=target.payload_bytes,
-            expected_samples=n, check=check, cold=cache == "cold", on_epoch=on_epoch)
+        factory = loader_factory(ds, batch_size=options.batch_size, workers=workers,
+                                 seed=options.seed, timeout=options.timeout,
+                                 persistent=options.persistent_workers)
+        try:
+            m = measure_loader(
+                factory, epochs=options.epochs, warmup=options.warmup,
+                payload_bytes=target.payload_bytes, expected_samples=n, check=check,
+                cold=cache == "cold", on_epoch=on_epoch)
+        finally:
+            factory.close()
     except Exception as exc:  # any failure of a format is that row's result, not a crash
         return Result(status="failed", error=_error_text(exc), **common)
     finally:

@@ -271,6 +271,9 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
               show_default=True,
               help="ram: fastdata rows read from the shared RAM cache (cache='ram'); with "
                    "--cold, epoch 1 fills it from a cold disk and later epochs read memory.")
+@click.option("--persistent-workers/--no-persistent-workers", default=True, show_default=True,
+              help="Keep DataLoader workers between epochs, as training does (start-up falls "
+                   "in the warm-up epoch); --no-persistent-workers restarts them every epoch.")
 @click.option("--cold", is_flag=True,
               help="Drop the page cache before every measured epoch (root on Linux); "
                    "otherwise say so and run warm.")
@@ -287,7 +290,7 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, decoder, epochs,
-          limit, cache, cold, seed, no_pack, json_path, plot_path, progress):
+          limit, cache, persistent_workers, cold, seed, no_pack, json_path, plot_path, progress):
     """Measure data-loading throughput: an image folder against every format.
 
     \b
@@ -320,7 +323,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
         size = 32 if demo == "tiny" else 224
     options = bm.BenchOptions(size=size, batch_size=batch_size, workers=bm.parse_workers(workers),
                               epochs=epochs, decoder=decoder, cold=cold, seed=seed, limit=limit,
-                              ram_cache=cache == "ram")
+                              ram_cache=cache == "ram", persistent_workers=persistent_workers)
     format_names = bm.parse_formats(formats)
     variant_list = bm.parse_variants(variants, size)
 
