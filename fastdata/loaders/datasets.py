@@ -231,23 +231,32 @@ class PackedDataset(DatasetInfo, Dataset):
         except CorruptDataError:
             return None  # the per-sample path reports or skips the bad record
         shape = self.decode.raw_shape
-        if shape is not None and self.decode.size is None and len(shape) == 3:
-            # Pre-decoded: the payloads are the pixels; one join is the only copy.
+        if shape is not None and len(shape) == 3 and self._raw_as_stored(shape) \
+                and (shape[2] == 3 or self.decode.keep_gray):
+            # Pre-decoded: the payloads are the pixels, copied once into the batch.
             nbytes = int(np.prod(shape))
             if any(len(p) != nbytes for p in payloads):
                 return None
-            array = np.frombuffer(bytearray().join(payloads), dtype=np.uint8)
-            array = array.reshape(len(payloads), *shape)
-            if shape[2] == 1 and not self.decode.keep_gray:
-                array = np.repeat(array, 3, axis=3)
+            images = _batch_tensor((len(payloads), *shape))
+            flat = memoryview(images.numpy()).cast("B")
+            for k, data in enumerate(payloads):
+                flat[k * nbytes:(k + 1) * nbytes] = data
         else:
             arrays = self._convert_arrays(payloads)
             if arrays is None:
                 return None
-            array = np.stack(arrays)
+            images = _batch_tensor((len(arrays), *arrays[0].shape))
+            np.stack(arrays, out=images.numpy())
         labels = self.reader.labels[np.asarray(indices, dtype=np.int64) % len(self)]
-        images = torch.from_numpy(array).permute(0, 3, 1, 2)
-        return Batch(images, torch.from_numpy(labels.astype(np.int64, copy=True)))
+        return Batch(images.permute(0, 3, 1, 2),
+                     torch.from_numpy(labels.astype(np.int64, copy=True)))
+
+    def _raw_as_stored(self, shape) -> bool:
+        """Raw records need no resize: no ``size``, or the size they already have."""
+        from fastdata.loaders.decode import target_size
+
+        hw = target_size(shape[0], shape[1], self.decode.size)
+        return hw is None or tuple(hw) == tuple(shape[:2])
 
     def _convert_arrays(self, payloads: list):
         """Decode to HWC arrays in the thread pool; None when any fails or shapes differ."""
@@ -357,6 +366,21 @@ class PackedDataset(DatasetInfo, Dataset):
         warnings.warn(f"{self.path}: skipping {why} record {index} "
                       f"(key {self.reader._key_or_none(index)!r}); {self.skipped} skipped so far",
                       RuntimeWarning, stacklevel=3)
+
+
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty uint8 batch tensor; in a DataLoader worker it is allocated in
+    shared memory, so sending it to the main process copies nothing (what
+    torch's default_collate does for the same reason)."""
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
+        numel = 1
+        for n in shape:
+            numel *= n
+        storage = torch.UntypedStorage._new_shared(numel)
+        return torch.tensor([], dtype=torch.uint8).set_(storage).view(shape)
+    return torch.empty(shape, dtype=torch.uint8)
 
 
 def _apply_all(fn, items: list) -> list:
