@@ -255,7 +255,7 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
 @click.option("--variants", default="keep", show_default=True, metavar="LIST",
               help="keep: original bytes; resizeN: shorter side N, re-encoded at pack time "
                    "(e.g. resize256); raw: SxS pixels stored pre-decoded.")
-@click.option("--workers", default="2", show_default=True, metavar="LIST",
+@click.option("--workers", default="0,2", show_default=True, metavar="LIST",
               help="DataLoader worker counts to sweep, e.g. 0,1,2,4.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--size", type=int, default=None, metavar="S",
