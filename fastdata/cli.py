@@ -49,6 +49,7 @@ def main() -> None:
 
     \b
     Try it on built-in demo data:
+      fastdata bench --demo               # every format against a plain image folder
       fastdata synth demo                 # a folder of photo-like JPEGs in 8 classes
       fastdata pack demo demo.lmdb        # pack it (format from the extension)
       fastdata info demo.lmdb             # what is inside
