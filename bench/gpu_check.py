@@ -1,6 +1,9 @@
-"""DALI on the GPU: a short check to run on a machine with CUDA.
+"""The GPU paths: CUDAPrefetcher and DALI, a short check to run on a machine with CUDA.
 
-Synthesises 256 ImageNet-like JPEGs (``fastdata.synthesize(kind="photos")``),
+First the CUDA prefetcher: ``fastdata.loader(..., device="cuda")`` over an
+LMDB of the same photos, checking that batches arrive on the GPU, float16,
+channels-last, normalised like the CPU path, every sample once. Then DALI:
+synthesises 256 ImageNet-like JPEGs (``fastdata.synthesize(kind="photos")``),
 packs them to TFRecord (read by DALI's own reader) and LMDB (read through
 fastdata's reader in an external source), and runs ``fastdata.dali.DALILoader``
 with ``device="gpu"`` (nvJPEG decoding, resize and normalisation on the GPU).
@@ -83,16 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        print("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); nothing to check")
-        return 0
     import torch
 
     if not torch.cuda.is_available():
-        print("no CUDA GPU on this machine: the DALI GPU check needs one; nothing to check")
+        print("no CUDA GPU on this machine: the GPU checks need one; nothing to check")
         return 0
+    prefetch_ok = _check_prefetcher(args)
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        print("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); DALI not checked")
+        return 0 if prefetch_ok else 1
 
     import fastdata
     from fastdata.dali import _cuda_devices
@@ -123,7 +127,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     ok = all(r["labels_match_fastdata"] for r in results["runs"])
-    return 0 if ok else 1
+    return 0 if ok and prefetch_ok else 1
+
+
+def _check_prefetcher(args) -> bool:
+    """CUDAPrefetcher through fastdata.loader: batches on the GPU, normalised
+    like the CPU path, every sample once; prints img/s."""
+    import time
+
+    import torch
+
+    import fastdata
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    with tempfile.TemporaryDirectory(prefix="fastdata-prefetch-check-") as tmp:
+        src = os.path.join(tmp, "photos")
+        fastdata.synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
+        out = os.path.join(tmp, "photos.lmdb")
+        fastdata.pack(src, out, progress=False)
+        ds = fastdata.open_dataset(out, size=(args.size, args.size))
+        loader = fastdata.loader(ds, batch_size=args.batch, shuffle=False, num_workers=2,
+                                 device="cuda", mean=mean, std=std, dtype=torch.float16,
+                                 channels_last=True)
+        cpu_images, _ = next(iter(torch.utils.data.DataLoader(
+            ds, batch_size=args.batch, collate_fn=fastdata.collate)))
+        m = torch.tensor(mean).view(1, 3, 1, 1) * 255
+        s = torch.tensor(std).view(1, 3, 1, 1) * 255
+        expected = (cpu_images.float() - m) / s
+        seen, start, first = 0, None, None
+        for epoch in range(args.epochs + 1):
+            if epoch == 1:
+                sync()
+                start, seen = time.perf_counter(), 0
+            for images, labels in loader:
+                if first is None:
+                    first = (images.device, images.dtype, tuple(images.shape),
+                             images.is_contiguous(memory_format=torch.channels_last),
+                             float((images.float().cpu() - expected).abs().max()))
+                seen += len(labels)
+        sync()
+        rate = seen / (time.perf_counter() - start)
+    ok = seen == len(ds) * args.epochs and first[0].type == "cuda" and first[4] < 0.05
+    print(f"CUDAPrefetcher: {rate:8.1f} img/s over {args.epochs} epochs; images {first[0]} "
+          f"{first[1]} {first[2]} channels_last={first[3]}; max |gpu - cpu normalise| "
+          f"{first[4]:.4f}; every sample once per epoch: {seen == len(ds) * args.epochs}")
+    return ok
 
 
 if __name__ == "__main__":
