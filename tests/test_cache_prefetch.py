@@ -157,3 +157,28 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_decoded_cache_equals_decoding(packed):
+    plain = fastdata.open_dataset(packed, size=(32, 32))
+    cached = fastdata.open_dataset(packed, size=(32, 32), cache="decoded")
+    assert cached.cache.pixels.shape == (len(plain), 32, 32, 3)
+    for i in (0, 7, -1):
+        assert torch.equal(plain[i][0], cached[i][0]) and plain[i][1] == cached[i][1]
+    batch = cached.__getitems__([4, 2, 9])
+    assert torch.equal(batch.images[1], plain[2][0])
+    assert [int(x) for x in batch.labels] == [plain[4][1], plain[2][1], plain[9][1]]
+    numpy_ds = fastdata.open_dataset(packed, size=(32, 32), cache="decoded", output="numpy")
+    assert numpy_ds[3][0].shape == (32, 32, 3)
+    loader = torch.utils.data.DataLoader(cached, batch_size=16, num_workers=2,
+                                         multiprocessing_context="spawn",
+                                         collate_fn=fastdata.collate)
+    assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted(plain.targets)
+    cached.cache.close()
+
+
+def test_decoded_cache_needs_one_size(packed):
+    with pytest.raises(FastDataError, match=r"needs one image size"):
+        fastdata.open_dataset(packed, cache="decoded")
+    with pytest.raises(FastDataError, match="keep_gray"):
+        fastdata.open_dataset(packed, size=(8, 8), keep_gray=True, cache="decoded")

@@ -54,36 +54,80 @@ def check_fits(needed: int, *, path: str | None = None, margin: float = 1.1) -> 
     avail = available_memory()
     if avail is not None and needed * margin > avail:
         raise FastDataError(
-            f"cache='ram' needs {_human(needed)} but only {_human(avail)} of memory is "
+            f"the cache needs {_human(needed)} but only {_human(avail)} of memory is "
             f"available; use cache=None, or pack a smaller dataset (--resize)", path=path)
     shm = shm_free()
     if shm is not None and needed > shm:
         raise FastDataError(
-            f"cache='ram' needs {_human(needed)} in /dev/shm but only {_human(shm)} is free "
+            f"the cache needs {_human(needed)} in /dev/shm but only {_human(shm)} is free "
             f"there; enlarge /dev/shm (docker: --shm-size) or use cache=None", path=path)
 
 
-class SharedPayloadCache:
-    """All payloads of a reader, in one shared-memory block.
+class _SharedBlock:
+    """One POSIX shared-memory block: created (and freed) by one process, attached
+    by name in spawned workers, inherited by forked ones. Subclasses lay out
+    numpy views over it in ``_views``."""
+
+    def _create(self, nbytes: int) -> None:
+        from multiprocessing import shared_memory
+
+        self._shm = shared_memory.SharedMemory(create=True, size=max(1, nbytes))
+        self._owner_pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _unlink, self._shm, self._owner_pid)
+        self.name = self._shm.name
+        self._views(self._shm)
+
+    def _views(self, shm) -> None:
+        raise NotImplementedError
+
+    def _state(self) -> dict:
+        raise NotImplementedError
+
+    def __getstate__(self):
+        return dict(self._state(), name=self.name)
+
+    def __setstate__(self, state):
+        from multiprocessing import shared_memory
+
+        self.__dict__.update(state)
+        # Spawned workers share the creator's resource tracker, so attaching
+        # registers nothing new and the creator alone unlinks the block.
+        self._shm = shared_memory.SharedMemory(name=state["name"])
+        self._owner_pid = None
+        self._finalizer = None
+        self._views(self._shm)
+
+    def close(self) -> None:
+        """Free the block now (creator) or detach from it (workers)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        else:
+            for name in ("_offsets", "_data", "pixels"):
+                self.__dict__.pop(name, None)
+            try:
+                self._shm.close()
+            except BufferError:  # a batch still views the block; the OS unmaps at exit
+                pass
+
+
+class SharedPayloadCache(_SharedBlock):
+    """All stored payloads of a reader, in one shared-memory block.
 
     Args:
         reader: any fastdata Reader; every record is read (and checksummed) once.
         progress: show a progress bar while filling (None: only on a terminal).
     """
 
-    def __init__(self, reader, *, progress: bool | None = None) -> None:
-        from multiprocessing import shared_memory
+    kind = "ram"
 
+    def __init__(self, reader, *, progress: bool | None = None) -> None:
         n = len(reader)
         payload = int(reader.manifest.bytes.get("payload", 0))
         self.nbytes = payload
         self.count = n
         self.path = reader.path
         check_fits(payload + 8 * (n + 1), path=reader.path)
-        self._shm = shared_memory.SharedMemory(create=True, size=max(1, payload + 8 * (n + 1)))
-        self._owner_pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _unlink, self._shm, self._owner_pid)
-        self._views(self._shm)
+        self._create(payload + 8 * (n + 1))
         bar = progress_bar(n, "cache", enabled=progress)
         pos = 0
         try:
@@ -102,13 +146,15 @@ class SharedPayloadCache:
         finally:
             bar.close()
         self._offsets[n] = pos
-        self.name = self._shm.name
 
     def _views(self, shm) -> None:
         n = self.count
         self._offsets = np.ndarray((n + 1,), dtype=np.int64, buffer=shm.buf, offset=0)
         self._data = np.ndarray((self.nbytes,), dtype=np.uint8, buffer=shm.buf,
                                 offset=8 * (n + 1))
+
+    def _state(self) -> dict:
+        return {"nbytes": self.nbytes, "count": self.count, "path": self.path}
 
     def read_many(self, indices: Sequence[int]) -> list[bytes]:
         """Payloads of the given (already range-checked) records."""
@@ -119,29 +165,92 @@ class SharedPayloadCache:
     def __len__(self) -> int:
         return self.count
 
-    # Spawned workers attach by name; the creator alone unlinks.
-    def __getstate__(self):
-        return {"name": self.name, "nbytes": self.nbytes, "count": self.count,
+
+class SharedPixelCache(_SharedBlock):
+    """Every record decoded (and resized) once into one shared uint8 array
+    ``pixels`` of shape (N, H, W, 3): no decoding after the fill.
+
+    Args:
+        reader: any fastdata Reader.
+        decode: the Dataset's decoder chain; it must give one shape for every
+            record (``size=(h, w)``, or raw records of one shape).
+        threads: decode threads used while filling.
+        progress: show a progress bar while filling.
+    """
+
+    kind = "decoded"
+
+    def __init__(self, reader, decode, *, threads: int = 1,
+                 progress: bool | None = None) -> None:
+        from fastdata.loaders.decode import target_size
+
+        n = len(reader)
+        if decode.keep_gray:
+            raise FastDataError("cache='decoded' stores 3-channel pixels; drop keep_gray",
+                                path=reader.path)
+        raw = decode.raw_shape
+        hw = decode.size if isinstance(decode.size, tuple) else None
+        if hw is None and raw is not None:
+            hw = target_size(raw[0], raw[1], decode.size) or tuple(raw[:2])
+        if hw is None:
+            raise FastDataError(
+                "cache='decoded' needs one image size: pass size=(h, w) (or pack with "
+                "--encoding raw)", path=reader.path)
+        self.shape = (n, int(hw[0]), int(hw[1]), 3)
+        self.nbytes = int(np.prod(self.shape))
+        self.count = n
+        self.path = reader.path
+        check_fits(self.nbytes, path=reader.path)
+        self._create(self.nbytes)
+        bar = progress_bar(n, "decode into cache", enabled=progress)
+        pool = None
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-cache")
+        try:
+            chunk: list[tuple[int, bytes]] = []
+            for item in reader:
+                chunk.append(item[:2])
+                if len(chunk) >= 256:
+                    self._fill(chunk, decode, pool)
+                    bar.update(len(chunk))
+                    chunk = []
+            if chunk:
+                self._fill(chunk, decode, pool)
+                bar.update(len(chunk))
+        except BaseException:
+            self._finalizer()
+            raise
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown()
+
+    def _fill(self, chunk, decode, pool) -> None:
+        def one(item):
+            index, data = item
+            try:
+                array = decode(data)
+            except Exception as exc:  # name the record: the cache cannot skip it
+                raise FastDataError(f"record {index} cannot be decoded into the cache ({exc})",
+                                    path=self.path, offset=index) from exc
+            if array.shape != self.shape[1:]:
+                raise FastDataError(f"record {index} decodes to {array.shape}, not "
+                                    f"{self.shape[1:]}", path=self.path, offset=index)
+            self.pixels[index] = array
+
+        list(pool.map(one, chunk)) if pool is not None else [one(x) for x in chunk]
+
+    def _views(self, shm) -> None:
+        self.pixels = np.ndarray(self.shape, dtype=np.uint8, buffer=shm.buf)
+
+    def _state(self) -> dict:
+        return {"shape": self.shape, "nbytes": self.nbytes, "count": self.count,
                 "path": self.path}
 
-    def __setstate__(self, state):
-        from multiprocessing import shared_memory
-
-        self.__dict__.update(state)
-        # Spawned workers share the creator's resource tracker, so attaching
-        # registers nothing new and the creator alone unlinks the block.
-        self._shm = shared_memory.SharedMemory(name=state["name"])
-        self._owner_pid = None
-        self._finalizer = None
-        self._views(self._shm)
-
-    def close(self) -> None:
-        """Free the block now (creator) or detach from it (workers)."""
-        if self._finalizer is not None:
-            self._finalizer()
-        else:
-            self._offsets = self._data = None
-            self._shm.close()
+    def __len__(self) -> int:
+        return self.count
 
 
 def _unlink(shm, owner_pid: int) -> None:

@@ -125,9 +125,12 @@ class PackedDataset(DatasetInfo, Dataset):
         keep_gray: return grayscale images with 1 channel instead of 3.
         decode_threads: threads decoding a batch in ``__getitems__``; None uses
             the usable cores divided by the DataLoader workers.
-        cache: None, or "ram": copy every stored payload once, up front, into
+        cache: None; "ram": copy every stored payload once, up front, into
             shared memory used by all DataLoader workers (one copy in total;
-            refused with a clear message when memory is short).
+            refused with a clear message when memory is short); "decoded":
+            decode (and resize) every record once, up front, into one shared
+            (N, H, W, 3) uint8 array; needs ``size=(h, w)`` or raw records, and
+            ``output="bytes"`` then gives the decoded pixels.
         progress: progress bar while filling the cache (None: on a terminal).
         **reader_options: format options passed to the reader.
     """
@@ -152,19 +155,24 @@ class PackedDataset(DatasetInfo, Dataset):
         **reader_options: Any,
     ) -> None:
         check_options(output, on_error)
-        if cache not in (None, "ram"):
-            raise ValueError(f"cache must be None or 'ram', not {cache!r}")
+        if cache not in (None, "ram", "decoded"):
+            raise ValueError(f"cache must be None, 'ram' or 'decoded', not {cache!r}")
         self.reader = self.reader_class(path, verify=verify, **reader_options)
-        self.cache = None
-        if cache == "ram":
-            from fastdata.loaders.cache import SharedPayloadCache
-
-            self.cache = SharedPayloadCache(self.reader, progress=progress)
         self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
                                    raw_shape=raw_shape_of(self.reader.manifest))
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None
+        self.cache = None
+        if cache == "ram":
+            from fastdata.loaders.cache import SharedPayloadCache
+
+            self.cache = SharedPayloadCache(self.reader, progress=progress)
+        elif cache == "decoded":
+            from fastdata.loaders.cache import SharedPixelCache
+
+            self.cache = SharedPixelCache(self.reader, self.decode, progress=progress,
+                                          threads=decode_threads_for_worker(decode_threads))
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -226,6 +234,13 @@ class PackedDataset(DatasetInfo, Dataset):
 
         from fastdata.loaders.collate import Batch
 
+        if getattr(self.cache, "kind", None) == "decoded":
+            rows = np.asarray(indices, dtype=np.int64) % len(self)
+            images = _batch_tensor((len(rows), *self.cache.shape[1:]))
+            np.take(self.cache.pixels, rows, axis=0, out=images.numpy())
+            labels = self.reader.labels[rows]
+            return Batch(images.permute(0, 3, 1, 2),
+                         torch.from_numpy(labels.astype(np.int64, copy=True)))
         try:
             payloads = self._read(indices)
         except CorruptDataError:
@@ -278,6 +293,8 @@ class PackedDataset(DatasetInfo, Dataset):
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
     def _load(self, indices: list[int]) -> list:
+        if getattr(self.cache, "kind", None) == "decoded":
+            return self._load_decoded(indices)
         try:
             payloads = self._read(indices)
         except CorruptDataError:
@@ -304,6 +321,31 @@ class PackedDataset(DatasetInfo, Dataset):
                 self._skip(i, "undecodable")
                 continue
             label = int(labels[i])
+            if self.transform is not None:
+                image = self.transform(image)
+            if self.target_transform is not None:
+                label = self.target_transform(label)
+            out.append((image, label))
+        return out
+
+    def _load_decoded(self, indices: list[int]) -> list:
+        """Samples straight from the decoded-pixel cache (no reading, no decoding)."""
+        from PIL import Image
+
+        n = len(self)
+        labels = self.reader.labels
+        out = []
+        for i in indices:
+            array = self.cache.pixels[i % n].copy()
+            if self.output == "bytes":
+                image = array.tobytes()
+            elif self.output == "pil":
+                image = Image.fromarray(array, "RGB")
+            elif self.output == "numpy":
+                image = array
+            else:
+                image = torch.from_numpy(array).permute(2, 0, 1)
+            label = int(labels[i % n])
             if self.transform is not None:
                 image = self.transform(image)
             if self.target_transform is not None:
