@@ -12,12 +12,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from fastdata.errors import CorruptDataError, DecodeError, FastDataError
-from fastdata.formats import detect_format
-from fastdata.formats import FORMATS
+from fastdata.formats import FORMATS, detect_format
 from fastdata.loaders.decode import DecoderChain, decode_pil
 from fastdata.loaders.reader import Reader
 
@@ -33,16 +33,24 @@ def convert_payload(data: bytes | memoryview, output: str, decode: DecoderChain 
     if output == "bytes":
         return bytes(data)
     decode = decode or _DEFAULT_CHAIN
-    if output == "pil":
-        if decode.size is None and decode.decoder in ("auto", "pil") and not decode.keep_gray:
-            return decode_pil(data)
-        from PIL import Image
+    if output == "pil" and decode.size is None and decode.decoder in ("auto", "pil") \
+            and not decode.keep_gray:
+        return decode_pil(data)
+    return array_to_output(decode(data), output)
 
-        return Image.fromarray(decode(data).squeeze(-1) if decode.keep_gray else decode(data))
-    array = decode(data)
+
+def array_to_output(array, output: str):
+    """Decoded HWC uint8 pixels as the image type ``output`` names ("bytes":
+    the pixels' bytes)."""
     if output == "numpy":
         return array
-    return torch.from_numpy(array).permute(2, 0, 1)
+    if output == "tensor":
+        return torch.from_numpy(array).permute(2, 0, 1)
+    if output == "bytes":
+        return array.tobytes()
+    from PIL import Image
+
+    return Image.fromarray(array.squeeze(-1) if array.shape[2] == 1 else array)
 
 
 def raw_shape_of(manifest) -> tuple[int, ...] | None:
@@ -221,99 +229,69 @@ class PackedDataset(DatasetInfo, Dataset):
         (one stacked uint8 tensor); ``fastdata.collate`` passes it through.
         """
         indices = list(indices)
-        if (self.output == "tensor" and self.transform is None
-                and self.target_transform is None and len(indices) > 1):
-            batch = self._load_stacked(indices)
-            if batch is not None:
-                return batch
-        return self._load(indices)
+        stack = (self.output == "tensor" and self.transform is None
+                 and self.target_transform is None and len(indices) > 1)
+        return self._load(indices, stack=stack)
 
-    def _load_stacked(self, indices: list[int]):
-        """The batch as one NHWC array, or None to fall back to per-sample loading."""
-        import numpy as np
-
-        from fastdata.loaders.collate import Batch
-
-        if getattr(self.cache, "kind", None) == "decoded":
-            rows = np.asarray(indices, dtype=np.int64) % len(self)
-            images = _batch_tensor((len(rows), *self.cache.shape[1:]))
-            np.take(self.cache.pixels, rows, axis=0, out=images.numpy())
-            labels = self.reader.labels[rows]
-            return Batch(images.permute(0, 3, 1, 2),
-                         torch.from_numpy(labels.astype(np.int64, copy=True)))
+    def _load(self, indices: list[int], stack: bool = False) -> Sequence:
+        """Samples of ``indices`` (a Batch when ``stack`` and the shapes allow):
+        each record is read once and decoded once."""
+        decoded_cache = getattr(self.cache, "kind", None) == "decoded"
+        if decoded_cache:
+            rows = [i % len(self) for i in indices]
+            if stack:
+                images = _batch_tensor((len(rows), *self.cache.shape[1:]))
+                np.take(self.cache.pixels, rows, axis=0, out=images.numpy())
+                return self._batch(images, rows)
+            images = [array_to_output(self.cache.pixels[i].copy(), self.output) for i in rows]
+            return self._samples(rows, images)
         try:
             payloads = self._read(indices)
         except CorruptDataError:
-            return None  # the per-sample path reports or skips the bad record
-        shape = self.decode.raw_shape
-        if shape is not None and len(shape) == 3 and self._raw_as_stored(shape) \
-                and (shape[2] == 3 or self.decode.keep_gray):
-            # Pre-decoded: the payloads are the pixels, copied once into the batch.
-            nbytes = int(np.prod(shape))
-            if any(len(p) != nbytes for p in payloads):
-                return None
-            images = _batch_tensor((len(payloads), *shape))
-            flat = memoryview(images.numpy()).cast("B")
-            for k, data in enumerate(payloads):
-                flat[k * nbytes:(k + 1) * nbytes] = data
-        else:
-            arrays = self._convert_arrays(payloads)
-            if arrays is None:
-                return None
-            images = _batch_tensor((len(arrays), *arrays[0].shape))
-            np.stack(arrays, out=images.numpy())
-        labels = self.reader.labels[np.asarray(indices, dtype=np.int64) % len(self)]
-        return Batch(images.permute(0, 3, 1, 2),
-                     torch.from_numpy(labels.astype(np.int64, copy=True)))
-
-    def _raw_as_stored(self, shape) -> bool:
-        """Raw records need no resize: no ``size``, or the size they already have."""
-        from fastdata.loaders.decode import target_size
-
-        hw = target_size(shape[0], shape[1], self.decode.size)
-        return hw is None or tuple(hw) == tuple(shape[:2])
-
-    def _convert_arrays(self, payloads: list):
-        """Decode to HWC arrays in the thread pool; None when any fails or shapes differ."""
-        def one(data):
-            try:
-                return self.decode(data)
-            except Exception:  # the per-sample path raises it with the record's name
-                return None
-
-        arrays = self._map(one, payloads)
-        if any(a is None for a in arrays) or len({a.shape for a in arrays}) != 1:
-            return None
-        return arrays
-
-    def _read(self, indices: list[int]) -> list:
-        if self.cache is None:
-            return self.reader.read_many(indices)
-        n = len(self)
-        return self.cache.read_many([i + n if i < 0 else i for i in indices])
-
-    def _load(self, indices: list[int]) -> list:
-        if getattr(self.cache, "kind", None) == "decoded":
-            return self._load_decoded(indices)
-        try:
-            payloads = self._read(indices)
-        except CorruptDataError:
-            if self.on_error == "raise" or len(indices) == 1:
-                if self.on_error == "raise":
-                    raise
+            if self.on_error == "raise":
+                raise
+            if len(indices) == 1:
                 self._skip(indices[0], "corrupt")
                 return []
             # Find the bad records one by one and keep the good ones.
             return [s for i in indices for s in self._load([i])]
+        if stack and self._raw_as_stored():
+            # Pre-decoded: the payloads are the pixels, copied once into the batch.
+            shape = self.decode.raw_shape
+            nbytes = int(np.prod(shape))
+            if all(len(p) == nbytes for p in payloads):
+                images = _batch_tensor((len(payloads), *shape))
+                flat = memoryview(images.numpy()).cast("B")
+                for k, data in enumerate(payloads):
+                    flat[k * nbytes:(k + 1) * nbytes] = data
+                return self._batch(images, indices)
+        if self.output in ("bytes", "pil"):
+            return self._samples(indices, self._convert_all(payloads, self._convert))
+        arrays = self._convert_all(payloads, self.decode)
+        if stack and not any(isinstance(a, _Failed) for a in arrays) \
+                and len({a.shape for a in arrays}) == 1:
+            images = _batch_tensor((len(arrays), *arrays[0].shape))
+            np.stack(arrays, out=images.numpy())
+            return self._batch(images, indices)
+        return self._samples(indices, [a if isinstance(a, _Failed)
+                                       else array_to_output(a, self.output) for a in arrays])
+
+    def _batch(self, images: torch.Tensor, indices: Sequence[int]):
+        from fastdata.loaders.collate import Batch
+
+        labels = self.reader.labels[np.asarray(indices, dtype=np.int64) % len(self)]
+        return Batch(images.permute(0, 3, 1, 2),
+                     torch.from_numpy(labels.astype(np.int64, copy=True)))
+
+    def _samples(self, indices: list[int], images: list) -> list:
+        """(image, label) pairs with the transforms applied; a decode failure
+        raises a DecodeError naming the record, or is skipped and counted."""
         labels = self.reader.labels
-        images = self._convert_all(payloads)
         out = []
         for i, image in zip(indices, images):
-            try:
-                if isinstance(image, _Failed):
-                    raise image.error
-            except Exception as exc:  # decoders raise many types; report them uniformly
+            if isinstance(image, _Failed):
                 if self.on_error == "raise":
+                    exc = image.error
                     raise DecodeError(
                         f"record {i} cannot be decoded ({type(exc).__name__}: {exc}); "
                         f"pass on_error='skip' to leave such records out",
@@ -328,44 +306,37 @@ class PackedDataset(DatasetInfo, Dataset):
             out.append((image, label))
         return out
 
-    def _load_decoded(self, indices: list[int]) -> list:
-        """Samples straight from the decoded-pixel cache (no reading, no decoding)."""
-        from PIL import Image
+    def _raw_as_stored(self) -> bool:
+        """Raw RGB records that need no resize: no ``size``, or the size they have."""
+        from fastdata.loaders.decode import target_size
 
+        shape = self.decode.raw_shape
+        if shape is None or len(shape) != 3 or not (shape[2] == 3 or self.decode.keep_gray):
+            return False
+        hw = target_size(shape[0], shape[1], self.decode.size)
+        return hw is None or tuple(hw) == tuple(shape[:2])
+
+    def _read(self, indices: list[int]) -> list:
+        if self.cache is None:
+            return self.reader.read_many(indices)
         n = len(self)
-        labels = self.reader.labels
-        out = []
-        for i in indices:
-            array = self.cache.pixels[i % n].copy()
-            if self.output == "bytes":
-                image = array.tobytes()
-            elif self.output == "pil":
-                image = Image.fromarray(array, "RGB")
-            elif self.output == "numpy":
-                image = array
-            else:
-                image = torch.from_numpy(array).permute(2, 0, 1)
-            label = int(labels[i % n])
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                label = self.target_transform(label)
-            out.append((image, label))
-        return out
+        return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
     def _convert(self, data):
         return convert_payload(data, self.output, self.decode)
 
-    def _convert_one(self, data):
-        try:
-            return self._convert(data)
-        except Exception as exc:  # kept, and raised with the record's name by the caller
-            return _Failed(exc)
+    def _convert_all(self, payloads: list, fn: Callable) -> list:
+        """``fn`` over the payloads (in the decode thread pool unless they are
+        raw pixels), a failure kept as ``_Failed`` for its record."""
+        def one(data):
+            try:
+                return fn(data)
+            except Exception as exc:  # raised later with the record's name
+                return _Failed(exc)
 
-    def _convert_all(self, payloads: list) -> list:
-        if self.output == "bytes" or len(payloads) < 2 or self.decode.raw_shape is not None:
-            return [self._convert_one(d) for d in payloads]
-        return self._map(self._convert_one, payloads)
+        if self.decode.raw_shape is not None or self.output == "bytes":
+            return [one(d) for d in payloads]  # nothing to decode: no thread hand-offs
+        return self._map(one, payloads)
 
     def _map(self, fn, items: list) -> list:
         """``[fn(x) for x in items]``, split into one contiguous chunk per
