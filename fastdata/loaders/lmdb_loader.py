@@ -124,7 +124,6 @@ class LMDBReader(Reader):
 
     def _close_handles(self) -> None:
         if self._env is not None and self._pid == os.getpid():
-            self._env = None
             _release_env(self._env_key)
         self._env = None
 

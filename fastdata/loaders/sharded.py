@@ -164,11 +164,6 @@ class ShardedReader(Reader):
         self.__dict__.update(state)
         self._fd_lock = threading.Lock()
 
-    def check(self, index: int, data: bytes | memoryview) -> None:
-        if self._foreign_keys is not None:
-            return  # shards from other tools carry no checksums (and a reload would re-scan)
-        super().check(index, data)
-
     def _ensure_index(self) -> np.ndarray:
         if self._index is None:
             self._load_metadata()
