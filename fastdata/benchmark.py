@@ -49,6 +49,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from fastdata import __version__
 from fastdata.errors import FastDataError, SourceError, UnknownFormatError
+from fastdata.loaders.collate import collate
+from fastdata.machine import meminfo, usable_cores
 
 BASELINE_NAME = "folder (PIL)"
 #: Other processes' CPU use (cores) above which a measurement is flagged as disturbed.
@@ -864,9 +866,6 @@ def close_dataset(ds) -> None:
         reader.close()
 
 
-from fastdata.loaders.collate import collate  # noqa: E402  (torch is imported above)
-
-
 class LoaderFactory:
     """The DataLoader of each epoch for one row, shuffled with the same order
     for every row (a generator seeded with ``seed``).
@@ -1079,19 +1078,8 @@ def machine_info() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    memory = None
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    memory = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    memory = meminfo("MemTotal")
+    cores = usable_cores()
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:

@@ -11,14 +11,7 @@ import click
 
 from fastdata import __version__
 from fastdata.errors import FastDataError
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+from fastdata.machine import human_bytes
 
 
 def _handle_errors(func):
@@ -135,8 +128,8 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     click.echo(
         f"packed {summary.records} images in {summary.classes} classes into {summary.output} "
         f"({summary.format}) in {summary.seconds:.1f} s, {summary.rate:,.0f} img/s")
-    click.echo(f"  bytes in {_human_bytes(summary.bytes_in)}, on disk "
-               f"{_human_bytes(summary.bytes_out)}; encodings "
+    click.echo(f"  bytes in {human_bytes(summary.bytes_in)}, on disk "
+               f"{human_bytes(summary.bytes_out)}; encodings "
                + ", ".join(f"{k} {v}" for k, v in summary.encodings.items()))
     if summary.ignored:
         click.echo(f"  ignored {summary.ignored} hidden or non-image file(s)")
@@ -173,9 +166,9 @@ def info(path, as_json):
         ("encoding", f"{enc.get('storage')}: "
                      + ", ".join(f"{k} {v}" for k, v in enc.get("formats", {}).items())
                      + (f", shape {enc['shape']}" if enc.get("shape") else "")),
-        ("size", f"payload {_human_bytes(m.bytes.get('payload', 0))}, on disk "
-                 f"{_human_bytes(m.bytes.get('on_disk', 0))} "
-                 f"(source {_human_bytes(m.bytes.get('source', 0))})"),
+        ("size", f"payload {human_bytes(m.bytes.get('payload', 0))}, on disk "
+                 f"{human_bytes(m.bytes.get('on_disk', 0))} "
+                 f"(source {human_bytes(m.bytes.get('source', 0))})"),
         ("shards", f"{len(m.shards)}: " + ", ".join(s["path"] for s in m.shards[:4])
                    + (" ..." if len(m.shards) > 4 else "")),
         ("checksums", f"{m.checksums.get('record')} per record; payload sha256 "
@@ -238,9 +231,9 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
         return
     what = "photo-like JPEG" if kind == "photos" else "32x32 PNG"
     click.echo(f"wrote {summary.images} {what} images in {summary.classes} classes to "
-               f"{summary.root} ({_human_bytes(summary.bytes)}, mean "
+               f"{summary.root} ({human_bytes(summary.bytes)}, mean "
                f"{summary.mean_width:.0f}x{summary.mean_height:.0f}, "
-               f"{_human_bytes(summary.mean_bytes)} each) in {summary.seconds:.1f} s")
+               f"{human_bytes(summary.mean_bytes)} each) in {summary.seconds:.1f} s")
 
 
 @main.command()

@@ -17,19 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from fastdata.errors import FastDataError
+from fastdata.machine import human_bytes, meminfo
 from fastdata.progress import progress_bar
 
 
 def available_memory() -> int | None:
     """Bytes of memory available for new allocations (Linux MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return meminfo("MemAvailable")
 
 
 def shm_free() -> int | None:
@@ -41,25 +35,17 @@ def shm_free() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def check_fits(needed: int, *, path: str | None = None, margin: float = 1.1) -> None:
     """Refuse a cache that would not fit in memory (needed vs available)."""
     avail = available_memory()
     if avail is not None and needed * margin > avail:
         raise FastDataError(
-            f"the cache needs {_human(needed)} but only {_human(avail)} of memory is "
+            f"the cache needs {human_bytes(needed)} but only {human_bytes(avail)} of memory is "
             f"available; use cache=None, or pack a smaller dataset (--resize)", path=path)
     shm = shm_free()
     if shm is not None and needed > shm:
         raise FastDataError(
-            f"the cache needs {_human(needed)} in /dev/shm but only {_human(shm)} is free "
+            f"the cache needs {human_bytes(needed)} in /dev/shm but only {human_bytes(shm)} is free "
             f"there; enlarge /dev/shm (docker: --shm-size) or use cache=None", path=path)
 
 

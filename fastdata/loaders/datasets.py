@@ -20,6 +20,7 @@ from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import FORMATS, detect_format
 from fastdata.loaders.decode import DecoderChain, decode_pil
 from fastdata.loaders.reader import Reader
+from fastdata.machine import usable_cores
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
 ON_ERROR = ("raise", "skip")
@@ -59,14 +60,6 @@ def raw_shape_of(manifest) -> tuple[int, ...] | None:
     if enc.get("storage") == "raw" and enc.get("shape"):
         return tuple(int(x) for x in enc["shape"])
     return None
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def decode_threads_for_worker(requested: int | None) -> int:

@@ -207,7 +207,7 @@ def loader(
     """
     from torch.utils.data import IterableDataset
 
-    from fastdata.loaders.datasets import usable_cores
+    from fastdata.machine import usable_cores
 
     iterable = isinstance(dataset, IterableDataset)
     if shuffle is None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
 from fastdata.formats import format_for_output
+from fastdata.machine import usable_cores
 from fastdata.packers.checks import check_image
 from fastdata.packers.preprocess import Preprocess
 from fastdata.packers.source import ImageFolderSource, SourceEntry
@@ -116,13 +117,6 @@ def _prepare(job: tuple[SourceEntry, bool, Preprocess]) -> _Prepared | SkippedFi
         return SkippedFile(entry.key, exc.message)
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def pack(
     source: str | os.PathLike,
     output: str | os.PathLike,
@@ -162,7 +156,7 @@ def pack(
     source_root = os.path.abspath(os.fspath(source))
     if os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
-    workers = options.workers if options.workers is not None else _usable_cores()
+    workers = options.workers if options.workers is not None else usable_cores()
     if workers < 1:
         raise FastDataError(f"--workers must be at least 1, not {workers}")
 

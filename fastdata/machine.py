@@ -1,0 +1,38 @@
+"""Facts about the machine this process runs on, and byte sizes for people.
+
+No third-party imports: the packer, the Datasets, the caches and the
+benchmark all ask the same questions here.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def meminfo(field: str) -> int | None:
+    """A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes, or None off Linux."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def human_bytes(n: float) -> str:
+    """A byte count in decimal units: "512 B", "56.3 MB"."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
