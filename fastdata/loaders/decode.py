@@ -36,6 +36,7 @@ Every decoder gives the same output contract:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import threading
@@ -439,7 +440,14 @@ class DecoderChain:
 def decode_rgb(data, *, decoder: str = "auto", size: Size = None,
                keep_gray: bool = False) -> np.ndarray:
     """Decode an encoded image into an HWC uint8 RGB array (see the module docstring)."""
-    return DecoderChain(decoder, size=size, keep_gray=keep_gray)(data)
+    return _shared_chain(decoder, parse_size(size), keep_gray)(data)
+
+
+@functools.lru_cache(maxsize=32)
+def _shared_chain(decoder: str, size: Size, keep_gray: bool) -> DecoderChain:
+    # One chain per option set, so per-image callers (pack-time preprocessing,
+    # verify --decode) do not rebuild the decoder lookup for every image.
+    return DecoderChain(decoder, size=size, keep_gray=keep_gray)
 
 
 def decode_pil(data, *, size: Size = None):
