@@ -151,6 +151,39 @@ def parse_shard_size(text: str | int | None) -> tuple[int | None, int | None]:
     return None, size
 
 
+class ShardFile:
+    """A shard being written: buffered, and hashed and counted as it goes, so
+    the manifest's SHA-256 and the records' offsets need no second pass."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.position = 0
+        self._sha = hashlib.sha256()
+        self._file = open(path, "wb", buffering=1 << 20)
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._sha.update(data)
+        self.position += len(data)
+
+    def writelines(self, parts) -> None:
+        for part in parts:
+            self.write(part)
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+    def close(self, *, sync: bool = True) -> None:
+        """Close; with ``sync`` the bytes are on disk before the shard is published."""
+        if self._file.closed:
+            return
+        if sync:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+
 class ShardedWriter(Writer):
     """Base of writers that roll shard files (tar, TFRecord).
 
@@ -159,11 +192,15 @@ class ShardedWriter(Writer):
     count); the index, keys and finally the manifest follow, so a crash leaves
     no manifest and nothing that looks complete.
 
-    Subclasses implement ``_begin_shard(path)``, ``_append(record, crc) ->
-    (offset, size)`` of the payload within the shard, and ``_end_shard() ->
-    dict`` of extra per-shard facts; they may override ``_shard_files(name)``
-    to publish side files (per-shard index files) and ``_stored_size(record)``
-    so a byte ``shard_size`` counts their framing (tar headers and padding).
+    The base opens each shard as a :class:`ShardFile` (``self._shard``), which
+    hashes and counts what is written. Subclasses implement
+    ``_append(record, crc) -> (offset, size)``, writing the record to
+    ``self._shard`` and returning where its payload lies, and may implement
+    ``_begin_shard(path)`` (per-shard state) and ``_end_shard() -> dict``
+    (a trailer written to ``self._shard``, extra per-shard facts); they may
+    override ``_shard_files(name)`` to publish side files (per-shard index
+    files) and ``_stored_size(record)`` so a byte ``shard_size`` counts their
+    framing (tar headers and padding).
     """
 
     output_is_dir = True
@@ -190,8 +227,7 @@ class ShardedWriter(Writer):
         self._rows: list[tuple] = []
         self._keys: list[str] = []
         self._shard_count = 0
-        self._shard_bytes = 0
-        self._shard_open = False
+        self._shard: ShardFile | None = None
         # The base class makes the temp folder next to "path"; use the prefix
         # so patterns with "%" never reach the file system.
         super().__init__(os.path.join(self.layout.directory, self.layout.prefix),
@@ -201,7 +237,7 @@ class ShardedWriter(Writer):
     # -- hooks ----------------------------------------------------------------
 
     def _begin_shard(self, path: str) -> None:
-        raise NotImplementedError
+        pass
 
     def _append(self, record: Record, crc: int) -> tuple[int, int]:
         raise NotImplementedError
@@ -231,38 +267,42 @@ class ShardedWriter(Writer):
         return len(record.payload)
 
     def _write(self, record: Record, crc: int) -> None:
-        size = self._stored_size(record) if self.max_bytes is not None else 0
-        if self._shard_open and (
+        if self._shard is not None and (
                 (self.max_records is not None and self._shard_count >= self.max_records)
                 or (self.max_bytes is not None and self._shard_count > 0
-                    and self._shard_bytes + size > self.max_bytes)):
+                    and self._shard.position + self._stored_size(record) > self.max_bytes)):
             self._finish_shard()
-        if not self._shard_open:
-            number = len(self._shards)
-            self._begin_shard(os.path.join(self.temp_path, self._temp_shard_name(number)))
-            self._shard_open = True
+        if self._shard is None:
+            path = os.path.join(self.temp_path, self._temp_shard_name(len(self._shards)))
+            self._shard = ShardFile(path)
+            self._begin_shard(path)
             self._shard_count = 0
-            self._shard_bytes = 0
             self._shard_first = record.index
         offset, length = self._append(record, crc)
         self._rows.append((len(self._shards), offset, length, record.label, crc))
         self._keys.append(record.key)
         self._shard_count += 1
-        self._shard_bytes += size
 
     def _finish_shard(self) -> None:
         extra = self._end_shard()
-        number = len(self._shards)
-        temp = os.path.join(self.temp_path, self._temp_shard_name(number))
-        self._shards.append({"temp": temp, "count": self._shard_count,
-                             "first": self._shard_first, **extra})
-        self._shard_open = False
+        shard, self._shard = self._shard, None
+        shard.close()
+        self._shards.append({"temp": shard.path, "count": self._shard_count,
+                             "sha256": shard.sha256, "first": self._shard_first, **extra})
+
+    def _discard(self) -> None:
+        if self._shard is not None:
+            try:
+                self._shard.close(sync=False)
+            except OSError:
+                pass
+            self._shard = None
 
     def _close(self, manifest: Manifest) -> Manifest:
         import dataclasses
         import json
 
-        if self._shard_open:
+        if self._shard is not None:
             self._finish_shard()
         total = len(self._shards)
         shards = []
@@ -273,7 +313,7 @@ class ShardedWriter(Writer):
             size = os.path.getsize(temp)
             on_disk += size
             shards.append({"path": name, "count": info.pop("count"), "bytes": size,
-                           "sha256": _sha256_file(temp), **info})
+                           "sha256": info.pop("sha256"), **info})
             info["temp"] = temp
         index = np.array(self._rows, dtype=INDEX_DTYPE)
         np.save(os.path.join(self.temp_path, "index.npy"), index, allow_pickle=False)
@@ -289,7 +329,6 @@ class ShardedWriter(Writer):
         )
         with open(os.path.join(self.temp_path, "manifest.json"), "w", encoding="utf-8") as f:
             f.write(manifest.to_json())
-        self._final_manifest = manifest
         return manifest
 
     def _publish(self) -> None:
@@ -335,11 +374,3 @@ def _existing_files(layout: ShardLayout) -> list[str]:
         p = os.path.join(layout.directory, s.get("path", ""))
         out.extend([p, p + ".idx"])
     return [p for p in out if os.path.lexists(p)]
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -43,7 +43,6 @@ reader gets a record with one ``pread`` and no header parsing.
 from __future__ import annotations
 
 import json
-import os
 
 from fastdata.encodings import ENCODING_EXTENSIONS, IMAGE_EXTENSIONS
 from fastdata.errors import FastDataError
@@ -202,8 +201,6 @@ class TarWriter(ShardedWriter):
     def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
                  write_json: bool = False) -> None:
         self.write_json = bool(write_json)
-        self._file = None
-        self._pos = 0
         self._stems: set[str] = set()
         self._planned: tuple[int, tuple[str, list[bytes], int, int]] | None = None
         super().__init__(path, overwrite=overwrite, shard_size=shard_size)
@@ -246,29 +243,17 @@ class TarWriter(ShardedWriter):
         return self._plan(record)[3]
 
     def _begin_shard(self, path: str) -> None:
-        self._file = open(path, "wb", buffering=1 << 20)
-        self._pos = 0
         self._stems = set()
         self._planned = None  # planned against the previous shard's names
 
     def _append(self, record: Record, crc: int) -> tuple[int, int]:
         stem, chunks, data_at, total = self._plan(record)
         self._planned = None
-        self._file.write(b"".join(chunks))
+        offset = self._shard.position + data_at
+        self._shard.write(b"".join(chunks))
         self._stems.add(stem)
-        offset = self._pos + data_at
-        self._pos += total
         return offset, len(record.payload)
 
     def _end_shard(self) -> dict:
-        self._file.write(_END)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
+        self._shard.write(_END)
         return {}
-
-    def _discard(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None

@@ -231,18 +231,11 @@ class TFRecordWriter(ShardedWriter):
 
     def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None
                  ) -> None:
-        self._file = None
-        self._shard_path: str | None = None
-        self._position = 0
         self._index_rows: list[tuple[int, int]] = []
         self._last_encoded: tuple[int, list[bytes], int] | None = None
         super().__init__(path, overwrite=overwrite, shard_size=shard_size)
 
     def _begin_shard(self, path: str) -> None:
-        # Large buffer: records are written as a few small chunks plus the payload.
-        self._file = open(path, "wb", buffering=1 << 20)
-        self._shard_path = path
-        self._position = 0
         self._index_rows = []
 
     def _encoded(self, record: Record) -> tuple[list[bytes], int]:
@@ -267,19 +260,16 @@ class TFRecordWriter(ShardedWriter):
         for part in parts:
             c = crc32c.crc32c(part, c)
         footer = _CRC.pack(mask_crc(c))
-        self._file.write(length + _CRC.pack(masked_crc32c(length)))
-        self._file.writelines(parts)
-        self._file.write(footer)
-        offset = self._position
+        offset = self._shard.position
+        self._shard.write(length + _CRC.pack(masked_crc32c(length)))
+        self._shard.writelines(parts)
+        self._shard.write(footer)
         framed = HEADER_SIZE + size + FOOTER_SIZE
-        self._position += framed
         self._index_rows.append((offset, framed))
         return offset, framed
 
     def _end_shard(self) -> dict:
-        self._file.close()
-        self._file = None
-        write_shard_index(self._shard_path + SHARD_INDEX_SUFFIX, self._index_rows)
+        write_shard_index(self._shard.path + SHARD_INDEX_SUFFIX, self._index_rows)
         return {}
 
     def _shard_files(self, name: str) -> list[str]:
@@ -294,11 +284,3 @@ class TFRecordWriter(ShardedWriter):
             "shard_index": f"<shard>{SHARD_INDEX_SUFFIX}: tfrecord2idx text, one "
                            f"'offset length' line per framed record",
         }
-
-    def _discard(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
