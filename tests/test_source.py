@@ -204,3 +204,60 @@ def test_class_folders_without_images(tmp_path, spec):
         ImageFolderSource(root)
     assert isinstance(info.value, FastDataError)
     assert info.value.path == str(root)
+
+
+# -- the Source protocol -------------------------------------------------------
+
+
+class _MemorySource:
+    """A Source that holds its images in memory (bytes, no files)."""
+
+    def __init__(self, items, classes):
+        self.items = items
+        self.classes = classes
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        from fastdata.packers.source import SourceEntry
+
+        return (SourceEntry(key, label, data=data) for key, label, data in self.items)
+
+    def describe(self):
+        return {"root": None, "files": len(self.items), "kind": "memory"}
+
+    def warnings(self):
+        return ["a word from the source"]
+
+
+def test_pack_takes_any_source(tmp_path, image_tree):
+    import fastdata
+    from fastdata.packers.source import Source
+
+    items = [(s.key, s.label, s.data) for s in image_tree.samples]
+    src = _MemorySource(items, image_tree.classes)
+    assert isinstance(src, Source)
+    summary = fastdata.pack(src, tmp_path / "mem.lmdb", progress=False)
+    assert summary.records == len(items) and summary.warnings == ["a word from the source"]
+    ds = fastdata.open_dataset(tmp_path / "mem.lmdb", output="bytes")
+    assert [(bytes(ds[i][0]), ds[i][1]) for i in range(len(ds))] == [(d, lbl) for _, lbl, d in items]
+    assert ds.keys == [k for k, _, _ in items]
+    assert ds.manifest.source["kind"] == "memory" and ds.manifest.source["root"] is None
+
+
+def test_pack_takes_an_image_folder_source_and_its_subset(tmp_path, image_tree):
+    import fastdata
+
+    src = ImageFolderSource(image_tree.root)
+    whole = fastdata.pack(src, tmp_path / "a.h5", progress=False)
+    by_path = fastdata.pack(image_tree.root, tmp_path / "b.h5", progress=False)
+    assert whole.records == by_path.records == len(image_tree.samples)
+    assert fastdata.read_manifest(tmp_path / "a.h5").source == \
+        fastdata.read_manifest(tmp_path / "b.h5").source
+    sub = src.subset([3, 0, 5])
+    assert sub.classes == src.classes and len(sub) == 3
+    fastdata.pack(sub, tmp_path / "c.h5", progress=False)
+    ds = fastdata.open_dataset(tmp_path / "c.h5", output="bytes")
+    assert ds.keys == [image_tree.samples[i].key for i in (3, 0, 5)]
+    assert ds.targets == [image_tree.samples[i].label for i in (3, 0, 5)]

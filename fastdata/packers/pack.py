@@ -18,7 +18,7 @@ from fastdata.formats import format_for_output
 from fastdata.machine import usable_cores
 from fastdata.packers.checks import check_image
 from fastdata.packers.preprocess import Preprocess
-from fastdata.packers.source import ImageFolderSource, SourceEntry
+from fastdata.packers.source import ImageFolderSource, Source, SourceEntry
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest, Record
 
@@ -118,17 +118,18 @@ def _prepare(job: tuple[SourceEntry, bool, Preprocess]) -> _Prepared | SkippedFi
 
 
 def pack(
-    source: str | os.PathLike,
+    source: str | os.PathLike | Source,
     output: str | os.PathLike,
     *,
     options: PackOptions | None = None,
     progress: bool | None = None,
     on_event: Callable[[str], None] | None = None,
 ) -> PackSummary:
-    """Pack the ImageFolder tree at ``source`` into ``output``.
+    """Pack ``source`` into ``output``.
 
     Args:
-        source: a folder with one sub-folder per class.
+        source: a folder with one sub-folder per class (read as an
+            :class:`ImageFolderSource`), or any :class:`Source`.
         output: the dataset to write; its extension selects the format unless
             ``options.format`` is set.
         options: pack options (defaults: keep bytes, skip bad images).
@@ -153,8 +154,13 @@ def pack(
     output = os.path.abspath(os.fspath(output))
     spec = format_for_output(output, options.format)
     writer_cls = spec.load_writer()
-    source_root = os.path.abspath(os.fspath(source))
-    if os.path.commonpath([output, source_root]) == source_root:
+    if isinstance(source, Source):
+        src: Source | None = source
+        source_root = src.describe().get("root")
+    else:
+        src = None  # scanned once the writer has accepted the output
+        source_root = os.path.abspath(os.fspath(source))
+    if source_root and os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
     workers = options.workers if options.workers is not None else usable_cores()
     if workers < 1:
@@ -185,10 +191,12 @@ def pack(
     # The writer first: it refuses an existing output before any scanning.
     with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
                                               **writer_options) as writer:
-        src = ImageFolderSource(source_root)
-        for name in src.empty_classes:
-            warn(f"class folder {name!r} has no images; its label {src.class_to_idx[name]} "
-                 f"is kept")
+        if src is None:
+            src = ImageFolderSource(source_root)
+        for msg in src.warnings():
+            warn(msg)
+        described = src.describe()
+        empty = {i for i in range(len(src.classes))} - {e.label for e in src}
         class_counts = [0] * len(src.classes)
         workers = min(workers, max(1, len(src) // 16))
         jobs = ((entry, options.verify_decode, pre) for entry in src)
@@ -204,7 +212,7 @@ def pack(
                     if options.strict:
                         raise BadImageError(
                             item.reason + " (--strict stops at the first bad image)",
-                            path=os.path.join(src.root, item.key), key=item.key)
+                            path=_entry_path(source_root, item.key), key=item.key)
                     skipped.append(item)
                     continue
                 if item.encoding == "raw":
@@ -232,9 +240,9 @@ def pack(
             raise SourceError(
                 f"none of the {len(src)} image files could be read ({len(skipped)} skipped, "
                 f"first: {skipped[0].key}: {skipped[0].reason})" if skipped
-                else "no images to pack", path=src.root)
+                else "no images to pack", path=source_root)
         for label, name in enumerate(src.classes):
-            if class_counts[label] == 0 and name not in src.empty_classes:
+            if class_counts[label] == 0 and label not in empty:
                 warn(f"every image of class {name!r} was skipped; its label {label} is kept")
         storage = "keep" if pre.identity else pre.encoding
         manifest = Manifest(
@@ -249,8 +257,11 @@ def pack(
             bytes={"source": bytes_in, "payload": writer.payload_bytes},
             checksums={},
             shards=[],
-            source={"root": src.root, "fingerprint": fingerprint.hexdigest(),
-                    "files": len(src), "skipped": len(skipped), "ignored": len(src.ignored)},
+            source={"root": described.get("root"), "fingerprint": fingerprint.hexdigest(),
+                    "files": described.get("files", len(src)), "skipped": len(skipped),
+                    "ignored": described.get("ignored", 0),
+                    **{k: v for k, v in described.items()
+                       if k not in ("root", "files", "ignored")}},
             pack_options={"format": spec.name, "strict": options.strict,
                           "verify_decode": options.verify_decode,
                           "preprocess": pre.to_dict(),
@@ -275,7 +286,7 @@ def pack(
         bytes_out=int(manifest.bytes.get("on_disk", 0)),
         seconds=time.perf_counter() - started,
         skipped=skipped,
-        ignored=len(src.ignored),
+        ignored=int(described.get("ignored", 0)),
         warnings=warnings_,
         report=report,
         encodings=dict(manifest.encoding["formats"]),
@@ -304,7 +315,13 @@ def _worker_init() -> None:
         pass
 
 
+def _entry_path(root: str | None, key: str) -> str:
+    return os.path.join(root, key) if root else key
+
+
 def _read(entry: SourceEntry) -> bytes:
+    if entry.data is not None:
+        return entry.data
     try:
         with open(entry.path, "rb") as f:
             return f.read()

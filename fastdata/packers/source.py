@@ -1,4 +1,8 @@
-"""The image-folder source: walks a class-per-folder tree like torchvision's ImageFolder.
+"""Sources: what ``pack()`` reads. The ``Source`` protocol and its first implementation,
+the image-folder source, which walks a class-per-folder tree like torchvision's ImageFolder.
+
+A Source yields entries (key, label, and a file path or the bytes themselves)
+in a fixed order, knows its classes, and describes itself for the manifest.
 
 Labels are the indices of the sorted class-folder names, so they equal
 ``torchvision.datasets.ImageFolder(root).class_to_idx`` for the same tree.
@@ -14,7 +18,9 @@ empty class folder keeps its label but is reported instead of raising.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from fastdata.encodings import has_image_extension
 from fastdata.errors import SourceError
@@ -22,17 +28,47 @@ from fastdata.errors import SourceError
 
 @dataclass(frozen=True, slots=True)
 class SourceEntry:
-    """One image file found in the source.
+    """One image of a source: where to get its bytes, and what it is.
 
     Attributes:
-        key: path relative to the source root, "/"-separated.
-        label: class index.
-        path: absolute path of the file.
+        key: a unique name within the source ("/"-separated; for files the path
+            relative to the source root).
+        label: class index into the source's ``classes``.
+        path: the file holding the image, or None when ``data`` holds it.
+        data: the encoded image itself, or None when ``path`` names a file.
     """
 
     key: str
     label: int
-    path: str
+    path: str | None = None
+    data: bytes | None = None
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What ``fastdata.pack`` reads: entries in a fixed order, and their classes.
+
+    An implementation scans its input once; iterating twice gives the same
+    entries in the same order (the output depends only on the source and the
+    options). Entries are pickled to pack worker processes, so they stay small:
+    a path, or the bytes of one image.
+    """
+
+    #: Class names; an entry's label indexes this list.
+    classes: list[str]
+
+    def __len__(self) -> int:
+        """Number of entries."""
+
+    def __iter__(self) -> Iterator[SourceEntry]:
+        """The entries, always in the same order."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready facts for the manifest's ``source`` field: at least ``root``
+        (a path or None) and ``files``; ``ignored`` counts what the scan left out."""
+
+    def warnings(self) -> list[str]:
+        """Things about the input a user should hear (for example empty classes)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +81,8 @@ class IgnoredFile:
 
 @dataclass
 class ImageFolderSource:
-    """An ImageFolder tree, scanned once and held as a sorted list of entries.
+    """An ImageFolder tree, scanned once and held as a sorted list of entries
+    (the first :class:`Source`).
 
     Args:
         root: the folder holding one sub-folder per class.
@@ -95,8 +132,25 @@ class ImageFolderSource:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[SourceEntry]:
         return iter(self.entries)
+
+    def describe(self) -> dict[str, Any]:
+        return {"root": self.root, "files": len(self.entries), "ignored": len(self.ignored)}
+
+    def warnings(self) -> list[str]:
+        return [f"class folder {name!r} has no images; its label {self.class_to_idx[name]} "
+                f"is kept" for name in self.empty_classes]
+
+    def subset(self, indices) -> "ImageFolderSource":
+        """The same source restricted to the entries at ``indices`` (in that order);
+        classes are kept whole so labels do not change."""
+        sub = object.__new__(ImageFolderSource)
+        sub.root = self.root
+        sub.classes = list(self.classes)
+        sub.entries = [self.entries[i] for i in indices]
+        sub.ignored = list(self.ignored)
+        return sub
 
     def _find_classes(self) -> list[str]:
         classes = []
