@@ -367,6 +367,22 @@ class PackedDataset(DatasetInfo, Dataset):
         state.update(_pool=None, _pool_pid=None)
         return state
 
+    def close(self) -> None:
+        """Stop this process's decode threads and close its file handles; both
+        come back on next use. Call it before forking workers for another
+        DataLoader so that no thread of ours is running at fork time."""
+        pool, self._pool, self._pool_pid = self._pool, None, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def _skip(self, index: int, why: str) -> None:
         self.skipped += 1
         warnings.warn(f"{self.path}: skipping {why} record {index} "
