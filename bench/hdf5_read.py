@@ -60,8 +60,8 @@ def run(n: int, batch: int, big_mb: int, seed: int = 0) -> dict:
     import h5py
 
     import fastdata
-    from fastdata.loaders.hdf5_loader import HDF5Reader
-    from fastdata.packers.hdf5_packer import HDF5Writer
+    from fastdata.formats.hdf5.reader import HDF5Reader
+    from fastdata.formats.hdf5.writer import HDF5Writer
     from fastdata.records import Record
 
     results: dict = {}

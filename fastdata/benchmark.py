@@ -649,7 +649,7 @@ def pack_targets(
         SourceError: ``source`` is not an image folder.
     """
     from fastdata.formats import get_format
-    from fastdata.loaders.reader import read_manifest
+    from fastdata.formats import read_manifest
     from fastdata.packers.pack import PackOptions, pack
 
     work_dir = os.path.abspath(os.fspath(work_dir))
@@ -695,7 +695,7 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
     Never raises: a path that is neither gives a row that carries the error.
     """
     from fastdata.formats import detect_format
-    from fastdata.loaders.reader import read_manifest
+    from fastdata.formats import read_manifest
 
     path = os.fspath(path)
     base = os.path.basename(path.rstrip("/\\")) or path

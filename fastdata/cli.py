@@ -149,7 +149,7 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
 @_handle_errors
 def info(path, as_json):
     """Show the manifest of the packed dataset PATH."""
-    from fastdata.loaders.reader import read_manifest
+    from fastdata.formats import read_manifest
 
     m = read_manifest(path)
     if as_json:

@@ -257,7 +257,7 @@ def _write_atomic(path: str, text: str) -> None:
 def _tfrecord_index_paths(reader, index_dir) -> list[str]:
     """The tfrecord2idx index of every shard: fastdata's ``<shard>.idx`` where it
     exists, else one generated from the reader's index (framed offset, size)."""
-    from fastdata.packers.tfrecord_packer import SHARD_INDEX_SUFFIX
+    from fastdata.formats.tfrecord.schema import SHARD_INDEX_SUFFIX
 
     index = reader._ensure_index()
     out = []
@@ -309,7 +309,7 @@ def _read_wds_digits(index_path: str) -> int:
 
 def _build_wds_index(reader, shard: int, path: str) -> tuple[str, int] | None:
     """(index text, widest .cls member) of one tar shard, or None without .cls members."""
-    from fastdata.loaders.tar_loader import iter_members, split_key
+    from fastdata.formats.tar.members import iter_members, split_key
 
     first, count = reader.shard_ranges()[shard]
     rows = reader._ensure_index()[first:first + count]
@@ -386,7 +386,7 @@ class ExternalBatches:
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  mode: str = "encoded", transcode: bool = False,
                  reader_options: dict | None = None, reader=None) -> None:
-        from fastdata.loaders.reader import open_reader
+        from fastdata.formats import open_reader
 
         self.path = path
         self.batch_size = int(batch_size)
@@ -408,7 +408,7 @@ class ExternalBatches:
     @property
     def reader(self):
         if self._reader is None:
-            from fastdata.loaders.reader import open_reader
+            from fastdata.formats import open_reader
 
             self._reader = open_reader(self.path, **self.reader_options)
         return self._reader
@@ -519,7 +519,7 @@ def _plan_and_build(
     _, fn, types = _import_dali()
     from nvidia.dali.pipeline import Pipeline
 
-    from fastdata.loaders.reader import open_reader
+    from fastdata.formats import open_reader
 
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
@@ -787,7 +787,7 @@ class DALILoader:
     @property
     def manifest(self):
         if self._manifest is None:
-            from fastdata.loaders.reader import read_manifest
+            from fastdata.formats import read_manifest
 
             self._manifest = read_manifest(self.plan.path)
         return self._manifest

@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader
 import fastdata
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.loaders.datasets import HDF5Dataset
-from fastdata.loaders.hdf5_loader import HDF5Reader
 from fastdata.loaders.verify import verify_dataset
-from fastdata.packers.hdf5_packer import (
+from fastdata.formats.hdf5.reader import HDF5Reader
+from fastdata.formats.hdf5.schema import (
     CRC32,
     KEYS,
     LABELS,
@@ -36,8 +36,8 @@ from fastdata.packers.hdf5_packer import (
     PAYLOAD,
     SCHEMA,
     SCHEMA_ATTR,
-    HDF5Writer,
 )
+from fastdata.formats.hdf5.writer import HDF5Writer
 from fastdata.packers.pack import PackOptions
 from fastdata.records import MANIFEST_VERSION, Manifest, Record
 
@@ -164,7 +164,7 @@ def test_read_many_random_order_with_duplicates(shared):
 
 
 def test_many_runs_read_in_slices(shared, monkeypatch):
-    from fastdata.loaders import hdf5_loader
+    from fastdata.formats.hdf5 import reader as hdf5_loader
 
     tree, _, chunked = shared
     monkeypatch.setattr(hdf5_loader, "RUNS_PER_READ", 3)
@@ -261,7 +261,7 @@ def test_dataloader_fork_after_parent_reads(uniform):
 def test_fork_child_opens_its_own_handle(shared):
     import multiprocessing as mp
 
-    from fastdata.loaders import hdf5_loader
+    from fastdata.formats.hdf5 import reader as hdf5_loader
 
     tree, _, chunked = shared
     reader = HDF5Reader(chunked)

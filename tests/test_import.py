@@ -43,7 +43,7 @@ def test_dataset_access_imports_torch():
 
 def test_pack_and_reader_do_not_need_torch():
     loaded = _loaded_after("import fastdata; fastdata.pack; fastdata.open_reader; "
-                           "import fastdata.loaders.lmdb_loader")
+                           "import fastdata.formats.lmdb.reader")
     assert "torch" not in loaded
 
 

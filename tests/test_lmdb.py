@@ -33,7 +33,7 @@ from fastdata.errors import (
     UnknownFormatError,
 )
 from fastdata.loaders.datasets import LMDBDataset
-from fastdata.loaders.lmdb_loader import LMDBReader
+from fastdata.formats.lmdb.reader import LMDBReader
 from fastdata.loaders.verify import verify_dataset
 from fastdata.packers.pack import PackOptions
 from fastdata.records import MANIFEST_VERSION

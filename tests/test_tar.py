@@ -16,8 +16,9 @@ import pytest
 
 import fastdata
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
-from fastdata.loaders.tar_loader import TarReader, iter_members, split_key
-from fastdata.packers.tar_packer import member_header, sample_stem, split_name, ustar_header
+from fastdata.formats.tar.members import iter_members, split_key
+from fastdata.formats.tar.reader import TarReader
+from fastdata.formats.tar.schema import member_header, sample_stem, split_name, ustar_header
 
 from conftest import build_tree, expected_chw, make_image_bytes, uniform_spec
 

@@ -20,16 +20,16 @@ from PIL import Image
 
 import fastdata
 from fastdata.errors import CorruptDataError, ManifestError
-from fastdata.loaders.tfrecord_loader import TFRecordReader, parse_example
+from fastdata.formats.tfrecord.example import encode_example, parse_example
+from fastdata.formats.tfrecord.reader import TFRecordReader
 from fastdata.packers.pack import PackOptions
-from fastdata.packers.tfrecord_packer import (
+from fastdata.formats.tfrecord.schema import (
     FORMAT_KEY,
     HEIGHT_KEY,
     IMAGE_KEY,
     LABEL_KEY,
     SOURCE_KEY_KEY,
     WIDTH_KEY,
-    encode_example,
     frame_record,
     masked_crc32c,
 )

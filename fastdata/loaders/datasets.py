@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from fastdata.errors import CorruptDataError, DecodeError, FastDataError
 from fastdata.formats import FORMATS, detect_format
 from fastdata.loaders.decode import DecoderChain, decode_pil
-from fastdata.loaders.reader import Reader
+from fastdata.formats.reader import Reader
 from fastdata.machine import usable_cores
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")

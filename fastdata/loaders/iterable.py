@@ -115,7 +115,7 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
         check_options(output, on_error)
         spec = detect_format(path)
         reader_cls = spec.load_reader()
-        from fastdata.loaders.sharded import ShardedReader
+        from fastdata.formats.sharded.reader import ShardedReader
 
         if not issubclass(reader_cls, ShardedReader):
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from fastdata.errors import CorruptDataError
 from fastdata.loaders.decode import decode_rgb
-from fastdata.loaders.reader import open_reader
+from fastdata.formats import open_reader
 from fastdata.progress import progress_bar
 
 

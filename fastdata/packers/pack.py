@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
-from fastdata.formats import format_for_output
+from fastdata.formats import format_for_output, sharded_formats
 from fastdata.machine import usable_cores
 from fastdata.packers.checks import check_image
 from fastdata.packers.preprocess import Preprocess
@@ -181,11 +181,10 @@ def pack(
 
     writer_options = dict(options.writer_options)
     if options.shard_size not in (None, ""):
-        from fastdata.packers.shards import ShardedWriter
-
-        if not issubclass(writer_cls, ShardedWriter):
-            raise UnknownFormatError(f"--shard-size applies to sharded formats (tar, tfrecord), "
-                                     f"not {spec.name}", path=output)
+        if not spec.sharded:
+            raise UnknownFormatError(
+                f"shard_size applies to sharded formats ({', '.join(sharded_formats())}), "
+                f"not {spec.name}", path=output)
         writer_options["shard_size"] = options.shard_size
 
     # The writer first: it refuses an existing output before any scanning.

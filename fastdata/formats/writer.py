@@ -63,7 +63,7 @@ class Writer:
         try:
             self._open(self.temp_path)
         except BaseException:
-            _remove(self.temp_path)  # nothing half-made stays behind
+            remove_path(self.temp_path)  # nothing half-made stays behind
             raise
 
     # -- subclass hooks -------------------------------------------------------
@@ -119,7 +119,7 @@ class Writer:
         try:
             self._discard()
         finally:
-            _remove(self.temp_path)
+            remove_path(self.temp_path)
 
     def __enter__(self):
         return self
@@ -138,12 +138,13 @@ class Writer:
             trash = f"{self.temp_path}.old"
             os.replace(self.path, trash)
             os.replace(self.temp_path, self.path)
-            _remove(trash)
+            remove_path(trash)
         else:
             os.replace(self.temp_path, self.path)
 
 
-def _remove(path: str) -> None:
+def remove_path(path: str) -> None:
+    """Remove a file, link or folder tree if it exists."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):

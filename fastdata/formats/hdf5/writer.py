@@ -1,32 +1,4 @@
-"""HDF5 writer, and the HDF5 schema (the loader imports these constants).
-
-Layout: ``out.h5`` is one HDF5 file whose root group holds
-
-==============  =========================  =========================================
-name            type, shape                content
-==============  =========================  =========================================
-``payload``     uint8, (P,)                every record's payload, concatenated in
-                                           record order (P = total payload bytes)
-``offsets``     int64 LE, (N+1,)           record i is ``payload[offsets[i]:offsets[i+1]]``;
-                                           ``offsets[0] == 0``, ``offsets[N] == P``
-``labels``      int64 LE, (N,)             class index of each record
-``crc32``       uint32 LE, (N,)            zlib CRC32 of each record's payload
-``keys``        vlen UTF-8 string, (N,)    source key (relative path) of each record
-``manifest``    fixed-length UTF-8         the manifest JSON (padded with trailing
-                string, scalar             spaces), written last
-==============  =========================  =========================================
-
-and the root attribute ``fastdata_schema`` (``"fastdata-hdf5-1"``). The manifest
-is a dataset, not an attribute: attributes in compact storage are limited to
-64 KiB, which the class list of a large dataset can exceed.
-
-One flat byte array plus offsets, rather than one variable-length array per
-sample, lets a batch be read with one HDF5 call over a few contiguous ranges
-instead of one call per sample (see ``bench/hdf5_read.py``). The payload
-is chunked (``chunk_bytes``, 1 MiB by default) so it can grow while packing in
-one pass, with no second copy of the data on disk; a payload that fits in the
-first write buffer (``FLUSH_BYTES``) is stored contiguous, at its exact size.
-"""
+"""HDF5 writer: records into one HDF5 file (schema and layout notes in ``schema.py``)."""
 
 from __future__ import annotations
 
@@ -37,37 +9,26 @@ import os
 import numpy as np
 
 from fastdata.errors import FastDataError
-from fastdata.packers.writer import Writer
+from fastdata.formats.hdf5.schema import (
+    CRC32,
+    CRC32_DTYPE,
+    DEFAULT_CHUNK_BYTES,
+    FLUSH_BYTES,
+    KEY_ENCODING,
+    KEYS,
+    LABEL_DTYPE,
+    LABELS,
+    MANIFEST,
+    OFFSET_DTYPE,
+    OFFSETS,
+    PAYLOAD,
+    PAYLOAD_DTYPE,
+    SCHEMA,
+    SCHEMA_ATTR,
+    SIZE_DIGITS,
+)
+from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
-
-#: Schema name and version, stored in the ``fastdata_schema`` root attribute.
-SCHEMA = "fastdata-hdf5-1"
-SCHEMA_PREFIX = "fastdata-hdf5-"
-SCHEMA_VERSION = 1
-SCHEMA_ATTR = "fastdata_schema"
-
-PAYLOAD = "payload"
-OFFSETS = "offsets"
-LABELS = "labels"
-CRC32 = "crc32"
-KEYS = "keys"
-MANIFEST = "manifest"
-
-PAYLOAD_DTYPE = "u1"
-OFFSET_DTYPE = "<i8"
-LABEL_DTYPE = "<i8"
-CRC32_DTYPE = "<u4"
-KEY_ENCODING = "utf-8"
-
-DEFAULT_CHUNK_BYTES = 1 << 20
-#: Payload bytes gathered in memory before one write to the file.
-FLUSH_BYTES = 8 << 20
-#: Room left in the manifest dataset for the digits of ``bytes.on_disk``,
-#: which is only known once everything else is written.
-_SIZE_DIGITS = 20
-
-#: The first 8 bytes of every HDF5 file (without a user block).
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 class HDF5Writer(Writer):
@@ -178,7 +139,7 @@ class HDF5Writer(Writer):
             # space is allocated: write a placeholder of the final length, flush,
             # then fill it in place (a fixed-length dataset keeps the file size).
             placeholder = _manifest_text(_with_layout(manifest, self, 0))
-            length = len(placeholder) + _SIZE_DIGITS
+            length = len(placeholder) + SIZE_DIGITS
             dset = f.create_dataset(MANIFEST, shape=(),
                                     dtype=h5py.string_dtype(KEY_ENCODING, length),
                                     track_times=False)

@@ -1,21 +1,4 @@
-"""LMDB writer, and the LMDB key schema (the loader imports these constants).
-
-Layout: ``out.lmdb/`` is an ordinary LMDB environment folder (``data.mdb``,
-``lock.mdb``) with one unnamed database holding
-
-==================  ==========================================================
-key (ASCII)         value
-==================  ==========================================================
-``0000000000`` ...  record i's payload (the original file bytes by default);
-                    the key is i as 10 zero-padded decimal digits
-``__labels__``      int64 little-endian array of the N labels
-``__crc32__``       uint32 little-endian array of the N payload CRC32s (zlib)
-``__keys__``        JSON list of the N source keys (relative paths), UTF-8
-``__manifest__``    the manifest, JSON, UTF-8 (written last)
-==================  ==========================================================
-
-Sample keys sort before the ``__`` keys, so a cursor walks records in order.
-"""
+"""LMDB writer: records into an LMDB environment folder (schema in ``schema.py``)."""
 
 from __future__ import annotations
 
@@ -25,22 +8,20 @@ import os
 import numpy as np
 
 from fastdata.errors import FastDataError
-from fastdata.packers.writer import Writer
+from fastdata.formats.lmdb.schema import (
+    CRC32_DTYPE,
+    CRC32_KEY,
+    DATA_FILE,
+    KEY_SCHEMA,
+    KEYS_KEY,
+    LABEL_DTYPE,
+    LABELS_KEY,
+    MANIFEST_KEY,
+    SAMPLE_KEY_FORMAT,
+    sample_key,
+)
+from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
-
-SAMPLE_KEY_FORMAT = "{:010d}"
-LABELS_KEY = b"__labels__"
-CRC32_KEY = b"__crc32__"
-KEYS_KEY = b"__keys__"
-MANIFEST_KEY = b"__manifest__"
-LABEL_DTYPE = "<i8"
-CRC32_DTYPE = "<u4"
-KEY_SCHEMA = "fastdata-lmdb-1"
-
-
-def sample_key(index: int) -> bytes:
-    """The LMDB key of record ``index``."""
-    return b"%010d" % index
 
 
 class LMDBWriter(Writer):
@@ -114,7 +95,7 @@ class LMDBWriter(Writer):
         self._env.sync(True)
         self._env.close()
         self._env = None
-        size = os.path.getsize(os.path.join(self.temp_path, "data.mdb"))
+        size = os.path.getsize(os.path.join(self.temp_path, DATA_FILE))
         if size <= 0:
             raise FastDataError("LMDB data file is empty after writing", path=self.path)
         return manifest
@@ -132,7 +113,7 @@ def _with_layout(manifest: Manifest, on_disk: int) -> Manifest:
     return dataclasses.replace(
         manifest,
         bytes=size,
-        shards=[{"path": "data.mdb", "count": manifest.count, "bytes": on_disk}],
+        shards=[{"path": DATA_FILE, "count": manifest.count, "bytes": on_disk}],
         extra={"key_schema": KEY_SCHEMA, "sample_key": SAMPLE_KEY_FORMAT,
                "labels_key": LABELS_KEY.decode(), "crc32_key": CRC32_KEY.decode(),
                "keys_key": KEYS_KEY.decode(), "manifest_key": MANIFEST_KEY.decode()},

@@ -1,4 +1,4 @@
-"""TFRecord reader (no torch). The schema lives in fastdata.packers.tfrecord_packer.
+"""TFRecord reader (no torch). The schema lives in ``schema.py``, the Example parser in ``example.py``.
 
 Random access reads one framed record by offset through the dataset index;
 streaming (:meth:`TFRecordReader.iter_shard`) walks a shard with large
@@ -22,299 +22,28 @@ from collections.abc import Iterator, Mapping
 import crc32c
 
 from fastdata.errors import CorruptDataError, ManifestError
-from fastdata.loaders.sharded import ShardedReader
-from fastdata.packers.tfrecord_packer import (
+from fastdata.formats.sharded.reader import ShardedReader
+from fastdata.formats.tfrecord.example import (
+    WireError,
+    decode_feature,
+    feature_spans,
+    one_bytes_value,
+)
+from fastdata.formats.tfrecord.schema import (
     DEFAULT_FEATURE_KEYS,
-    FEATURE_BYTES,
-    FEATURE_FLOAT,
-    FEATURE_INT64,
+    EXTENSIONS,
     FOOTER_SIZE,
     HEADER_SIZE,
-    LIST_VALUE,
-    WIRE_END_GROUP,
-    WIRE_FIXED32,
-    WIRE_FIXED64,
-    WIRE_LEN,
-    WIRE_START_GROUP,
-    WIRE_VARINT,
-    TFRecordWriter,
     mask_crc,
 )
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-_MASK64 = (1 << 64) - 1
-_SIGN64 = 1 << 63
 
 #: Where the documentation of ``feature_keys`` is, for error messages.
 _KEYS_HINT = ("pass feature_keys={{'image': ..., 'label': ...}} naming this file's features "
               "(to TFRecordReader, fastdata.TFRecordDataset or fastdata.ShardedIterableDataset); "
               "features present: {present}")
-
-# Tags (field number << 3 | wire type) the parser looks for, all one byte:
-# field 1 is Example.features, Features.feature and a map entry's key; field 2
-# a map entry's value (see the field numbers in tfrecord_packer).
-_TAG_LEN_1 = (1 << 3) | WIRE_LEN
-_TAG_LEN_2 = (2 << 3) | WIRE_LEN
-
-
-class _WireError(ValueError):
-    """Malformed protobuf data (turned into CorruptDataError with the location)."""
-
-
-# -- protobuf wire format ---------------------------------------------------------
-
-
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    """Decode a varint at ``pos``; returns (value, next position)."""
-    if pos >= end:
-        raise _WireError("truncated varint")
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    result = b & 0x7F
-    shift = 7
-    pos += 1
-    while True:
-        if pos >= end:
-            raise _WireError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result & _MASK64, pos
-        shift += 7
-        if shift >= 70:
-            raise _WireError("varint longer than 10 bytes")
-
-
-def _skip(buf, pos: int, end: int, tag: int) -> int:
-    """Skip the value of a field with ``tag`` starting at ``pos``."""
-    wire = tag & 7
-    if wire == WIRE_VARINT:
-        return _varint(buf, pos, end)[1]
-    if wire == WIRE_LEN:
-        n, pos = _varint(buf, pos, end)
-        pos += n
-    elif wire == WIRE_FIXED64:
-        pos += 8
-    elif wire == WIRE_FIXED32:
-        pos += 4
-    elif wire == WIRE_START_GROUP:
-        # Legacy groups: skip nested fields up to the matching end-group tag.
-        while True:
-            inner, pos = _varint(buf, pos, end)
-            if inner & 7 == WIRE_END_GROUP:
-                if inner >> 3 != tag >> 3:
-                    raise _WireError("mismatched end-group tag")
-                return pos
-            pos = _skip(buf, pos, end, inner)
-    else:
-        raise _WireError(f"invalid wire type {wire}")
-    if pos > end:
-        raise _WireError("field runs past the end of its message")
-    return pos
-
-
-def _len_field(buf, pos: int, end: int) -> tuple[int, int]:
-    """(start, end) of a length-delimited value at ``pos``."""
-    n, pos = _varint(buf, pos, end)
-    stop = pos + n
-    if stop > end:
-        raise _WireError("field runs past the end of its message")
-    return pos, stop
-
-
-def feature_spans(buf, start: int, end: int, wanted: Mapping[bytes, str] | None = None
-                  ) -> dict[str, tuple[int, int]]:
-    """Find the Feature messages of a serialized Example without decoding them.
-
-    Args:
-        buf: bytes or bytearray holding the Example.
-        start, end: the Example's span within ``buf``.
-        wanted: feature names (UTF-8 bytes) → name to report them under; None
-            for every feature.
-
-    Returns:
-        name → (start, end) of that feature's Feature message in ``buf``.
-
-    Raises:
-        ValueError: the bytes are not a well-formed Example.
-    """
-    out: dict[str, tuple[int, int]] = {}
-    pos = start
-    while pos < end:
-        tag = buf[pos]
-        if tag != _TAG_LEN_1:  # not Example.features: skip it
-            tag, pos = _varint(buf, pos, end)
-            pos = _skip(buf, pos, end, tag)
-            continue
-        fs, fe = _len_field(buf, pos + 1, end)
-        p = fs
-        while p < fe:
-            if buf[p] != _TAG_LEN_1:  # not a map entry: skip it
-                t, p = _varint(buf, p, fe)
-                p = _skip(buf, p, fe, t)
-                continue
-            # Inline one-byte lengths: this loop is the per-record cost of reading.
-            n = buf[p + 1] if p + 1 < fe else 0x80
-            if n < 0x80:
-                es, ee = p + 2, p + 2 + n
-                if ee > fe:
-                    raise _WireError("map entry runs past the end of Features")
-            else:
-                es, ee = _len_field(buf, p + 1, fe)
-            p = ee
-            # The usual entry: key (field 1, short) then value (field 2), nothing else.
-            if ee - es >= 4 and buf[es] == _TAG_LEN_1 and buf[es + 1] < 0x80:
-                ke = es + 2 + buf[es + 1]
-                if ke + 2 <= ee and buf[ke] == _TAG_LEN_2:
-                    n = buf[ke + 1]
-                    if n < 0x80:
-                        vs, ve = ke + 2, ke + 2 + n
-                    else:
-                        vs, ve = _len_field(buf, ke + 1, ee)
-                    if ve == ee:
-                        key = buf[es + 2:ke]
-                        if wanted is None:
-                            out[key.decode("utf-8", "replace")] = (vs, ve)
-                        else:
-                            name = wanted.get(key)
-                            if name is not None:
-                                out[name] = (vs, ve)
-                                if len(out) == len(wanted) and _none_later(buf, wanted, p, end):
-                                    return out
-                        continue
-            key, value = _map_entry(buf, es, ee)
-            if wanted is None:
-                out[key.decode("utf-8", "replace")] = value
-            else:
-                name = wanted.get(key)
-                if name is not None:
-                    out[name] = value
-        pos = fe
-    return out
-
-
-def _none_later(buf, wanted: Mapping[bytes, str], pos: int, end: int) -> bool:
-    """Whether no wanted name occurs in ``buf[pos:end]``: then no later map entry
-    can repeat (and override) a feature already found, and the walk can stop."""
-    return all(buf.find(name, pos, end) < 0 for name in wanted)
-
-
-def _map_entry(buf, start: int, end: int) -> tuple[bytes, tuple[int, int]]:
-    """(key, Feature span) of a map entry in any field order, repeats and extra
-    fields included (the last key and value win, as protobuf has it)."""
-    key = b""
-    value = (end, end)  # an entry without a value holds an empty Feature
-    q = start
-    while q < end:
-        u = buf[q]
-        if u == _TAG_LEN_1:
-            ks, ke = _len_field(buf, q + 1, end)
-            key = bytes(buf[ks:ke])
-            q = ke
-        elif u == _TAG_LEN_2:
-            value = _len_field(buf, q + 1, end)
-            q = value[1]
-        else:
-            u, q = _varint(buf, q, end)
-            q = _skip(buf, q, end, u)
-    return key, value
-
-
-def _one_bytes_value(buf, start: int, end: int) -> bytes | None:
-    """The value of a Feature holding a BytesList of exactly one value, laid out
-    the usual way; None when it is anything else (then use decode_feature)."""
-    if end - start < 4 or buf[start] != _TAG_LEN_1:
-        return None
-    ls, le = _len_field(buf, start + 1, end)
-    if le != end or le - ls < 2 or buf[ls] != _TAG_LEN_1:
-        return None
-    vs, ve = _len_field(buf, ls + 1, le)
-    return buf[vs:ve] if ve == le else None
-
-
-def decode_feature(buf, start: int, end: int) -> tuple[str | None, list]:
-    """Decode one Feature message.
-
-    Returns:
-        (kind, values): kind is "bytes", "int64", "float" or None (an empty
-        Feature); values a list of bytes, ints or floats.
-
-    Raises:
-        ValueError: malformed data.
-    """
-    kind: str | None = None
-    values: list = []
-    pos = start
-    while pos < end:
-        tag, pos = _varint(buf, pos, end)
-        field, wire = tag >> 3, tag & 7
-        if wire != WIRE_LEN or field not in (FEATURE_BYTES, FEATURE_FLOAT, FEATURE_INT64):
-            pos = _skip(buf, pos, end, tag)
-            continue
-        ls, le = _len_field(buf, pos, end)
-        pos = le
-        new = {FEATURE_BYTES: "bytes", FEATURE_FLOAT: "float", FEATURE_INT64: "int64"}[field]
-        if new != kind:  # oneof: the last member set wins; a repeated one merges
-            kind, values = new, []
-        _decode_list(buf, ls, le, kind, values)
-    return kind, values
-
-
-def _decode_list(buf, pos: int, end: int, kind: str, out: list) -> None:
-    while pos < end:
-        tag, pos = _varint(buf, pos, end)
-        field, wire = tag >> 3, tag & 7
-        if field != LIST_VALUE:
-            pos = _skip(buf, pos, end, tag)
-            continue
-        if kind == "bytes":
-            if wire != WIRE_LEN:
-                raise _WireError("BytesList value with a non-length-delimited wire type")
-            s, pos = _len_field(buf, pos, end)
-            out.append(bytes(buf[s:pos]))
-        elif kind == "int64":
-            if wire == WIRE_VARINT:  # unpacked
-                v, pos = _varint(buf, pos, end)
-                out.append(v - (1 << 64) if v >= _SIGN64 else v)
-            elif wire == WIRE_LEN:  # packed
-                s, e = _len_field(buf, pos, end)
-                while s < e:
-                    v, s = _varint(buf, s, e)
-                    out.append(v - (1 << 64) if v >= _SIGN64 else v)
-                pos = e
-            else:
-                raise _WireError("Int64List value with a bad wire type")
-        else:
-            if wire == WIRE_FIXED32:  # unpacked
-                if pos + 4 > end:
-                    raise _WireError("truncated float")
-                out.append(struct.unpack_from("<f", buf, pos)[0])
-                pos += 4
-            elif wire == WIRE_LEN:  # packed
-                s, e = _len_field(buf, pos, end)
-                if (e - s) % 4:
-                    raise _WireError("packed FloatList length is not a multiple of 4")
-                out.extend(struct.unpack_from(f"<{(e - s) // 4}f", buf, s))
-                pos = e
-            else:
-                raise _WireError("FloatList value with a bad wire type")
-
-
-def parse_example(data: bytes) -> dict[str, tuple[str | None, list]]:
-    """Every feature of a serialized tf.train.Example: name → (kind, values).
-
-    Raises:
-        ValueError: the bytes are not a well-formed Example.
-    """
-    data = bytes(data) if isinstance(data, memoryview) else data
-    return {name: decode_feature(data, s, e)
-            for name, (s, e) in feature_spans(data, 0, len(data)).items()}
-
-
-# -- the reader ---------------------------------------------------------------------
 
 
 class TFRecordReader(ShardedReader):
@@ -337,7 +66,7 @@ class TFRecordReader(ShardedReader):
     """
 
     format_name = "tfrecord"
-    extensions = TFRecordWriter.extensions
+    extensions = EXTENSIONS
     total_in_name = True
 
     def __init__(self, path, *, verify: bool = True,
@@ -401,11 +130,11 @@ class TFRecordReader(ShardedReader):
                     f"record has no feature {self.feature_keys['image']!r}; "
                     + _KEYS_HINT.format(present=self._present(buf, start, end)),
                     path=path, offset=offset)
-            value = _one_bytes_value(buf, span[0], span[1])
+            value = one_bytes_value(buf, span[0], span[1])
             if value is not None:
                 return value
             kind, values = decode_feature(buf, span[0], span[1])
-        except _WireError as exc:
+        except WireError as exc:
             raise CorruptDataError(f"record is not a valid tf.train.Example ({exc})",
                                    path=path, offset=offset) from None
         if kind != "bytes" or len(values) != 1:
@@ -418,7 +147,7 @@ class TFRecordReader(ShardedReader):
     def _present(buf, start: int, end: int) -> str:
         try:
             names = sorted(feature_spans(buf, start, end))
-        except _WireError:
+        except WireError:
             return "(unreadable)"
         return ", ".join(names) if names else "(none)"
 
@@ -452,7 +181,7 @@ class TFRecordReader(ShardedReader):
                     kkind, kvalues = decode_feature(buf, *spans["key"])
                     if kkind == "bytes" and kvalues:
                         key = kvalues[0].decode("utf-8", "replace")
-            except _WireError as exc:
+            except WireError as exc:
                 raise CorruptDataError(f"record {n} is not a valid tf.train.Example ({exc})",
                                        path=path, offset=offset) from None
             if kind != "int64" or not labels:

@@ -1,4 +1,4 @@
-"""LMDB reader (no torch). The key schema lives in fastdata.packers.lmdb_packer.
+"""LMDB reader (no torch). The key schema lives in ``schema.py``.
 
 One LMDB environment is shared per path per process: lmdb refuses to open the
 same path twice in one process, and train/val views of one file are common.
@@ -16,16 +16,17 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError, ManifestError
-from fastdata.loaders.reader import Reader
-from fastdata.packers.lmdb_packer import (
+from fastdata.formats.lmdb.schema import (
     CRC32_DTYPE,
     CRC32_KEY,
+    DATA_FILE,
     KEYS_KEY,
     LABEL_DTYPE,
     LABELS_KEY,
     MANIFEST_KEY,
     sample_key,
 )
+from fastdata.formats.reader import Reader
 from fastdata.records import Manifest
 
 # (device, inode) of the data file -> [pid, env, users]; guarded by _LOCK
@@ -37,7 +38,7 @@ _LOCK = threading.Lock()
 
 
 def _env_id(path: str) -> tuple[int, int]:
-    data_file = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
     try:
         st = os.stat(data_file)
     except OSError as exc:
@@ -161,7 +162,7 @@ class LMDBReader(Reader):
     def _check_size(self, env) -> None:
         # Reading pages past the end of a truncated file would crash with SIGBUS:
         # refuse up front instead.
-        data_file = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
+        data_file = os.path.join(self.path, DATA_FILE) if os.path.isdir(self.path) else self.path
         needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         size = os.path.getsize(data_file)
         if size < needed:

@@ -1,4 +1,4 @@
-"""HDF5 reader (no torch). The schema lives in fastdata.packers.hdf5_packer.
+"""HDF5 reader (no torch). The schema lives in ``schema.py``.
 
 The small per-record arrays (offsets, labels, CRC32s) are loaded into numpy on
 open. A batch is read with one HDF5 call: the requested records are sorted,
@@ -26,8 +26,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
-from fastdata.loaders.reader import Reader
-from fastdata.packers.hdf5_packer import (
+from fastdata.formats.hdf5.schema import (
     CRC32,
     CRC32_DTYPE,
     HDF5_SIGNATURE,
@@ -42,6 +41,7 @@ from fastdata.packers.hdf5_packer import (
     SCHEMA_PREFIX,
     SCHEMA_VERSION,
 )
+from fastdata.formats.reader import Reader
 from fastdata.records import Manifest
 
 #: Handles inherited from a parent process: referenced so they are never

@@ -1,154 +1,19 @@
-"""Sharded outputs: shard naming, the dataset-level index, and the sharded writer base.
-
-A sharded dataset (tar, TFRecord) is a set of shard files plus two sidecars
-next to them, both named after the output's prefix:
-
-- ``PREFIX.fastdata.json``: the manifest, written last (its absence means the
-  pack did not finish);
-- ``PREFIX.fastdata.index.npy``: one row per record (shard number, byte offset
-  and size of the payload inside the shard, label, CRC32), a NumPy structured
-  array readable with ``np.load(path, allow_pickle=False)``; this is what gives
-  random access into shards.
-
-Output names: ``out.tar`` (one shard, or ``out-000000.tar``... when a shard
-size is given), an explicit pattern ``out-%06d.tar``, or a brace pattern
-``out-{000000..000009}.tar`` (its width is used; the real number of shards is
-whatever the data needs and is listed in the manifest).
-"""
+"""The base of writers that roll shard files (tar, TFRecord); naming in ``layout.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
-import re
 import shutil
-from dataclasses import dataclass
 
 import numpy as np
 
-from fastdata.errors import FastDataError, OutputExistsError
-from fastdata.packers.writer import Writer, _remove
+from fastdata.errors import OutputExistsError
+from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, parse_output, parse_shard_size
+from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
-
-MANIFEST_SUFFIX = ".fastdata.json"
-INDEX_SUFFIX = ".fastdata.index.npy"
-KEYS_SUFFIX = ".fastdata.keys.json"
-
-INDEX_DTYPE = np.dtype([
-    ("shard", "<u4"), ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("crc32", "<u4"),
-])
-
-_PRINTF = re.compile(r"%0?(\d*)d")
-_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """Where the files of a sharded dataset go.
-
-    Attributes:
-        directory: folder of the shards and sidecars.
-        prefix: the output name without extension and shard number ("out").
-        extension: shard file extension with dot (".tar").
-        pattern: file name with one ``{index}`` (and optionally ``{total}``)
-            placeholder, or None for a single unsharded file.
-    """
-
-    directory: str
-    prefix: str
-    extension: str
-    pattern: str | None
-
-    @property
-    def manifest_path(self) -> str:
-        return os.path.join(self.directory, self.prefix + MANIFEST_SUFFIX)
-
-    @property
-    def index_path(self) -> str:
-        return os.path.join(self.directory, self.prefix + INDEX_SUFFIX)
-
-    @property
-    def keys_path(self) -> str:
-        return os.path.join(self.directory, self.prefix + KEYS_SUFFIX)
-
-    def shard_name(self, index: int, total: int | None = None) -> str:
-        """File name (no directory) of shard ``index`` of ``total``."""
-        if self.pattern is None:
-            return self.prefix + self.extension
-        return self.pattern.format(index=index, total=total if total is not None else 0)
-
-
-def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharded: bool,
-                 total_in_name: bool = False) -> ShardLayout:
-    """Work out the shard layout for an output path.
-
-    Args:
-        path: the output as the user wrote it (file, printf or brace pattern,
-            or the ``.fastdata.json`` manifest of an existing dataset).
-        extensions: the format's extensions; the first is used when adding one.
-        sharded: whether a shard size was given (adds a shard number to a
-            plain name).
-        total_in_name: name shards ``-00000-of-00008`` (TensorFlow's style)
-            instead of ``-000000`` (webdataset's).
-    """
-    path = os.path.abspath(os.fspath(path))
-    directory, name = os.path.split(path)
-    if name.endswith(MANIFEST_SUFFIX):
-        return ShardLayout(directory, name[: -len(MANIFEST_SUFFIX)], extensions[0], None)
-    ext = next((e for e in extensions if name.lower().endswith(e)), None)
-    if ext is None:
-        ext = extensions[0]
-        stem = name
-    else:
-        ext = name[len(name) - len(ext):]
-        stem = name[: -len(ext)]
-    printf = _PRINTF.search(stem)
-    brace = _BRACE.search(stem)
-    if printf or brace:
-        match = printf or brace
-        width = len(match.group(1)) if brace else int(match.group(1) or 0)
-        head, tail = stem[: match.start()], stem[match.end():]
-        if "{" in head or "}" in head or "{" in tail or "}" in tail:
-            raise FastDataError("output pattern may hold only one shard number", path=path)
-        number = f"{{index:0{width}d}}"
-        if total_in_name:
-            number += f"-of-{{total:0{width}d}}"
-        prefix = head.rstrip("-_.") or "data"
-        return ShardLayout(directory, prefix, ext, head + number + tail + ext)
-    if sharded:
-        number = "{index:05d}-of-{total:05d}" if total_in_name else "{index:06d}"
-        return ShardLayout(directory, stem, ext, f"{stem}-{number}{ext}")
-    return ShardLayout(directory, stem, ext, None)
-
-
-def parse_shard_size(text: str | int | None) -> tuple[int | None, int | None]:
-    """Parse ``--shard-size``: a record count ("10000") or a byte size ("256MB", "1GiB").
-
-    Returns:
-        (max_records, max_bytes); at most one is set.
-    """
-    if text is None or text == "":
-        return None, None
-    if isinstance(text, int):
-        return (text, None) if text > 0 else (None, None)
-    s = str(text).strip().lower().replace(" ", "")
-    units = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 10**3, "m": 10**6,
-             "g": 10**9}
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", s)
-    if not m or (m.group(2) and m.group(2) not in units):
-        raise FastDataError(
-            f"cannot read shard size {text!r}: give a record count (10000) or a byte size "
-            f"(256MB, 1GiB)")
-    value = float(m.group(1))
-    if m.group(2) in ("", None):
-        if value != int(value) or value < 1:
-            raise FastDataError(f"shard size {text!r} must be a whole number of records >= 1")
-        return int(value), None
-    size = int(value * units[m.group(2)])
-    if size < 1:
-        raise FastDataError(f"shard size {text!r} is too small")
-    return None, size
 
 
 class ShardFile:
@@ -299,9 +164,6 @@ class ShardedWriter(Writer):
             self._shard = None
 
     def _close(self, manifest: Manifest) -> Manifest:
-        import dataclasses
-        import json
-
         if self._shard is not None:
             self._finish_shard()
         total = len(self._shards)
@@ -333,7 +195,7 @@ class ShardedWriter(Writer):
 
     def _publish(self) -> None:
         layout = self.layout
-        old = _existing_files(layout) if self.overwrite else []
+        old = self._existing_files() if self.overwrite else []
         if os.path.lexists(layout.manifest_path):
             os.remove(layout.manifest_path)  # the dataset stops looking complete first
         total = len(self._shards)
@@ -350,27 +212,25 @@ class ShardedWriter(Writer):
         os.replace(os.path.join(self.temp_path, "keys.json"), layout.keys_path)
         for path in old:
             if path not in published and path not in (layout.index_path, layout.keys_path):
-                _remove(path)
+                remove_path(path)
         os.replace(os.path.join(self.temp_path, "manifest.json"), layout.manifest_path)
         shutil.rmtree(self.temp_path, ignore_errors=True)
+
+    def _existing_files(self) -> list[str]:
+        """Shards (and their side files) of a dataset already at this layout."""
+        layout = self.layout
+        try:
+            with open(layout.manifest_path, encoding="utf-8") as f:
+                shards = json.load(f).get("shards", [])
+        except (OSError, ValueError):
+            return []
+        out = []
+        for s in shards:
+            out.extend(os.path.join(layout.directory, name)
+                       for name in self._shard_files(s.get("path", "")))
+        return [p for p in out if os.path.lexists(p)]
 
     @property
     def output_path(self) -> str:
         """What to pass to ``open_dataset``: the manifest sidecar."""
         return self.layout.manifest_path
-
-
-def _existing_files(layout: ShardLayout) -> list[str]:
-    """Shards (and their side files) of a dataset already at ``layout``."""
-    import json
-
-    try:
-        with open(layout.manifest_path, encoding="utf-8") as f:
-            shards = json.load(f).get("shards", [])
-    except (OSError, ValueError):
-        return []
-    out = []
-    for s in shards:
-        p = os.path.join(layout.directory, s.get("path", ""))
-        out.extend([p, p + ".idx"])
-    return [p for p in out if os.path.lexists(p)]

@@ -1,4 +1,4 @@
-"""Tar shard writer (webdataset layout), and the tar schema (the loader imports it).
+"""The tar shard schema (webdataset layout): member names and USTAR headers.
 
 Every shard is a plain tar file that ``tar``, Python's ``tarfile`` and
 ``webdataset.WebDataset`` read unchanged. Each record is one webdataset
@@ -35,21 +35,19 @@ at a "/"; only a name that still does not fit, or that is not ASCII, gets a
 POSIX PAX extended header (``path=...``, UTF-8) before its member. Each shard
 ends with two zero blocks.
 
-The dataset index (``PREFIX.fastdata.index.npy``, see fastdata.packers.shards)
+The dataset index (``PREFIX.fastdata.index.npy``, see fastdata.formats.sharded.layout)
 holds, per record, the offset and size of the image member's *data*, so a
 reader gets a record with one ``pread`` and no header parsing.
 """
 
 from __future__ import annotations
 
-import json
-
 from fastdata.encodings import ENCODING_EXTENSIONS, IMAGE_EXTENSIONS
 from fastdata.errors import FastDataError
-from fastdata.packers.shards import ShardedWriter
-from fastdata.records import Record
 
 BLOCK = 512
+#: File extensions, the first one preferred.
+EXTENSIONS = (".tar",)
 #: Name of this member layout, recorded in the manifest's ``extra``.
 MEMBER_SCHEMA = "webdataset-1"
 #: Member extension of the label.
@@ -61,6 +59,8 @@ JSON_EXT = "json"
 IMAGE_EXTS: tuple[str, ...] = tuple(e[1:] for e in IMAGE_EXTENSIONS)
 #: Largest member the 11-digit octal size field can describe (8 GiB - 1).
 MAX_MEMBER_SIZE = 8**11 - 1
+#: End of an archive: two zero blocks.
+END_OF_ARCHIVE = bytes(2 * BLOCK)
 
 # Extension (no dot) -> the encoding it names, for the "does it match" test.
 _EXT_ENCODING = {"jpg": "jpeg", "jpeg": "jpeg", "jpe": "jpeg", "tif": "tiff", "tiff": "tiff"}
@@ -69,7 +69,6 @@ _MODE = b"0000444\0"
 _ZERO_ID = b"0000000\0"
 _MTIME = b"00000000000\0"
 _MAGIC = b"ustar\x0000"
-_END = bytes(2 * BLOCK)
 
 
 def _template() -> bytearray:
@@ -181,79 +180,3 @@ def image_extension(key: str, encoding: str) -> str:
     if ext and _EXT_ENCODING.get(ext, ext) == encoding:
         return ext
     return ENCODING_EXTENSIONS.get(encoding) or ext or "bin"
-
-
-class TarWriter(ShardedWriter):
-    """Writes records as webdataset-style tar shards (see the module doc).
-
-    Args:
-        path: output: ``out.tar``, ``out-%06d.tar``, ``out-{000000..000099}.tar``
-            (see fastdata.packers.shards for naming and sidecars).
-        overwrite: replace an existing dataset of that name.
-        shard_size: records per shard (``10000``) or bytes per shard (``"256MB"``,
-            counted on disk: headers and padding included).
-        write_json: also write a ``KEY.json`` member per sample.
-    """
-
-    format_name = "tar"
-    extensions = (".tar",)
-
-    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
-                 write_json: bool = False) -> None:
-        self.write_json = bool(write_json)
-        self._stems: set[str] = set()
-        self._planned: tuple[int, tuple[str, list[bytes], int, int]] | None = None
-        super().__init__(path, overwrite=overwrite, shard_size=shard_size)
-
-    # -- member layout ----------------------------------------------------------
-
-    def _plan(self, record: Record) -> tuple[str, list[bytes], int, int]:
-        """(sample stem, chunks to write, offset of the image data in them, total size)."""
-        if self._planned is not None and self._planned[0] == record.index:
-            return self._planned[1]
-        stem = sample_stem(record.key)
-        if stem in self._stems:
-            n = 1
-            while f"{stem}_{n}" in self._stems:
-                n += 1
-            stem = f"{stem}_{n}"
-        ext = image_extension(record.key, record.encoding)
-        size = len(record.payload)
-        head = member_header(f"{stem}.{ext}", size)
-        label = str(int(record.label)).encode("ascii")
-        chunks = [head, record.payload, bytes(padding(size)),
-                  member_header(f"{stem}.{LABEL_EXT}", len(label)), label,
-                  bytes(padding(len(label)))]
-        if self.write_json:
-            meta = json.dumps({"key": record.key, "label": int(record.label)},
-                              ensure_ascii=False).encode("utf-8")
-            chunks += [member_header(f"{stem}.{JSON_EXT}", len(meta)), meta,
-                       bytes(padding(len(meta)))]
-        plan = (stem, chunks, len(head), sum(len(c) for c in chunks))
-        self._planned = (record.index, plan)
-        return plan
-
-    # -- ShardedWriter hooks ----------------------------------------------------------
-
-    def _manifest_extra(self) -> dict:
-        return {"member_schema": MEMBER_SCHEMA, "label_ext": LABEL_EXT,
-                "json_member": self.write_json}
-
-    def _stored_size(self, record: Record) -> int:
-        return self._plan(record)[3]
-
-    def _begin_shard(self, path: str) -> None:
-        self._stems = set()
-        self._planned = None  # planned against the previous shard's names
-
-    def _append(self, record: Record, crc: int) -> tuple[int, int]:
-        stem, chunks, data_at, total = self._plan(record)
-        self._planned = None
-        offset = self._shard.position + data_at
-        self._shard.write(b"".join(chunks))
-        self._stems.add(stem)
-        return offset, len(record.payload)
-
-    def _end_shard(self) -> dict:
-        self._shard.write(_END)
-        return {}

@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError
-from fastdata.formats import detect_format
 from fastdata.records import Manifest
 
 
@@ -182,14 +181,3 @@ class Reader:
         """Attribute names holding open handles, dropped when pickling."""
         return ()
 
-
-def open_reader(path: str | os.PathLike, **options) -> Reader:
-    """Open the packed dataset at ``path`` with the reader of its format."""
-    spec = detect_format(path)
-    return spec.load_reader()(path, **options)
-
-
-def read_manifest(path: str | os.PathLike) -> Manifest:
-    """The manifest of the packed dataset at ``path``."""
-    with open_reader(path) as reader:
-        return reader.manifest

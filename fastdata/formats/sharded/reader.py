@@ -1,7 +1,7 @@
 """The base of readers for sharded formats (tar, TFRecord); no torch here.
 
 Random access comes from the dataset index (``PREFIX.fastdata.index.npy``, see
-fastdata.packers.shards): record i is ``size`` bytes at ``offset`` in shard
+fastdata.formats.sharded.layout): record i is ``size`` bytes at ``offset`` in shard
 ``shard``, read with one ``os.pread``. Shards written by other tools (no
 fastdata manifest) are scanned once on open to build the same index in memory.
 """
@@ -16,14 +16,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
-from fastdata.loaders.reader import Reader
-from fastdata.packers.shards import (
-    _BRACE,
-    INDEX_DTYPE,
-    MANIFEST_SUFFIX,
-    ShardLayout,
-    parse_output,
-)
+from fastdata.formats.reader import Reader
+from fastdata.formats.registry import MANIFEST_SUFFIX
+from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
 from fastdata.records import MANIFEST_VERSION, Manifest
 
 
@@ -113,7 +108,7 @@ class ShardedReader(Reader):
                     f"it or restore the file", path=p)
 
     def _load_foreign(self, layout: ShardLayout) -> None:
-        paths = self._explicit or _expand_shards(self.path, layout)
+        paths = self._explicit or expand_shards(self.path, layout)
         if not paths:
             raise ManifestError(
                 f"no fastdata manifest ({layout.prefix}{MANIFEST_SUFFIX}) and no shard files "
@@ -247,33 +242,3 @@ class ShardedReader(Reader):
                 pass
         self._fds = {}
 
-
-def _expand_shards(path: str, layout: ShardLayout) -> list[str]:
-    """Existing shard files for a single-file, printf or brace path."""
-    if layout.pattern is None:
-        single = os.path.join(layout.directory, layout.shard_name(0))
-        return [single] if os.path.isfile(single) else []
-    brace = _BRACE.search(os.path.basename(path))
-    if brace:
-        # An explicit range names exactly the shards wanted: a missing one is an
-        # error, not a shorter dataset.
-        lo, hi = int(brace.group(1)), int(brace.group(2))
-        out = [os.path.join(layout.directory, layout.shard_name(n, None))
-               for n in range(lo, hi + 1)]
-        missing = [p for p in out if not os.path.isfile(p)]
-        if missing:
-            raise ManifestError(f"{len(missing)} of the {len(out)} shards the pattern names "
-                                f"are missing, first {os.path.basename(missing[0])}", path=path)
-        return out
-    out = []
-    number = 0
-    while True:
-        candidate = os.path.join(layout.directory, layout.shard_name(number, None))
-        if not os.path.isfile(candidate):
-            break
-        out.append(candidate)
-        number += 1
-    if not out and "{total" in layout.pattern:
-        raise FastDataError("give the manifest (.fastdata.json) or the shard files of a "
-                            "dataset whose shard names include the total", path=path)
-    return out

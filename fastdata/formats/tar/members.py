@@ -1,15 +1,11 @@
-"""Tar shard reader (no torch). The member layout lives in fastdata.packers.tar_packer.
+"""Reading tar files written by any tool: a minimal header parser and webdataset's
+grouping of members into samples.
 
-Shards written by fastdata are read through the dataset index: one ``pread``
-per record, no header parsing. Shards written by other tools (webdataset's
-``TarWriter``/``ShardWriter``, GNU tar, Python's ``tarfile``) have no fastdata
-manifest; they are scanned once on open with a minimal header parser (USTAR,
-GNU long names, PAX extended headers) that builds the same index in memory.
-
-The scan groups members into samples the way webdataset does: a member's key
-is its name up to the first dot of its base name, its extension the rest
-(lower-cased), and consecutive members with one key form one sample. A
-sample's image is its first member with an image extension (``jpg jpeg png
+Understands USTAR (with its prefix field), GNU long names and PAX extended
+headers. The scan groups members into samples the way webdataset does: a
+member's key is its name up to the first dot of its base name, its extension
+the rest (lower-cased), and consecutive members with one key form one sample.
+A sample's image is its first member with an image extension (``jpg jpeg png
 bmp webp ppm pgm tif tiff gif``, in that order of preference); its label is
 the ASCII decimal in ``KEY.cls``, or else an integer ``"label"`` field in
 ``KEY.json``. Other members are ignored.
@@ -22,8 +18,7 @@ import os
 from collections.abc import Iterator
 
 from fastdata.errors import CorruptDataError, FastDataError
-from fastdata.loaders.sharded import ShardedReader
-from fastdata.packers.tar_packer import BLOCK, IMAGE_EXTS, JSON_EXT, LABEL_EXT, padding
+from fastdata.formats.tar.schema import BLOCK, IMAGE_EXTS, JSON_EXT, LABEL_EXT, padding
 
 _ZERO_BLOCK = bytes(BLOCK)
 # Type flags of members whose data is file content.
@@ -33,8 +28,6 @@ _NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")
 # Bytes read per window while scanning headers: large enough for many small
 # samples per read, small enough to seek over big images instead of reading them.
 _SCAN_WINDOW = 256 << 10
-# Bytes read per window when streaming a shard's records.
-_STREAM_WINDOW = 1 << 20
 
 
 class TarMember:
@@ -292,65 +285,3 @@ def _label(path: str, key: str, group: dict[str, TarMember], small: _Window) -> 
         f"sample has no label: fastdata reads it from {key}.{LABEL_EXT} (ASCII decimal) or an "
         f"integer 'label' field of {key}.{JSON_EXT}; other label sources are not supported "
         f"yet, so add .cls members (webdataset: write 'cls': label)", path=path, key=key)
-
-
-class TarReader(ShardedReader):
-    """Reads webdataset-style tar shards: fastdata's (through the index) or any
-    other tool's (scanned on open).
-
-    Args:
-        path: the ``PREFIX.fastdata.json`` manifest, a shard, a shard pattern
-            (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list of shards.
-        verify: check payload CRC32s on read (fastdata shards only: other tools
-            store no checksums).
-    """
-
-    format_name = "tar"
-    extensions = (".tar",)
-    random_access = True
-
-    def _scan_shard(self, path: str) -> list[tuple[int, int, int, str]]:
-        try:
-            return scan_samples(path)
-        except OSError as exc:
-            raise CorruptDataError(f"cannot read shard ({exc.strerror or exc})",
-                                   path=path) from None
-
-    def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
-        """(index, payload) of one shard's records, read in large sequential windows.
-
-        One read per ~1 MiB instead of one per record, into a reused buffer
-        (allocating a fresh multi-megabyte bytes object per read costs more than
-        the read): ~2.5M records/s of 2 KB warm here, against ~1M/s for one
-        ``pread`` per record, and big sequential requests for cold storage.
-        """
-        index = self._ensure_index()
-        first, count = self.shard_ranges()[shard]
-        rows = index[first:first + count]
-        offsets = rows["offset"].tolist()
-        sizes = rows["size"].tolist()
-        fd = self._fd(shard)
-        buf = memoryview(bytearray(_STREAM_WINDOW))
-        start = filled = 0
-        for i, offset, size in zip(range(first, first + count), offsets, sizes):
-            end = offset + size
-            if offset < start or end > start + filled:
-                if size > len(buf):
-                    buf = memoryview(bytearray(size))
-                filled = _pread_into(fd, buf, offset)
-                start = offset
-                if filled < size:
-                    raise CorruptDataError(
-                        f"record {i} is cut short: {filled} of {size} bytes at offset "
-                        f"{offset} (the shard is truncated)", path=self._shard_paths[shard],
-                        key=self._key_or_none(i), offset=offset)
-            yield i, bytes(buf[offset - start:end - start])
-
-
-def _pread_into(fd: int, buf: memoryview, offset: int) -> int:
-    """Fill ``buf`` from ``offset`` (short only at the end of the file); bytes read."""
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [buf], offset)
-    data = os.pread(fd, len(buf), offset)
-    buf[:len(data)] = data
-    return len(data)

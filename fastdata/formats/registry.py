@@ -1,0 +1,216 @@
+"""The format registry: which container formats exist, and everything the rest of
+fastdata needs to know about each.
+
+A format is one folder under ``fastdata/formats/`` and one :class:`FormatSpec`
+passed to :func:`register_format`. The spec is authoritative: the CLI's
+``--format`` choices and help, ``pack``'s check that ``--shard-size`` applies,
+:func:`detect_format`'s probes, ``open_dataset`` and the DALI pipelines all
+read it. Code is referenced by ``"module:attribute"`` strings, so nothing heavy
+(lmdb, h5py, torch) is imported until a format is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastdata.errors import FastDataError, UnknownFormatError
+
+#: Suffix of the manifest sidecar of sharded datasets (``PREFIX.fastdata.json``).
+MANIFEST_SUFFIX = ".fastdata.json"
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One container format.
+
+    Attributes:
+        name: the name used by ``--format`` and in manifests.
+        extensions: output extensions (lower case, with dot) that select it;
+            the first is the one added when a name has none.
+        writer: ``"module:Class"`` of its Writer (a ``fastdata.formats.writer.Writer``).
+        reader: ``"module:Class"`` of its Reader (a ``fastdata.formats.reader.Reader``).
+        help: one line for ``--help`` and error messages.
+        sharded: its data are shard files with sidecars (``--shard-size`` applies,
+            ``ShardedIterableDataset`` streams it).
+        probe: ``probe(path) -> bool``, True when an existing path without a
+            known extension holds a dataset of this format; must stay cheap and
+            import nothing heavy.
+        dataset: ``"module:Class"`` of its named torch Dataset class, or None to
+            use the generic ``fastdata.PackedDataset``.
+        dali: ``"module:function"`` building DALI's native reader for it, or None
+            to feed DALI from fastdata's reader (an external source).
+    """
+
+    name: str
+    extensions: tuple[str, ...]
+    writer: str
+    reader: str
+    help: str
+    sharded: bool = False
+    probe: Callable[[str], bool] | None = None
+    dataset: str | None = None
+    dali: str | None = None
+
+    def load_writer(self):
+        return load(self.writer)
+
+    def load_reader(self):
+        return load(self.reader)
+
+    def load_dataset(self):
+        """The Dataset class that ``open_dataset`` returns for this format."""
+        return load(self.dataset or "fastdata.loaders.datasets:PackedDataset")
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_local(path) -> None:
+    """Refuse a URL (``s3://...``, ``http://...``): fastdata reads and writes local
+    paths only, and a URL taken as a path would quietly become a folder named
+    ``s3:``.
+
+    Raises:
+        FastDataError: ``path`` starts with a URL scheme.
+    """
+    text = os.fspath(path) if not isinstance(path, str) else path
+    if isinstance(text, str) and _URL.match(text):
+        scheme = text.split("://", 1)[0]
+        raise FastDataError(
+            f"{scheme}:// URLs are not supported: fastdata reads and writes local paths only; "
+            f"copy the data to a local folder (or mount the bucket) and give that path",
+            path=text)
+
+
+#: Registered formats by name, in registration order (the built-in ones first).
+FORMATS: dict[str, FormatSpec] = {}
+
+
+def register_format(spec: FormatSpec) -> FormatSpec:
+    """Add ``spec`` to the registry (replacing a format of the same name).
+
+    Raises:
+        ValueError: an extension is already taken by another format.
+    """
+    for other in FORMATS.values():
+        taken = set(other.extensions) & set(spec.extensions)
+        if other.name != spec.name and taken:
+            raise ValueError(f"format {spec.name!r}: extension(s) {', '.join(sorted(taken))} "
+                             f"already belong to format {other.name!r}")
+    FORMATS[spec.name] = spec
+    return spec
+
+
+def unregister_format(name: str) -> None:
+    """Remove a format added with :func:`register_format` (no error if absent)."""
+    FORMATS.pop(name, None)
+
+
+def load(target: str):
+    """The object a ``"module:attribute"`` string names."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def known_extensions() -> list[str]:
+    """Every output extension that selects a format."""
+    return [ext for spec in FORMATS.values() for ext in spec.extensions]
+
+
+def sharded_formats() -> list[str]:
+    """Names of the formats written as shards."""
+    return [spec.name for spec in FORMATS.values() if spec.sharded]
+
+
+def get_format(name: str) -> FormatSpec:
+    """The spec of format ``name``.
+
+    Raises:
+        UnknownFormatError: no such format.
+    """
+    try:
+        return FORMATS[name.lower()]
+    except KeyError:
+        raise UnknownFormatError(
+            f"unknown format {name!r}; choose one of: {', '.join(FORMATS)}") from None
+
+
+def format_for_output(path: str | os.PathLike, override: str | None = None) -> FormatSpec:
+    """Choose the format for writing ``path``: ``override`` if given, else its extension.
+
+    Raises:
+        UnknownFormatError: the extension selects no format and none was given.
+    """
+    check_local(path)
+    if override:
+        return get_format(override)
+    spec = _by_extension(os.fspath(path))
+    if spec is None:
+        raise UnknownFormatError(
+            f"cannot tell the format from the extension; use one of "
+            f"{', '.join(known_extensions())} or name the format ({'/'.join(FORMATS)})",
+            path=path)
+    return spec
+
+
+def _by_extension(path: str) -> FormatSpec | None:
+    lower = path.rstrip("/\\").lower()
+    for spec in FORMATS.values():
+        if lower.endswith(spec.extensions):
+            return spec
+    return None
+
+
+def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
+    """Find the format of an existing packed dataset at ``path``.
+
+    A ``.fastdata.json`` manifest names its format; otherwise a known extension
+    decides; otherwise each format's probe looks at the files.
+
+    Raises:
+        UnknownFormatError: nothing at ``path`` looks like a fastdata dataset.
+    """
+    if isinstance(path, (list, tuple)):  # a list of shard files
+        if not path:
+            raise UnknownFormatError("no shard files given (an empty list)")
+        path = path[0]
+    path = os.fspath(path)
+    check_local(path)
+    if path.rstrip("/\\").lower().endswith(MANIFEST_SUFFIX):
+        return _format_from_manifest(path)
+    spec = _by_extension(path)
+    if spec is not None:
+        return spec
+    if not os.path.exists(path):
+        raise UnknownFormatError("no such file or folder", path=path)
+    for spec in FORMATS.values():
+        if spec.probe is not None and spec.probe(path):
+            return spec
+    raise UnknownFormatError(
+        f"not a recognised fastdata dataset; known extensions: {', '.join(known_extensions())}",
+        path=path)
+
+
+def _format_from_manifest(path: str) -> FormatSpec:
+    try:
+        with open(path, encoding="utf-8") as f:
+            name = json.load(f).get("format", "")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UnknownFormatError(f"cannot read manifest ({exc})", path=path) from None
+    return get_format(name)
+
+
+def open_reader(path, **options):
+    """Open the packed dataset at ``path`` with the reader of its format."""
+    return detect_format(path).load_reader()(path, **options)
+
+
+def read_manifest(path):
+    """The manifest of the packed dataset at ``path``."""
+    with open_reader(path) as reader:
+        return reader.manifest

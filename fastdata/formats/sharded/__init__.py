@@ -1,0 +1,1 @@
+"""The machinery shared by sharded formats (tar, TFRecord): naming, index, writer and reader bases."""

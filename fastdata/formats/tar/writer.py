@@ -1,0 +1,95 @@
+"""Tar shard writer: records as webdataset-style samples (schema in ``schema.py``)."""
+
+from __future__ import annotations
+
+import json
+
+from fastdata.formats.sharded.writer import ShardedWriter
+from fastdata.formats.tar.schema import (
+    END_OF_ARCHIVE,
+    EXTENSIONS,
+    JSON_EXT,
+    LABEL_EXT,
+    MEMBER_SCHEMA,
+    image_extension,
+    member_header,
+    padding,
+    sample_stem,
+)
+from fastdata.records import Record
+
+
+class TarWriter(ShardedWriter):
+    """Writes records as webdataset-style tar shards (see the module doc).
+
+    Args:
+        path: output: ``out.tar``, ``out-%06d.tar``, ``out-{000000..000099}.tar``
+            (see fastdata.formats.sharded.layout for naming and sidecars).
+        overwrite: replace an existing dataset of that name.
+        shard_size: records per shard (``10000``) or bytes per shard (``"256MB"``,
+            counted on disk: headers and padding included).
+        write_json: also write a ``KEY.json`` member per sample.
+    """
+
+    format_name = "tar"
+    extensions = EXTENSIONS
+
+    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
+                 write_json: bool = False) -> None:
+        self.write_json = bool(write_json)
+        self._stems: set[str] = set()
+        self._planned: tuple[int, tuple[str, list[bytes], int, int]] | None = None
+        super().__init__(path, overwrite=overwrite, shard_size=shard_size)
+
+    # -- member layout ----------------------------------------------------------
+
+    def _plan(self, record: Record) -> tuple[str, list[bytes], int, int]:
+        """(sample stem, chunks to write, offset of the image data in them, total size)."""
+        if self._planned is not None and self._planned[0] == record.index:
+            return self._planned[1]
+        stem = sample_stem(record.key)
+        if stem in self._stems:
+            n = 1
+            while f"{stem}_{n}" in self._stems:
+                n += 1
+            stem = f"{stem}_{n}"
+        ext = image_extension(record.key, record.encoding)
+        size = len(record.payload)
+        head = member_header(f"{stem}.{ext}", size)
+        label = str(int(record.label)).encode("ascii")
+        chunks = [head, record.payload, bytes(padding(size)),
+                  member_header(f"{stem}.{LABEL_EXT}", len(label)), label,
+                  bytes(padding(len(label)))]
+        if self.write_json:
+            meta = json.dumps({"key": record.key, "label": int(record.label)},
+                              ensure_ascii=False).encode("utf-8")
+            chunks += [member_header(f"{stem}.{JSON_EXT}", len(meta)), meta,
+                       bytes(padding(len(meta)))]
+        plan = (stem, chunks, len(head), sum(len(c) for c in chunks))
+        self._planned = (record.index, plan)
+        return plan
+
+    # -- ShardedWriter hooks ----------------------------------------------------------
+
+    def _manifest_extra(self) -> dict:
+        return {"member_schema": MEMBER_SCHEMA, "label_ext": LABEL_EXT,
+                "json_member": self.write_json}
+
+    def _stored_size(self, record: Record) -> int:
+        return self._plan(record)[3]
+
+    def _begin_shard(self, path: str) -> None:
+        self._stems = set()
+        self._planned = None  # planned against the previous shard's names
+
+    def _append(self, record: Record, crc: int) -> tuple[int, int]:
+        stem, chunks, data_at, total = self._plan(record)
+        self._planned = None
+        offset = self._shard.position + data_at
+        self._shard.write(b"".join(chunks))
+        self._stems.add(stem)
+        return offset, len(record.payload)
+
+    def _end_shard(self) -> dict:
+        self._shard.write(END_OF_ARCHIVE)
+        return {}

@@ -1,0 +1,17 @@
+"""TFRecord: shards of tf.train.Example with tfrecord2idx index files; TensorFlow and DALI read them."""
+
+from __future__ import annotations
+
+from fastdata.formats.registry import FormatSpec
+from fastdata.formats.tfrecord.schema import EXTENSIONS
+
+SPEC = FormatSpec(
+    name="tfrecord",
+    extensions=EXTENSIONS,
+    writer="fastdata.formats.tfrecord.writer:TFRecordWriter",
+    reader="fastdata.formats.tfrecord.reader:TFRecordReader",
+    help="TFRecord shards of tf.train.Example with index files; TensorFlow/DALI readable",
+    sharded=True,
+    dataset="fastdata.loaders.datasets:TFRecordDataset",
+    dali="fastdata.dali:tfrecord_reader",
+)
