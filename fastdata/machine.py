@@ -1,12 +1,13 @@
 """Facts about the machine this process runs on, and byte sizes for people.
 
-No third-party imports: the packer, the Datasets, the caches and the
+No third-party imports: the packer, the Datasets, the caches, DALI and the
 benchmark all ask the same questions here.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 
 def usable_cores() -> int:
@@ -36,3 +37,12 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's torch.distributed (rank, world size), or (0, 1) outside a
+    process group. Imports nothing: without torch loaded there is no group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

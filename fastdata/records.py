@@ -91,6 +91,14 @@ class Manifest:
         """Class name to label, as torchvision's ImageFolder has it."""
         return {name: i for i, name in enumerate(self.classes)}
 
+    @property
+    def raw_shape(self) -> tuple[int, ...] | None:
+        """The HWC shape of pre-decoded (raw) records, or None for encoded ones."""
+        enc = self.encoding or {}
+        if enc.get("storage") == "raw" and enc.get("shape"):
+            return tuple(int(x) for x in enc["shape"])
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """The manifest as plain JSON-ready data, with the schema marker."""
         data = {"kind": MANIFEST_KIND}

@@ -54,14 +54,6 @@ def array_to_output(array, output: str):
     return Image.fromarray(array.squeeze(-1) if array.shape[2] == 1 else array)
 
 
-def raw_shape_of(manifest) -> tuple[int, ...] | None:
-    """The HWC shape of pre-decoded (raw) records, or None for encoded ones."""
-    enc = manifest.encoding or {}
-    if enc.get("storage") == "raw" and enc.get("shape"):
-        return tuple(int(x) for x in enc["shape"])
-    return None
-
-
 def decode_threads_for_worker(requested: int | None) -> int:
     """Threads for batch decoding: the usable cores shared among DataLoader workers."""
     if requested is not None:
@@ -160,7 +152,7 @@ class PackedDataset(DatasetInfo, Dataset):
             raise ValueError(f"cache must be None, 'ram' or 'decoded', not {cache!r}")
         self.reader = self.reader_class(path, verify=verify, **reader_options)
         self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
-                                   raw_shape=raw_shape_of(self.reader.manifest))
+                                   raw_shape=self.reader.manifest.raw_shape)
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None

@@ -20,9 +20,9 @@ from fastdata.loaders.datasets import (
     DatasetInfo,
     check_options,
     convert_payload,
-    raw_shape_of,
 )
 from fastdata.loaders.decode import DecoderChain
+from fastdata.machine import rank_and_world
 
 
 def _seed(*parts: int | str) -> int:
@@ -31,14 +31,6 @@ def _seed(*parts: int | str) -> int:
     # int() first: a numpy integer's repr differs from the equal Python int's.
     text = repr(tuple(p if isinstance(p, str) else int(p) for p in parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
-def _rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class ShardedIterableDataset(DatasetInfo, IterableDataset):
@@ -123,7 +115,7 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
                                 isinstance(path, (list, tuple)) else None)
         self.reader = reader_cls(path, verify=verify, **reader_options)
         self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
-                                   raw_shape=raw_shape_of(self.reader.manifest))
+                                   raw_shape=self.reader.manifest.raw_shape)
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -149,14 +141,14 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
         state = self.__dict__.copy()
         if state.get("_rank") is None or state.get("_world") is None:
             # Pickled for a spawned DataLoader worker, which has no process group.
-            rank, world = _rank_and_world()
+            rank, world = rank_and_world()
             state["_rank"] = rank if state.get("_rank") is None else state["_rank"]
             state["_world"] = world if state.get("_world") is None else state["_world"]
         return state
 
     def _assignment(self) -> tuple[list[int], int | None, int]:
         """(shards to read, record stride or None, global worker number g)."""
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world()
         if self._rank is not None:
             rank = self._rank
         if self._world is not None:
