@@ -5,13 +5,35 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 
 import click
 
 from fastdata import __version__
 from fastdata.errors import FastDataError
+from fastdata.formats import FORMATS, known_extensions, sharded_formats
+from fastdata.loaders.decoder_registry import decoder_choices
 from fastdata.machine import human_bytes
+
+# Library errors name options as the Python API spells them ("overwrite=True",
+# "resize="); on the command line the same option is a flag.
+_FLAG_PHRASES = (
+    ("overwrite=True", "--overwrite"),
+    ("strict=True", "--strict"),
+    ("center_crop=True", "--center-crop"),
+    ("resize=(h, w)", "--resize HxW"),
+    ("resize=N", "--resize N"),
+    ("encoding='raw'", "--encoding raw"),
+)
+_FLAG_NAMES = re.compile(r"\b(shard_size|max_size|center_crop|quality|workers|resize|format)=\s?")
+
+
+def cli_terms(message: str) -> str:
+    """A library message with its Python option names turned into CLI flags."""
+    for api, flag in _FLAG_PHRASES:
+        message = message.replace(api, flag)
+    return _FLAG_NAMES.sub(lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
 
 
 def _handle_errors(func):
@@ -22,7 +44,7 @@ def _handle_errors(func):
         try:
             return func(*args, **kwargs)
         except FastDataError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {cli_terms(str(exc))}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted: nothing was written (partial output removed)", err=True)
@@ -55,11 +77,13 @@ def main() -> None:
 @click.argument("source", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.argument("output", type=click.Path(path_type=str))
 @click.option("--format", "format_", metavar="NAME",
-              help="Container format: lmdb, hdf5, tfrecord or tar; default: chosen from OUTPUT's "
-                   "extension (.lmdb, .h5/.hdf5, .tfrecord, .tar).")
+              help="Container format: " + "; ".join(f"{s.name}: {s.help}" for s in FORMATS.values())
+                   + ". Default: chosen from OUTPUT's extension ("
+                   + ", ".join(known_extensions()) + ").")
 @click.option("--shard-size", metavar="N|SIZE", default=None,
-              help="tar/tfrecord only: roll a new shard every N records (10000) or SIZE bytes "
-                   "(256MB). OUTPUT may be a pattern: out-%06d.tar or out-{000000..000099}.tar.")
+              help="/".join(sharded_formats()) + " only: roll a new shard every N records (10000) "
+                   "or SIZE bytes (256MB). OUTPUT may be a pattern: out-%06d.tar or "
+                   "out-{000000..000099}.tar.")
 @click.option("--resize", metavar="SHORT|HxW", default=None,
               help="Resize at pack time: SHORT sets the shorter side (aspect kept), HxW sets "
                    "both (stretched, unless --center-crop).")
@@ -255,7 +279,7 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--size", type=int, default=None, metavar="S",
               help="Every row returns SxS images [default: 224; 32 for --demo tiny].")
-@click.option("--decoder", type=click.Choice(["auto", "pil", "opencv", "simplejpeg", "jpeg4py"]),
+@click.option("--decoder", type=click.Choice(decoder_choices()),
               default="auto", show_default=True,
               help="Decoder of the fastdata rows (the folder baseline always uses PIL).")
 @click.option("--epochs", type=int, default=3, show_default=True,

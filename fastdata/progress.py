@@ -9,9 +9,6 @@ class _NullBar:
     def update(self, n: int = 1) -> None:
         pass
 
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        pass
-
     def close(self) -> None:
         pass
 

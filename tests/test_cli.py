@@ -26,6 +26,7 @@ from PIL import Image
 
 import fastdata
 from fastdata.cli import main
+from fastdata.errors import FastDataError
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -522,3 +523,49 @@ def test_interrupted_pack_leaves_nothing(slow_tree, tmp_path, sig):
     assert not out.exists()
     assert not Path(f"{out}.report.json").exists()
     assert os.listdir(workdir) == []
+
+
+def test_library_errors_speak_api_terms_and_the_cli_flags(image_tree, tmp_path):
+    from fastdata.cli import cli_terms
+    from fastdata.errors import OutputExistsError
+    from fastdata.packers.pack import PackOptions
+    from fastdata.packers.preprocess import Preprocess
+
+    out = tmp_path / "out.h5"
+    fastdata.pack(image_tree.root, out, progress=False)
+    with pytest.raises(OutputExistsError) as info:
+        fastdata.pack(image_tree.root, out, progress=False)
+    assert "overwrite=True" in str(info.value) and "--" not in info.value.message
+    with pytest.raises(FastDataError, match="workers=0") as info:
+        fastdata.pack(image_tree.root, tmp_path / "b.h5", options=PackOptions(workers=0),
+                      progress=False)
+    with pytest.raises(FastDataError, match=r"center_crop=True needs resize="):
+        Preprocess(center_crop=True)
+    assert cli_terms("pass overwrite=True to replace it") == "pass --overwrite to replace it"
+    assert cli_terms("workers=0 is not allowed") == "--workers 0 is not allowed"
+    assert cli_terms("center_crop=True needs resize= (the size)") == \
+        "--center-crop needs --resize (the size)"
+    assert cli_terms("shard_size= applies to sharded formats") == \
+        "--shard-size applies to sharded formats"
+    assert cli_terms("DataLoader workers and the resize step") == \
+        "DataLoader workers and the resize step"
+    result = invoke("pack", image_tree.root, tmp_path / "c.h5", "--workers", "0")
+    assert_clean_error(result, "--workers 0")
+    result = invoke("pack", image_tree.root, tmp_path / "d.h5", "--shard-size", "5")
+    assert_clean_error(result, "--shard-size applies to sharded formats (tfrecord, tar)")
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/x.tar", "gs://b/x.lmdb", "http://h/x.h5"])
+def test_urls_are_refused_not_written_as_folders(image_tree, tmp_path, url, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    result = invoke("pack", image_tree.root, url)
+    assert_clean_error(result, "URLs are not supported", "local paths only")
+    assert os.listdir(cwd) == [], "nothing may be written for a URL"
+    with pytest.raises(FastDataError, match="URLs are not supported"):
+        fastdata.pack(image_tree.root, url, progress=False)
+    with pytest.raises(FastDataError, match="URLs are not supported"):
+        fastdata.open_dataset(url)
+    assert_clean_error(invoke("info", url), "URLs are not supported")
+    assert os.listdir(cwd) == []

@@ -101,15 +101,14 @@ def test_reader_contract(contract):
         assert reader.keys == tree.keys
         assert [(i, bytes(d), lbl) for i, d, lbl in reader] == [
             (i, s.data, s.label) for i, s in enumerate(tree.samples)]
-        if reader.random_access:
-            order = list(range(len(tree.samples)))
-            random.Random(0).shuffle(order)
-            for i in order:
-                assert reader.read(i) == tree.samples[i].data, i
-            assert reader.read(-1) == tree.samples[-1].data
-            assert reader.read_many(order[:5]) == [tree.samples[i].data for i in order[:5]]
-            with pytest.raises(IndexError):
-                reader.read(len(tree.samples))
+        order = list(range(len(tree.samples)))
+        random.Random(0).shuffle(order)
+        for i in order:
+            assert reader.read(i) == tree.samples[i].data, i
+        assert reader.read(-1) == tree.samples[-1].data
+        assert reader.read_many(order[:5]) == [tree.samples[i].data for i in order[:5]]
+        with pytest.raises(IndexError):
+            reader.read(len(tree.samples))
 
 
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork here")

@@ -11,6 +11,7 @@ from PIL import Image
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import FastDataError
 from fastdata.loaders import decode as D
+from fastdata.loaders.decoders import dct_factor
 
 # Documented tolerance for JPEG across decoders (README, decode.py docstring).
 JPEG_MEAN_TOL = 1.5
@@ -66,15 +67,15 @@ def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
 def _pairs(cases):
     """(case, decoder) pairs where the decoder handles the case's encoding."""
     return [(c, n) for c in cases for n in INSTALLED
-            if D.DECODERS[n]().handles(sniff_encoding(CASES[c]()))]
+            if D.decoder_class(n)().handles(sniff_encoding(CASES[c]()))]
 
 
 @pytest.mark.parametrize("case,name", _pairs(sorted(CASES)))
 def test_decoders_agree_with_pillow(case, name):
     data = CASES[case]()
     encoding = sniff_encoding(data)
-    dec = D.DECODERS[name]()
-    ref = D.DECODERS["pil"]().decode(data)
+    dec = D.decoder_class(name)()
+    ref = D.decoder_class("pil")().decode(data)
     try:
         out = dec.decode(data)
     except ValueError:
@@ -106,14 +107,14 @@ def test_16bit_keeps_high_byte():
 @pytest.mark.parametrize("name", INSTALLED)
 def test_exif_orientation_is_ignored(name):
     data = _exif_rotated_jpeg()
-    out = D.DECODERS[name]().decode(data)
+    out = D.decoder_class(name)().decode(data)
     assert out.shape[:2] == (60, 100)  # stored size, not the displayed (rotated) one
 
 
 @pytest.mark.parametrize("case,name", _pairs(["jpeg_gray", "png_gray", "png_16bit"]))
 def test_keep_gray_gives_one_channel(case, name):
     data = CASES[case]()
-    dec = D.DECODERS[name]()
+    dec = D.decoder_class(name)()
     out = dec.decode(data, keep_gray=True)
     assert out.shape == (120, 160, 1)
     color = D.decode_rgb(CASES["png"](), keep_gray=True)
@@ -126,9 +127,9 @@ def test_keep_gray_gives_one_channel(case, name):
 @pytest.mark.parametrize("name", INSTALLED)
 def test_size_outputs_and_agreement(name, size, expected):
     data = CASES["jpeg"]()
-    out = D.DECODERS[name]().decode(data, size=size)
+    out = D.decoder_class(name)().decode(data, size=size)
     assert out.shape == (*expected, 3)
-    ref = D.DECODERS["pil"]().decode(data, size=size)
+    ref = D.decoder_class("pil")().decode(data, size=size)
     mean, worst = _diff(out, ref)
     assert mean <= JPEG_MEAN_TOL, (mean, worst)
 
@@ -140,9 +141,9 @@ def test_size_of_portrait_image_follows_torchvision_rule():
 
 
 def test_dct_factor_never_goes_below_target():
-    assert D.dct_factor(400, 600, (224, 336)) == 1
-    assert D.dct_factor(1000, 1000, (224, 224)) == 4
-    assert D.dct_factor(512, 512, (64, 64)) == 8
+    assert dct_factor(400, 600, (224, 336)) == 1
+    assert dct_factor(1000, 1000, (224, 224)) == 4
+    assert dct_factor(512, 512, (64, 64)) == 8
 
 
 def test_unknown_decoder_is_a_clear_error():

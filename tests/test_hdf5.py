@@ -115,7 +115,7 @@ def test_layouts_and_manifest(shared):
 def test_open_reader_and_dataset_pick_hdf5(shared):
     tree, small, _ = shared
     with fastdata.open_reader(small) as reader:
-        assert isinstance(reader, HDF5Reader) and reader.random_access
+        assert isinstance(reader, HDF5Reader)
     ds = fastdata.open_dataset(small, output="bytes")
     assert type(ds) is HDF5Dataset
     assert ds.classes == DEFAULT_CLASSES and ds.targets == tree.labels and ds.keys == tree.keys
@@ -506,7 +506,7 @@ def test_read_error_is_corrupt_data(shared, monkeypatch):
         def __getitem__(self, item):
             raise OSError("Can't read data (simulated)")
 
-    monkeypatch.setattr(reader, "_payload", Failing())
+    monkeypatch.setattr(reader, "_handle", (reader._file, Failing()))
     with pytest.raises(CorruptDataError, match="simulated") as info:
         reader.read_many([4, 2])
     assert info.value.offset == 2 and info.value.key == tree.samples[2].key

@@ -122,7 +122,6 @@ def test_open_reader_picks_lmdb(shared):
     _, out, _ = shared
     with fastdata.open_reader(out) as reader:
         assert isinstance(reader, LMDBReader)
-        assert reader.random_access
 
 
 def test_manifest_fields(shared):

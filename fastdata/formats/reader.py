@@ -1,22 +1,38 @@
-"""The base of every format reader (no torch here) and the format-agnostic openers.
+"""The base of every format reader (no torch here).
 
-A reader gives ``len``, labels, keys, the manifest, ``read(i)`` /
-``read_many(indices)`` for random access where the format allows it, and
-sequential iteration always. File handles are opened lazily in the process
-that reads and are never pickled, so a reader (and a Dataset holding one)
-crosses into DataLoader workers cheaply under fork, spawn and forkserver.
+A reader gives ``len``, labels, keys, the manifest, random access
+(``read(i)`` / ``read_many(indices)``) and sequential iteration. File handles
+are opened lazily in the process that reads and are never pickled, so a reader
+(and a Dataset holding one) crosses into DataLoader workers cheaply under fork,
+spawn and forkserver. The base owns that lifecycle: a format opens its handle
+in ``_open_handle`` and gets it back from ``_process_handle()``; a handle
+inherited across fork is handed to ``_abandon_handle`` (never used, never
+closed) and a fresh one opened.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError
+from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.records import Manifest
+
+_OPEN_LOCK = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # another parent thread may have held it at fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 class Reader:
@@ -30,8 +46,6 @@ class Reader:
     """
 
     format_name = ""
-    #: Whether ``read(i)`` is supported.
-    random_access = True
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True) -> None:
         self.path = os.path.abspath(os.fspath(path))
@@ -41,7 +55,12 @@ class Reader:
         self._crcs: np.ndarray | None = None
         self._keys: list[str] | None = None
         self._pid: int | None = None
-        self._load_metadata()
+        self._handle: Any = None
+        try:
+            self._load_metadata()
+        except BaseException:
+            self._close_handles()  # a refused dataset keeps nothing open
+            raise
 
     # -- subclass hooks -------------------------------------------------------
 
@@ -50,7 +69,8 @@ class Reader:
         ``path`` is not a complete dataset of this format."""
         raise NotImplementedError
 
-    def _load_keys(self) -> list[str]:
+    def _load_keys(self) -> list[str] | None:
+        """The stored source keys, or None when the dataset has none."""
         raise NotImplementedError
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
@@ -61,8 +81,61 @@ class Reader:
         for i in range(len(self)):
             yield i, self._read_many([i])[0]
 
+    def _open_handle(self) -> Any:
+        """Open this process's handle (file, environment...); formats with one override it."""
+        raise NotImplementedError
+
+    def _release_handle(self, handle: Any) -> None:
+        """Close a handle this process opened."""
+
+    def _abandon_handle(self, handle: Any) -> None:
+        """A handle inherited from the parent process: never used here, and never
+        closed (closing may release state the parent still relies on)."""
+
+    # -- the handle lifecycle ----------------------------------------------------
+
+    def _process_handle(self) -> Any:
+        """The handle of this process, opened on first use (thread-safe)."""
+        self._check_process()
+        handle = self._handle
+        if handle is None:
+            with _OPEN_LOCK:
+                if self._handle is None:
+                    self._handle = self._open_handle()
+                handle = self._handle
+        return handle
+
+    def _check_process(self) -> None:
+        # Handles opened in a parent process are never used after fork.
+        pid = os.getpid()
+        if self._pid != pid:
+            if self._pid is not None:
+                self._forget_handles()
+            self._pid = pid
+
+    def _forget_handles(self) -> None:
+        """Drop (without using) handles inherited from another process."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._abandon_handle(handle)
+
     def _close_handles(self) -> None:
-        """Close open files (called in the owning process only)."""
+        """Close this process's handles."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._release_handle(handle)
+
+    def _accept_manifest(self, text: str | bytes, where: str) -> Manifest:
+        """Parse a stored manifest and check that it describes this format.
+
+        Raises:
+            ManifestError: not a fastdata manifest, or one of another format.
+        """
+        manifest = Manifest.from_json(text, path=where)
+        if manifest.format != self.format_name:
+            raise ManifestError(f"manifest says format {manifest.format!r}, not "
+                                f"{self.format_name!r}", path=where)
+        return manifest
 
     # -- public API -----------------------------------------------------------
 
@@ -81,9 +154,11 @@ class Reader:
 
     @property
     def keys(self) -> list[str]:
-        """Source keys (relative paths), loaded on first use."""
+        """Source keys (relative paths), loaded on first use; ``"#<index>"`` for
+        datasets that store none."""
         if self._keys is None:
-            self._keys = self._load_keys()
+            keys = self._load_keys()
+            self._keys = keys if keys is not None else [f"#{i}" for i in range(len(self))]
         return self._keys
 
     @property
@@ -136,24 +211,15 @@ class Reader:
             raise CorruptDataError(
                 f"record {index} fails its CRC32 check (stored {expected:08x}, read "
                 f"{actual:08x}): the file is damaged; re-pack it or read with "
-                f"on_error='skip'", path=self.path, key=self._key_or_none(index), offset=index)
+                f"on_error='skip'", path=self.path, key=self.key_of(index), offset=index)
 
-    def _key_or_none(self, index: int) -> str | None:
+    def key_of(self, index: int) -> str | None:
+        """Record ``index``'s source key for a message, or None when the keys
+        cannot be read (never raises: it must not mask the error being reported)."""
         try:
             return self.keys[index]
         except Exception:  # keys are only for the message; never mask the real error
             return None
-
-    def _check_process(self) -> None:
-        # Handles opened in a parent process are never used after fork.
-        pid = os.getpid()
-        if self._pid != pid:
-            if self._pid is not None:
-                self._forget_handles()
-            self._pid = pid
-
-    def _forget_handles(self) -> None:
-        """Drop (without using) handles inherited from another process."""
 
     def close(self) -> None:
         """Close file handles; the reader reopens them if used again."""
@@ -170,14 +236,8 @@ class Reader:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for name in self._handle_attrs():
-            state[name] = None
         # Per-record arrays are reloaded in the receiving process: a Dataset
         # pickles in bytes, not megabytes, when DataLoader workers spawn.
-        state.update(_pid=None, _labels=None, _crcs=None, _keys=None)
+        state.update(_pid=None, _handle=None, _labels=None, _crcs=None, _keys=None)
         return state
-
-    def _handle_attrs(self) -> tuple[str, ...]:
-        """Attribute names holding open handles, dropped when pickling."""
-        return ()
 

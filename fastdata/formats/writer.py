@@ -39,7 +39,7 @@ class Writer:
         self.path = os.path.abspath(os.fspath(path))
         self.overwrite = overwrite
         if os.path.lexists(self.path) and not overwrite:
-            raise OutputExistsError("output already exists; pass --overwrite to replace it",
+            raise OutputExistsError("output already exists; pass overwrite=True to replace it",
                                     path=self.path)
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
@@ -55,6 +55,7 @@ class Writer:
         os.umask(umask)
         os.chmod(self.temp_path, (0o777 if self.output_is_dir else 0o666) & ~umask)
         self.count = 0
+        self.keys: list[str] = []
         self.labels: list[int] = []
         self.crcs: list[int] = []
         self.payload_bytes = 0
@@ -91,6 +92,7 @@ class Writer:
         crc = zlib.crc32(record.payload)
         self._sha.update(record.payload)
         self._write(record, crc)
+        self.keys.append(record.key)
         self.labels.append(record.label)
         self.crcs.append(crc)
         self.payload_bytes += len(record.payload)

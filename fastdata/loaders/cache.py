@@ -41,7 +41,7 @@ def check_fits(needed: int, *, path: str | None = None, margin: float = 1.1) -> 
     if avail is not None and needed * margin > avail:
         raise FastDataError(
             f"the cache needs {human_bytes(needed)} but only {human_bytes(avail)} of memory is "
-            f"available; use cache=None, or pack a smaller dataset (--resize)", path=path)
+            f"available; use cache=None, or pack a smaller dataset (resize= at pack time)", path=path)
     shm = shm_free()
     if shm is not None and needed > shm:
         raise FastDataError(
@@ -181,7 +181,7 @@ class SharedPixelCache(_SharedBlock):
         if hw is None:
             raise FastDataError(
                 "cache='decoded' needs one image size: pass size=(h, w) (or pack with "
-                "--encoding raw)", path=reader.path)
+                "encoding='raw')", path=reader.path)
         self.shape = (n, int(hw[0]), int(hw[1]), 3)
         self.nbytes = int(np.prod(self.shape))
         self.count = n

@@ -112,7 +112,7 @@ class PackedDataset(DatasetInfo, Dataset):
             ``skipped``.
         verify: check each record's CRC32 when read.
         decoder: "auto" (fastest installed for each encoding) or one of
-            ``fastdata.loaders.decode.DECODERS`` (pil, opencv, simplejpeg, jpeg4py).
+            ``fastdata.loaders.decoder_registry.DECODERS`` (pil, opencv, simplejpeg, jpeg4py).
         size: decode straight to this size: an int for the shorter side, or
             (h, w). JPEGs use DCT scaling first. None keeps each image's size.
         keep_gray: return grayscale images with 1 channel instead of 3.
@@ -280,7 +280,7 @@ class PackedDataset(DatasetInfo, Dataset):
                     raise DecodeError(
                         f"record {i} cannot be decoded ({type(exc).__name__}: {exc}); "
                         f"pass on_error='skip' to leave such records out",
-                        path=self.path, key=self.reader._key_or_none(i), offset=i) from exc
+                        path=self.path, key=self.reader.key_of(i), offset=i) from exc
                 self._skip(i, "undecodable")
                 continue
             label = int(labels[i])
@@ -378,7 +378,7 @@ class PackedDataset(DatasetInfo, Dataset):
     def _skip(self, index: int, why: str) -> None:
         self.skipped += 1
         warnings.warn(f"{self.path}: skipping {why} record {index} "
-                      f"(key {self.reader._key_or_none(index)!r}); {self.skipped} skipped so far",
+                      f"(key {self.reader.key_of(index)!r}); {self.skipped} skipped so far",
                       RuntimeWarning, stacklevel=3)
 
 

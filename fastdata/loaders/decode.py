@@ -1,6 +1,7 @@
 """Decoders: stored payloads to RGB uint8 pixels (no torch here).
 
-A registry of decoders, each wrapping one library:
+Decoding a payload with the decoders listed in ``decoder_registry`` (classes in
+``decoders``), each wrapping one library:
 
 ======================  ==========================  ==============================
 name                    decodes                     needs
@@ -37,8 +38,6 @@ Every decoder gives the same output contract:
 from __future__ import annotations
 
 import functools
-import importlib
-import io
 import threading
 from collections.abc import Sequence
 
@@ -46,11 +45,10 @@ import numpy as np
 
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import FastDataError
+from fastdata.formats.registry import load
+from fastdata.loaders.decoder_registry import AUTO_DEFAULT, AUTO_ORDER, DECODERS
 
 Size = int | tuple[int, int] | None
-
-_LOSSY = frozenset({"jpeg"})
-
 
 def target_size(height: int, width: int, size: Size) -> tuple[int, int] | None:
     """The (h, w) an image of ``height`` x ``width`` is resized to, or None."""
@@ -114,7 +112,7 @@ def resize(array: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return out
 
 
-def _finish(array: np.ndarray, keep_gray: bool, hw: tuple[int, int] | None) -> np.ndarray:
+def finish(array: np.ndarray, keep_gray: bool, hw: tuple[int, int] | None) -> np.ndarray:
     """Channels, final resize to ``hw`` (computed from the ORIGINAL image size,
     not the DCT-scaled one) and the memory layout of the output contract."""
     if array.ndim == 2:
@@ -129,217 +127,6 @@ def _finish(array: np.ndarray, keep_gray: bool, hw: tuple[int, int] | None) -> n
     return array
 
 
-class Decoder:
-    """One decoding library. Subclasses implement ``_decode``."""
-
-    name = ""
-    #: Encodings handled; None means whatever the library can open.
-    encodings: frozenset[str] | None = None
-    install_hint = ""
-    #: The module this decoder needs; it is available when that imports.
-    module = ""
-
-    @classmethod
-    def available(cls) -> bool:
-        if not cls.module:
-            return True
-        try:
-            importlib.import_module(cls.module)
-        except (ImportError, OSError):  # OSError: a wrapper whose native library is missing
-            return False
-        return True
-
-    def handles(self, encoding: str | None) -> bool:
-        return self.encodings is None or encoding in self.encodings
-
-    def decode(self, data, *, size: Size = None, keep_gray: bool = False,
-               encoding: str | None = None) -> np.ndarray:
-        """Decode ``data`` into an HWC uint8 array (see the module docstring)."""
-        return self._decode(data, size=size, keep_gray=keep_gray,
-                            encoding=encoding or sniff_encoding(data))
-
-    def _decode(self, data, *, size, keep_gray, encoding) -> np.ndarray:
-        raise NotImplementedError
-
-
-class PILDecoder(Decoder):
-    name = "pil"
-    install_hint = "pip install Pillow"
-
-    def _decode(self, data, *, size, keep_gray, encoding):
-        img, hw = self.open(data, size=size)
-        return pil_to_array(img, keep_gray, hw)
-
-    @staticmethod
-    def open(data, *, size: Size = None):
-        """(loaded PIL image, final (h, w) or None), DCT-downscaled when ``size`` allows."""
-        from PIL import Image
-
-        img = Image.open(io.BytesIO(data))
-        hw = target_size(img.height, img.width, size)
-        if hw is not None and img.format == "JPEG":
-            # draft() picks the smallest DCT scale whose result is >= the request.
-            img.draft(img.mode, (hw[1], hw[0]))
-        img.load()
-        return img, hw
-
-
-def pil_to_array(img, keep_gray: bool, hw: tuple[int, int] | None) -> np.ndarray:
-    """Convert a PIL image of any mode into the decoder output contract."""
-    mode = img.mode
-    if mode in ("L", "RGB"):
-        array = np.asarray(img)
-    elif mode == "LA":
-        array = np.asarray(img.getchannel("L"))
-    elif mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit grayscale: keep the high byte, as OpenCV does.
-        wide = np.asarray(img).astype(np.uint32, copy=False)
-        array = (np.minimum(wide, 65535) >> 8).astype(np.uint8)
-    elif mode == "F":
-        array = np.clip(np.asarray(img), 0, 255).astype(np.uint8)
-    elif mode in ("1", "P", "PA") and keep_gray and _palette_is_gray(img):
-        array = np.asarray(img.convert("L"))
-    else:
-        array = np.asarray(img.convert("RGB"))
-    if array.ndim == 2 and not keep_gray:
-        array = np.repeat(array[:, :, None], 3, axis=2)
-    return _finish(np.array(array, copy=True) if not array.flags.writeable else array,
-                   keep_gray, hw)
-
-
-def _palette_is_gray(img) -> bool:
-    return img.mode == "1"
-
-
-class OpenCVDecoder(Decoder):
-    name = "opencv"
-    encodings = frozenset({"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm", "pbm"})
-    install_hint = "pip install opencv-python-headless"
-    module = "cv2"
-
-    def _decode(self, data, *, size, keep_gray, encoding):
-        import cv2
-
-        buf = np.frombuffer(data, dtype=np.uint8)
-        flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_ANYCOLOR if keep_gray
-                                                 else cv2.IMREAD_COLOR)
-        hw = None
-        if size is not None:
-            h, w = _jpeg_header_size(data) if encoding == "jpeg" else (0, 0)
-            if h and not keep_gray:
-                hw = target_size(h, w, size)
-                reduced = {8: cv2.IMREAD_REDUCED_COLOR_8, 4: cv2.IMREAD_REDUCED_COLOR_4,
-                           2: cv2.IMREAD_REDUCED_COLOR_2}.get(dct_factor(h, w, hw))
-                if reduced is not None:
-                    flags = reduced | cv2.IMREAD_IGNORE_ORIENTATION
-        array = cv2.imdecode(buf, flags)
-        if array is None:
-            raise ValueError(f"OpenCV cannot decode this {encoding or 'unknown'} image")
-        if array.dtype != np.uint8:  # IMREAD_ANYCOLOR keeps 16 bits: take the high byte
-            array = (array >> 8).astype(np.uint8) if array.dtype == np.uint16 else \
-                np.clip(array, 0, 255).astype(np.uint8)
-        if array.ndim == 3:
-            if array.shape[2] == 4:
-                array = array[:, :, :3]
-            array = cv2.cvtColor(array, cv2.COLOR_BGR2RGB)
-        if size is not None and hw is None:
-            hw = target_size(array.shape[0], array.shape[1], size)
-        return _finish(array, keep_gray, hw)
-
-
-class SimpleJPEGDecoder(Decoder):
-    name = "simplejpeg"
-    encodings = frozenset({"jpeg"})
-    install_hint = "pip install simplejpeg"
-    module = "simplejpeg"
-
-    def _decode(self, data, *, size, keep_gray, encoding):
-        import simplejpeg
-
-        h, w, colorspace, _sub = simplejpeg.decode_jpeg_header(data)
-        if colorspace not in ("YCbCr", "Gray", "RGB"):
-            raise ValueError(f"simplejpeg does not convert {colorspace} JPEGs")
-        gray = colorspace == "Gray"
-        hw = target_size(h, w, size)
-        min_h = min_w = 0
-        if hw is not None:
-            # Ask for the same power-of-two DCT scale the other decoders use
-            # (libjpeg-turbo would otherwise pick n/8 scales such as 3/8), so
-            # every decoder gives the same pixels within the stated tolerance.
-            factor = dct_factor(h, w, hw)
-            min_h, min_w = -(-h // factor), -(-w // factor)
-        array = simplejpeg.decode_jpeg(
-            data, colorspace="GRAY" if gray else "RGB", min_height=min_h, min_width=min_w)
-        return _finish(array, keep_gray, hw)
-
-
-class JPEG4PyDecoder(Decoder):
-    name = "jpeg4py"
-    encodings = frozenset({"jpeg"})
-    install_hint = ("pip install jpeg4py, and the libturbojpeg system library "
-                    "(Debian/Ubuntu: apt-get install libturbojpeg0)")
-
-    @classmethod
-    def available(cls) -> bool:
-        # jpeg4py imports without libturbojpeg and fails on first use: try one decode.
-        try:
-            import jpeg4py
-            from PIL import Image
-
-            buf = io.BytesIO()
-            Image.new("RGB", (8, 8)).save(buf, "JPEG")
-            jpeg4py.JPEG(np.frombuffer(buf.getvalue(), dtype=np.uint8)).decode()
-        except Exception:  # ImportError, OSError, or the wrapper's own errors
-            return False
-        return True
-
-    def _decode(self, data, *, size, keep_gray, encoding):
-        import jpeg4py
-
-        array = jpeg4py.JPEG(np.frombuffer(data, dtype=np.uint8)).decode()
-        return _finish(array, keep_gray, target_size(array.shape[0], array.shape[1], size))
-
-
-def dct_factor(height: int, width: int, hw: tuple[int, int]) -> int:
-    """The largest of 8, 4, 2 (else 1) that keeps a JPEG at or above ``hw`` when
-    decoded at 1/factor scale."""
-    th, tw = hw
-    for factor in (8, 4, 2):
-        if -(-height // factor) >= th and -(-width // factor) >= tw:
-            return factor
-    return 1
-
-
-def _jpeg_header_size(data) -> tuple[int, int]:
-    """(height, width) from a JPEG's SOF marker, or (0, 0)."""
-    mv = memoryview(data)
-    i, n = 2, len(mv)
-    while i + 9 < n:
-        if mv[i] != 0xFF:
-            i += 1
-            continue
-        marker = mv[i + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
-            i += 1 if marker == 0xFF else 2
-            continue
-        length = (mv[i + 2] << 8) | mv[i + 3]
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return (mv[i + 5] << 8) | mv[i + 6], (mv[i + 7] << 8) | mv[i + 8]
-        i += 2 + length
-    return 0, 0
-
-
-DECODERS: dict[str, type[Decoder]] = {
-    cls.name: cls for cls in (SimpleJPEGDecoder, JPEG4PyDecoder, OpenCVDecoder, PILDecoder)
-}
-
-# Fastest first, per encoding (measured with `fastdata bench`, see bench/RESULTS.md).
-_AUTO_ORDER = {
-    "jpeg": ("simplejpeg", "jpeg4py", "opencv", "pil"),
-    "png": ("opencv", "pil"),
-}
-_AUTO_DEFAULT = ("opencv", "pil")
-
 _available_cache: dict[str, bool] = {}
 _cache_lock = threading.Lock()
 
@@ -347,13 +134,18 @@ _cache_lock = threading.Lock()
 def is_available(name: str) -> bool:
     with _cache_lock:
         if name not in _available_cache:
-            _available_cache[name] = DECODERS[name].available()
+            _available_cache[name] = decoder_class(name).available()
         return _available_cache[name]
 
 
 def available_decoders() -> list[str]:
     """Names of the decoders installed here."""
     return [name for name in DECODERS if is_available(name)]
+
+
+def decoder_class(name: str):
+    """The decoder class registered as ``name``."""
+    return load(DECODERS[name])
 
 
 def check_decoder(name: str) -> str:
@@ -368,7 +160,7 @@ def check_decoder(name: str) -> str:
         raise FastDataError(f"unknown decoder {name!r}; choose auto or one of "
                             f"{', '.join(DECODERS)}")
     if not is_available(name):
-        raise FastDataError(f"decoder {name!r} is not installed: {DECODERS[name].install_hint}")
+        raise FastDataError(f"decoder {name!r} is not installed: {decoder_class(name).install_hint}")
     return name
 
 
@@ -387,19 +179,19 @@ class DecoderChain:
         self.size = parse_size(size)
         self.keep_gray = keep_gray
         self.raw_shape = tuple(int(x) for x in raw_shape) if raw_shape else None
-        self._by_encoding: dict[str | None, list[Decoder]] = {}
+        self._by_encoding: dict[str | None, list] = {}
 
-    def _chain(self, encoding: str | None) -> list[Decoder]:
+    def _chain(self, encoding: str | None) -> list:
         chain = self._by_encoding.get(encoding)
         if chain is None:
             if self.decoder == "auto":
-                names = _AUTO_ORDER.get(encoding, _AUTO_DEFAULT)
+                names = AUTO_ORDER.get(encoding, AUTO_DEFAULT)
             else:
                 names = (self.decoder, "pil")
             chain = []
             for name in dict.fromkeys(names):
                 if is_available(name):
-                    dec = DECODERS[name]()
+                    dec = decoder_class(name)()
                     if dec.handles(encoding) or name == self.decoder:
                         chain.append(dec)
             self._by_encoding[encoding] = chain
@@ -446,13 +238,15 @@ def decode_rgb(data, *, decoder: str = "auto", size: Size = None,
 @functools.lru_cache(maxsize=32)
 def _shared_chain(decoder: str, size: Size, keep_gray: bool) -> DecoderChain:
     # One chain per option set, so per-image callers (pack-time preprocessing,
-    # verify --decode) do not rebuild the decoder lookup for every image.
+    # verifying with decoding) do not rebuild the decoder lookup for every image.
     return DecoderChain(decoder, size=size, keep_gray=keep_gray)
 
 
 def decode_pil(data, *, size: Size = None):
     """Decode into a PIL RGB image (resized when ``size`` is given)."""
     from PIL import Image
+
+    from fastdata.loaders.decoders import PILDecoder, pil_to_array
 
     img, hw = PILDecoder.open(data, size=size)
     if img.mode != "RGB" or hw is not None:

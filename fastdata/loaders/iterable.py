@@ -180,7 +180,7 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
                     raise DecodeError(
                         f"record {index} cannot be decoded ({type(exc).__name__}: {exc}); "
                         f"pass on_error='skip' to leave such records out",
-                        path=self.reader.path, key=self.reader._key_or_none(index),
+                        path=self.reader.path, key=self.reader.key_of(index),
                         offset=index) from exc
                 self.skipped += 1
                 continue

@@ -69,4 +69,4 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
 
 
 def _problem(reader, index: int, reason: str) -> dict:
-    return {"index": index, "key": reader._key_or_none(index), "reason": reason}
+    return {"index": index, "key": reader.key_of(index), "reason": reason}

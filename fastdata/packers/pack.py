@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
-from fastdata.formats import format_for_output, sharded_formats
+from fastdata.formats import check_local, format_for_output, sharded_formats
 from fastdata.machine import usable_cores
 from fastdata.packers.checks import check_image
 from fastdata.packers.preprocess import Preprocess
@@ -151,6 +151,9 @@ def pack(
     options = options or PackOptions()
     pre = options.preprocess
     started = time.perf_counter()
+    check_local(output)
+    if not isinstance(source, Source):
+        check_local(source)
     output = os.path.abspath(os.fspath(output))
     spec = format_for_output(output, options.format)
     writer_cls = spec.load_writer()
@@ -164,7 +167,7 @@ def pack(
         raise SourceError("the output must not be inside the source folder", path=output)
     workers = options.workers if options.workers is not None else usable_cores()
     if workers < 1:
-        raise FastDataError(f"--workers must be at least 1, not {workers}")
+        raise FastDataError(f"workers={workers} is not allowed: give at least 1")
 
     warnings_: list[str] = []
 
@@ -183,7 +186,7 @@ def pack(
     if options.shard_size not in (None, ""):
         if not spec.sharded:
             raise UnknownFormatError(
-                f"shard_size applies to sharded formats ({', '.join(sharded_formats())}), "
+                f"shard_size= applies to sharded formats ({', '.join(sharded_formats())}), "
                 f"not {spec.name}", path=output)
         writer_options["shard_size"] = options.shard_size
 
@@ -210,7 +213,7 @@ def pack(
                 if isinstance(item, SkippedFile):
                     if options.strict:
                         raise BadImageError(
-                            item.reason + " (--strict stops at the first bad image)",
+                            item.reason + " (strict=True stops at the first bad image)",
                             path=_entry_path(source_root, item.key), key=item.key)
                     skipped.append(item)
                     continue
@@ -222,8 +225,8 @@ def pack(
                         raise FastDataError(
                             f"raw storage needs one image size, but this image is "
                             f"{item.width}x{item.height} and earlier ones "
-                            f"{raw_shape[1]}x{raw_shape[0]}; pass --resize HxW or "
-                            f"--resize N --center-crop", key=item.key)
+                            f"{raw_shape[1]}x{raw_shape[0]}; pass resize=(h, w), or resize=N "
+                            f"with center_crop=True", key=item.key)
                 fingerprint.update(f"{item.key}\t{item.label}\t{item.source_bytes}\n".encode())
                 writer.write(Record(writer.count, item.key, item.label, item.payload,
                                     item.encoding, item.width, item.height))

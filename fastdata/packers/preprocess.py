@@ -44,25 +44,16 @@ class Preprocess:
             raise FastDataError(f"unknown encoding {self.encoding!r}; choose one of "
                                 f"{', '.join(ENCODINGS)}")
         if not 1 <= int(self.quality) <= 100:
-            raise FastDataError(f"--quality must be 1-100, not {self.quality}")
+            raise FastDataError(f"quality={self.quality} is out of range: give 1-100")
         if self.center_crop and self.resize is None:
-            raise FastDataError("--center-crop needs --resize (the size to crop to)")
+            raise FastDataError("center_crop=True needs resize= (the size to crop to)")
         if self.max_size is not None and self.max_size < 1:
-            raise FastDataError(f"--max-size must be positive, not {self.max_size}")
+            raise FastDataError(f"max_size={self.max_size} must be positive")
 
     @property
     def identity(self) -> bool:
         """Nothing to do: the original bytes are stored."""
         return self.encoding == "keep" and self.resize is None and self.max_size is None
-
-    @property
-    def fixed_shape(self) -> tuple[int, int] | None:
-        """The (h, w) every output has, when the options fix it."""
-        if isinstance(self.resize, tuple):
-            return self.resize
-        if isinstance(self.resize, int) and self.center_crop:
-            return self.resize, self.resize
-        return None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,20 +131,20 @@ def encode(pixels: np.ndarray, encoding: str, quality: int = 90) -> bytes:
 
 
 def parse_resize(text: str | int | None) -> int | tuple[int, int] | None:
-    """Parse ``--resize``: "256" (shorter side) or "224x224" (HxW)."""
+    """Parse a resize given as text: "256" (shorter side) or "224x224" (HxW)."""
     if text is None or text == "":
         return None
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×,]\s*(\d+)\s*)?", str(text))
     if not m:
-        raise FastDataError(f"cannot read --resize {text!r}: give SHORT (256) or HxW (224x224)")
+        raise FastDataError(f"resize={text!r} cannot be read: give SHORT (256) or HxW (224x224)")
     if m.group(2) is None:
         value = int(m.group(1))
         if value < 1:
-            raise FastDataError("--resize must be positive")
+            raise FastDataError(f"resize={text!r} must be positive")
         return value
     h, w = int(m.group(1)), int(m.group(2))
     if h < 1 or w < 1:
-        raise FastDataError("--resize must be positive")
+        raise FastDataError(f"resize={text!r} must be positive")
     return h, w

@@ -20,7 +20,6 @@ child opens its own.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -42,7 +41,6 @@ from fastdata.formats.hdf5.schema import (
     SCHEMA_VERSION,
 )
 from fastdata.formats.reader import Reader
-from fastdata.records import Manifest
 
 #: Handles inherited from a parent process: referenced so they are never
 #: closed here, and never used.
@@ -51,16 +49,6 @@ _INHERITED: list = []
 #: the number of ranges (~2 us per range at 256, ~500 us at 16k), so a huge
 #: batch is read in slices of this many ranges.
 RUNS_PER_READ = 256
-_OPEN_LOCK = threading.Lock()
-
-
-def _reset_lock_in_child() -> None:
-    global _OPEN_LOCK
-    _OPEN_LOCK = threading.Lock()  # another parent thread may have held it at fork
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 class HDF5Reader(Reader):
@@ -79,7 +67,6 @@ class HDF5Reader(Reader):
     """
 
     format_name = "hdf5"
-    random_access = True
 
     def __init__(self, path, *, verify: bool = True, rdcc_nbytes: int = 0,
                  merge_gap: int = 64 << 10, block_bytes: int = 16 << 20) -> None:
@@ -90,46 +77,41 @@ class HDF5Reader(Reader):
         self.rdcc_nbytes = rdcc_nbytes
         self.merge_gap = merge_gap
         self.block_bytes = block_bytes
-        self._file = None
-        self._payload = None
         self._offsets: np.ndarray | None = None
         super().__init__(path, verify=verify)
 
     # -- handles ----------------------------------------------------------------
-
-    def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_file", "_payload")
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_offsets"] = None  # per-record: reloaded in the receiving process
         return state
 
-    def _forget_handles(self) -> None:
-        if self._file is not None:
-            _INHERITED.append((self._file, self._payload))
-        self._file = None
-        self._payload = None
+    def _open_handle(self):
+        return self._open_file()
 
-    def _close_handles(self) -> None:
-        file, self._file, self._payload = self._file, None, None
-        if file is not None:
-            try:
-                file.close()
-            except OSError:
-                pass  # closing a read-only file loses nothing
+    def _abandon_handle(self, handle) -> None:
+        # Closing an inherited h5py file would release the file lock that the
+        # two processes share: keep it alive and unused.
+        _INHERITED.append(handle)
+
+    def _release_handle(self, handle) -> None:
+        try:
+            handle[0].close()
+        except OSError:
+            pass  # closing a read-only file loses nothing
 
     def _get_file(self):
         """The open h5py.File of this process, opened on first use."""
-        pid = os.getpid()
-        if self._file is not None and self._pid != pid:
-            self._forget_handles()
-        if self._file is None:
-            with _OPEN_LOCK:
-                if self._file is None:
-                    self._file, self._payload = self._open_file()
-                    self._pid = pid
-        return self._file
+        return self._process_handle()[0]
+
+    @property
+    def _file(self):
+        return None if self._handle is None else self._handle[0]
+
+    @property
+    def _payload(self):
+        return self._process_handle()[1]
 
     def _open_file(self):
         import h5py
@@ -194,10 +176,7 @@ class HDF5Reader(Reader):
         raw = f[MANIFEST][()]
         if not isinstance(raw, (bytes, str)):  # an array or a number: not ours
             raise ManifestError(f"dataset {MANIFEST!r} is not a scalar string", path=self.path)
-        manifest = Manifest.from_json(raw, path=self.path)
-        if manifest.format != "hdf5":
-            raise ManifestError(f"manifest says format {manifest.format!r}, not 'hdf5'",
-                                path=self.path)
+        manifest = self._accept_manifest(raw, self.path)
         _check_schema(f.attrs.get(SCHEMA_ATTR), self.path)
         n = manifest.count
         payload = self._payload
@@ -234,7 +213,7 @@ class HDF5Reader(Reader):
     def _load_keys(self) -> list[str]:
         f = self._get_file()
         if KEYS not in f:
-            return [f"#{i}" for i in range(len(self))]
+            return None
         try:
             dset = f[KEYS]
             if dset.shape != (len(self),):
@@ -329,7 +308,7 @@ class HDF5Reader(Reader):
         return CorruptDataError(
             f"record {index} cannot be read (payload bytes {int(run_start[bad])}.."
             f"{int(run_end[bad])}; h5py: {exc}): the file is damaged; re-pack it or read "
-            f"with on_error='skip'", path=self.path, key=self._key_or_none(index), offset=index)
+            f"with on_error='skip'", path=self.path, key=self.key_of(index), offset=index)
 
     def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
         offsets = self._offsets_array()

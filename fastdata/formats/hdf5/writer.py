@@ -59,7 +59,6 @@ class HDF5Writer(Writer):
         self._pending = bytearray()
         self._written = 0
         self._sizes: list[int] = []
-        self._keys: list[str] = []
         self._file = None
         self._payload = None
         self._layout = ""
@@ -91,7 +90,6 @@ class HDF5Writer(Writer):
     def _write(self, record: Record, crc: int) -> None:
         self._pending += record.payload
         self._sizes.append(len(record.payload))
-        self._keys.append(record.key)
         if len(self._pending) >= self._flush_at:
             self._flush(final=False)
 
@@ -133,7 +131,7 @@ class HDF5Writer(Writer):
                              track_times=False)
             f.create_dataset(CRC32, data=np.asarray(self.crcs, dtype=CRC32_DTYPE),
                              track_times=False)
-            f.create_dataset(KEYS, data=np.asarray(self._keys, dtype=object), shape=(n,),
+            f.create_dataset(KEYS, data=np.asarray(self.keys, dtype=object), shape=(n,),
                              dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
             # The manifest names the file size, known only once the manifest's own
             # space is allocated: write a placeholder of the final length, flush,

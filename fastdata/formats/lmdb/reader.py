@@ -27,7 +27,6 @@ from fastdata.formats.lmdb.schema import (
     sample_key,
 )
 from fastdata.formats.reader import Reader
-from fastdata.records import Manifest
 
 # (device, inode) of the data file -> [pid, env, users]; guarded by _LOCK
 # (thread-pool decoders share readers). lmdb itself recognises an environment
@@ -97,36 +96,21 @@ class LMDBReader(Reader):
     """
 
     format_name = "lmdb"
-    random_access = True
 
     def __init__(self, path, *, verify: bool = True, readahead: bool = False) -> None:
         self.readahead = readahead
-        self._env = None
         self._env_key = None
-        try:
-            super().__init__(path, verify=verify)
-        except BaseException:
-            self._close_handles()  # a failed open must not stay cached for the process
-            raise
+        super().__init__(path, verify=verify)
 
     def _get_env(self):
-        pid = os.getpid()
-        if self._env is None or self._pid != pid:
-            self._env = None
-            self._env, self._env_key = _acquire_env(self.path, self.readahead)
-            self._pid = pid
-        return self._env
+        return self._process_handle()
 
-    def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_env",)
+    def _open_handle(self):
+        env, self._env_key = _acquire_env(self.path, self.readahead)
+        return env
 
-    def _forget_handles(self) -> None:
-        self._env = None
-
-    def _close_handles(self) -> None:
-        if self._env is not None and self._pid == os.getpid():
-            _release_env(self._env_key)
-        self._env = None
+    def _release_handle(self, handle) -> None:
+        _release_env(self._env_key)
 
     def _load_metadata(self) -> None:
         import lmdb
@@ -147,10 +131,7 @@ class LMDBReader(Reader):
                 "LMDB environment has no fastdata manifest (key '__manifest__'): it was not "
                 "written by fastdata or its pack did not finish; re-run `fastdata pack`",
                 path=self.path)
-        manifest = Manifest.from_json(raw, path=self.path)
-        if manifest.format != "lmdb":
-            raise ManifestError(f"manifest says format {manifest.format!r}, not 'lmdb'",
-                                path=self.path)
+        manifest = self._accept_manifest(raw, self.path)
         if labels is None or len(labels) != manifest.count * 8:
             raise CorruptDataError("label array missing or of the wrong length", path=self.path,
                                    key=LABELS_KEY.decode())
@@ -173,9 +154,7 @@ class LMDBReader(Reader):
     def _load_keys(self) -> list[str]:
         with self._get_env().begin() as txn:
             raw = txn.get(KEYS_KEY)
-        if raw is None:
-            return [f"#{i}" for i in range(len(self))]
-        return json.loads(raw)
+        return None if raw is None else json.loads(raw)
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         import lmdb
@@ -189,7 +168,7 @@ class LMDBReader(Reader):
                     if value is None:
                         raise CorruptDataError(
                             f"record {i} is missing (key {sample_key(i).decode()})",
-                            path=self.path, key=self._key_or_none(i), offset=i)
+                            path=self.path, key=self.key_of(i), offset=i)
                     out.append(value)
         except lmdb.Error as exc:
             raise CorruptDataError(f"LMDB read failed ({exc})", path=self.path,

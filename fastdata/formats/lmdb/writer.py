@@ -42,7 +42,6 @@ class LMDBWriter(Writer):
         self._map_size = map_size
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
-        self._keys: list[str] = []
         self._env = None
         super().__init__(path, overwrite=overwrite)
 
@@ -55,7 +54,6 @@ class LMDBWriter(Writer):
     def _write(self, record: Record, crc: int) -> None:
         self._pending.append((sample_key(record.index), record.payload))
         self._pending_bytes += len(record.payload)
-        self._keys.append(record.key)
         if len(self._pending) >= self._commit_every or self._pending_bytes >= self._commit_bytes:
             self._flush()
 
@@ -86,7 +84,7 @@ class LMDBWriter(Writer):
         meta = [
             (LABELS_KEY, np.asarray(self.labels, dtype=LABEL_DTYPE).tobytes()),
             (CRC32_KEY, np.asarray(self.crcs, dtype=CRC32_DTYPE).tobytes()),
-            (KEYS_KEY, json.dumps(self._keys, ensure_ascii=False).encode("utf-8")),
+            (KEYS_KEY, json.dumps(self.keys, ensure_ascii=False).encode("utf-8")),
         ]
         self._put_all(meta)
         on_disk = (info["last_pgno"] + 1) * stat["psize"]

@@ -118,7 +118,7 @@ def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharde
 
 
 def parse_shard_size(text: str | int | None) -> tuple[int | None, int | None]:
-    """Parse ``--shard-size``: a record count ("10000") or a byte size ("256MB", "1GiB").
+    """Parse a shard size: a record count ("10000") or a byte size ("256MB", "1GiB").
 
     Returns:
         (max_records, max_bytes); at most one is set.

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.reader import Reader
 from fastdata.formats.registry import MANIFEST_SUFFIX
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
@@ -79,10 +79,7 @@ class ShardedReader(Reader):
 
     def _load_fastdata(self, layout: ShardLayout) -> None:
         with open(layout.manifest_path, "rb") as f:
-            manifest = Manifest.from_json(f.read(), path=layout.manifest_path)
-        if manifest.format != self.format_name:
-            raise ManifestError(f"manifest says format {manifest.format!r}, not "
-                                f"{self.format_name!r}", path=layout.manifest_path)
+            manifest = self._accept_manifest(f.read(), layout.manifest_path)
         index_path = os.path.join(layout.directory, manifest.extra.get("index", ""))
         try:
             index = np.load(index_path, allow_pickle=False)
@@ -183,7 +180,7 @@ class ShardedReader(Reader):
             with open(self._keys_path, encoding="utf-8") as f:
                 return json.load(f)
         except (OSError, ValueError):
-            return [f"#{i}" for i in range(len(self))]
+            return None
 
     # -- reading ----------------------------------------------------------------
 
@@ -213,7 +210,7 @@ class ShardedReader(Reader):
                 raise CorruptDataError(
                     f"record {i} is cut short: {len(raw)} of {size} bytes at offset {offset} "
                     f"(the shard is truncated)", path=self._shard_paths[shard],
-                    key=self._key_or_none(i), offset=offset)
+                    key=self.key_of(i), offset=offset)
             out.append(self._extract(raw, shard, offset))
         return out
 

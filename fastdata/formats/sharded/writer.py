@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 
 from fastdata.errors import OutputExistsError
-from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, parse_output, parse_shard_size
+from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
 
@@ -81,16 +81,15 @@ class ShardedWriter(Writer):
         self.layout = parse_output(path, self.extensions, sharded=sharded,
                                    total_in_name=self.total_in_name)
         if os.path.lexists(self.layout.manifest_path) and not overwrite:
-            raise OutputExistsError("a dataset with this name exists; pass --overwrite to "
+            raise OutputExistsError("a dataset with this name exists; pass overwrite=True to "
                                     "replace it", path=self.layout.manifest_path)
         single = self.layout.shard_name(0, 1)
         if (self.layout.pattern is None and not overwrite
                 and os.path.lexists(os.path.join(self.layout.directory, single))):
-            raise OutputExistsError("output already exists; pass --overwrite to replace it",
+            raise OutputExistsError("output already exists; pass overwrite=True to replace it",
                                     path=os.path.join(self.layout.directory, single))
         self._shards: list[dict] = []
         self._rows: list[tuple] = []
-        self._keys: list[str] = []
         self._shard_count = 0
         self._shard: ShardFile | None = None
         # The base class makes the temp folder next to "path"; use the prefix
@@ -145,7 +144,6 @@ class ShardedWriter(Writer):
             self._shard_first = record.index
         offset, length = self._append(record, crc)
         self._rows.append((len(self._shards), offset, length, record.label, crc))
-        self._keys.append(record.key)
         self._shard_count += 1
 
     def _finish_shard(self) -> None:
@@ -180,7 +178,7 @@ class ShardedWriter(Writer):
         index = np.array(self._rows, dtype=INDEX_DTYPE)
         np.save(os.path.join(self.temp_path, "index.npy"), index, allow_pickle=False)
         with open(os.path.join(self.temp_path, "keys.json"), "w", encoding="utf-8") as f:
-            json.dump(self._keys, f, ensure_ascii=False)
+            json.dump(self.keys, f, ensure_ascii=False)
         manifest = dataclasses.replace(
             manifest,
             bytes=dict(manifest.bytes, on_disk=on_disk),

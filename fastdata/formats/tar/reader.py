@@ -35,7 +35,6 @@ class TarReader(ShardedReader):
 
     format_name = "tar"
     extensions = EXTENSIONS
-    random_access = True
 
     def _scan_shard(self, path: str) -> list[tuple[int, int, int, str]]:
         try:
@@ -71,7 +70,7 @@ class TarReader(ShardedReader):
                     raise CorruptDataError(
                         f"record {i} is cut short: {filled} of {size} bytes at offset "
                         f"{offset} (the shard is truncated)", path=self._shard_paths[shard],
-                        key=self._key_or_none(i), offset=offset)
+                        key=self.key_of(i), offset=offset)
             yield i, bytes(buf[offset - start:end - start])
 
 
