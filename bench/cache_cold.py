@@ -20,6 +20,7 @@ import time
 import torch
 
 import fastdata
+from fastdata.demo import synthesize
 
 
 def drop_caches() -> bool:
@@ -57,7 +58,7 @@ def main() -> None:
         path = args.dataset
         if path is None:
             src = os.path.join(tmp, "photos")
-            fastdata.synthesize(src, kind="photos", progress=False)
+            synthesize(src, kind="photos", progress=False)
             path = os.path.join(tmp, "photos.lmdb")
             fastdata.pack(src, path, progress=False)
         size = (args.size, args.size)

@@ -3,7 +3,7 @@
 First the CUDA prefetcher: ``fastdata.loader(..., device="cuda")`` over an
 LMDB of the same photos, checking that batches arrive on the GPU, float16,
 channels-last, normalised like the CPU path, every sample once. Then DALI:
-synthesises 256 ImageNet-like JPEGs (``fastdata.synthesize(kind="photos")``),
+synthesises 256 ImageNet-like JPEGs (``fastdata.demo.synthesize(kind="photos")``),
 packs them to TFRecord (read by DALI's own reader) and LMDB (read through
 fastdata's reader in an external source), and runs ``fastdata.dali.DALILoader``
 with ``device="gpu"`` (nvJPEG decoding, resize and normalisation on the GPU).
@@ -100,13 +100,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import fastdata
     from fastdata.dali import _cuda_devices
+    from fastdata.demo import synthesize
 
     results = {"gpu": torch.cuda.get_device_name(0), "dali_gpus": _cuda_devices(),
                "dali": nvidia.dali.__version__, "runs": []}
     with tempfile.TemporaryDirectory(prefix="fastdata-gpu-check-") as tmp:
         os.environ.setdefault("FASTDATA_CACHE_DIR", os.path.join(tmp, "cache"))
         src = os.path.join(tmp, "photos")
-        fastdata.synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
+        synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
         paths = []
         for name in ("photos.tfrecord", "photos.lmdb"):
             out = os.path.join(tmp, name)
@@ -138,6 +139,7 @@ def _check_prefetcher(args) -> bool:
     import torch
 
     import fastdata
+    from fastdata.demo import synthesize
 
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -147,7 +149,7 @@ def _check_prefetcher(args) -> bool:
 
     with tempfile.TemporaryDirectory(prefix="fastdata-prefetch-check-") as tmp:
         src = os.path.join(tmp, "photos")
-        fastdata.synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
+        synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
         out = os.path.join(tmp, "photos.lmdb")
         fastdata.pack(src, out, progress=False)
         ds = fastdata.open_dataset(out, size=(args.size, args.size))

@@ -1,6 +1,6 @@
 """HDF5 read throughput: fastdata's flat payload + offsets vs one vlen array per sample.
 
-Packs ~2000 tiny 32x32 PNGs (``fastdata.synthesize(kind="tiny")``) into an
+Packs ~2000 tiny 32x32 PNGs (``fastdata.demo.synthesize(kind="tiny")``) into an
 ``.h5`` file and prints records/s for
 
 * ``read_many``: batches of 256 random indices, one HDF5 read per batch;
@@ -60,6 +60,7 @@ def run(n: int, batch: int, big_mb: int, seed: int = 0) -> dict:
     import h5py
 
     import fastdata
+    from fastdata.demo import synthesize
     from fastdata.formats.hdf5.reader import HDF5Reader
     from fastdata.formats.hdf5.writer import HDF5Writer
     from fastdata.records import Record
@@ -68,7 +69,7 @@ def run(n: int, batch: int, big_mb: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="fastdata-h5bench-") as tmp:
         src = os.path.join(tmp, "tiny")
-        fastdata.synthesize(src, kind="tiny", n=n, progress=False)
+        synthesize(src, kind="tiny", n=n, progress=False)
         out = os.path.join(tmp, "tiny.h5")
         t = time.perf_counter()
         summary = fastdata.pack(src, out, progress=False)

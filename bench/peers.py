@@ -43,8 +43,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import fastdata  # noqa: E402
 from fastdata import benchmark as bm  # noqa: E402
+from fastdata.demo import synthesize  # noqa: E402
 
 # A loader for one worker count: (factory of one epoch's iterable, cleanup).
 Opener = Callable[[int], tuple[Callable[[], Iterable], Callable[[], None]]]
@@ -367,7 +367,7 @@ def run_kind(kind: str, n: int, args, log: Callable[[str], None]) -> bm.BenchRep
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"fastdata-peers-{kind}-") as tmp:
         src = os.path.join(tmp, kind)
-        s = fastdata.synthesize(src, kind=kind, n=n, seed=args.seed, progress=False)
+        s = synthesize(src, kind=kind, n=n, seed=args.seed, progress=False)
         log(f"[{kind}] {s.images} images, {s.bytes / 1e6:.1f} MB, output {size}x{size}")
         variants = ["resize256"] if kind == "photos" else ["raw"]
         rows = fastdata_rows(src, os.path.join(tmp, "fastdata"), size, args.batch_size,

@@ -38,7 +38,9 @@ from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fastdata import synth  # noqa: E402
+from fastdata.demo import synthesize  # noqa: E402
+from fastdata.demo.palette import class_palette, image_rng  # noqa: E402
+from fastdata.demo.photos import photo_image  # noqa: E402
 
 # ImageNet ILSVRC-2012 train, reference figures (not measured by this script).
 IMAGENET_MEAN_FILE_KB = 110.0  # mean JPEG size, about 110 KB
@@ -126,15 +128,14 @@ def _real_photos() -> list[np.ndarray] | None:
 
 def _synthetic_pixels(count: int, seed: int = 0, classes: int = 8) -> list[np.ndarray]:
     """The pixels of the first ``count`` images of a synthesize(seed=seed) run."""
-    palettes = [synth._class_palette(seed, "photos", c) for c in range(classes)]
+    palettes = [class_palette(seed, "photos", c) for c in range(classes)]
     # Same class assignment as synthesize(): consecutive blocks per class.
     n = max(count, classes)
     counts = [n // classes + (1 if c < n % classes else 0) for c in range(classes)]
     labels = [c for c, k in enumerate(counts) for _ in range(k)]
     out = []
     for i in range(count):
-        rng = np.random.default_rng(np.random.SeedSequence([seed, synth._KIND_TAG["photos"], i]))
-        pixels, _ = synth._photo_image(rng, palettes[labels[i]])
+        pixels, _ = photo_image(image_rng(seed, "photos", i), palettes[labels[i]])
         out.append(pixels)
     return out
 
@@ -157,8 +158,8 @@ def main() -> None:
 
     # 1. The synthetic dataset, exactly as `fastdata synth` writes it.
     with tempfile.TemporaryDirectory() as tmp:
-        summary = synth.synthesize(os.path.join(tmp, "photos"), kind="photos", n=args.n,
-                                   seed=0, progress=False)
+        summary = synthesize(os.path.join(tmp, "photos"), kind="photos", n=args.n,
+                             seed=0, progress=False)
         blobs, sizes = [], []
         for folder, _, names in sorted(os.walk(summary.root)):
             for name in sorted(names):

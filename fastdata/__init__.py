@@ -40,7 +40,6 @@ _LAZY = {
     "TFRecordDataset": "fastdata.loaders.datasets:TFRecordDataset",
     "TarDataset": "fastdata.loaders.datasets:TarDataset",
     "ShardedIterableDataset": "fastdata.loaders.iterable:ShardedIterableDataset",
-    "synthesize": "fastdata.synth:synthesize",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
     "DALILoader": "fastdata.dali:DALILoader",

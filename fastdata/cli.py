@@ -246,10 +246,14 @@ def verify(path, decode, as_json, progress):
 @_handle_errors
 def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
     """Write a demo image folder (one sub-folder per class) into DIRECTORY."""
-    from fastdata.synth import synthesize
+    from fastdata.demo import synthesize
 
-    summary = synthesize(directory, kind=kind, n=n, classes=classes, seed=seed,
-                         progress=progress, overwrite=overwrite)
+    try:
+        summary = synthesize(directory, kind=kind, n=n, classes=classes, seed=seed,
+                             progress=progress, overwrite=overwrite)
+    except ValueError as exc:  # an out-of-range option: one line, like every other error
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
     if as_json:
         _print_json(summary.to_dict())
         return
@@ -353,11 +357,15 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
         work = os.path.abspath(out_dir) if out_dir else tmp
         targets = None
         if demo:
-            from fastdata.synth import synthesize
+            from fastdata.demo import synthesize
 
             n = limit or (10000 if demo == "tiny" else 512)
             src = os.path.join(work, f"demo-{demo}")
-            summary = synthesize(src, kind=demo, n=n, progress=progress, overwrite=True)
+            try:
+                summary = synthesize(src, kind=demo, n=n, progress=progress, overwrite=True)
+            except ValueError as exc:  # e.g. --limit below the demo's class count
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
             log(f"generated {summary.images} {demo} images in {summary.classes} classes "
                 f"({summary.bytes / 1e6:.1f} MB) in {summary.seconds:.1f} s")
             paths = (src,)

@@ -16,6 +16,7 @@ from PIL import Image
 import fastdata
 from fastdata import benchmark as bm
 from fastdata.cli import main
+from fastdata.demo import synthesize
 from fastdata.formats import FORMATS
 
 ROW_FIELDS = {"name", "format", "variant", "label", "path", "workers", "status", "error", "cache",
@@ -31,7 +32,7 @@ FIGURES = ("samples_per_s", "mb_per_s", "cpu", "p50_ms", "p99_ms")
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench") / "tiny"
-    fastdata.synthesize(root, kind="tiny", n=48, classes=4, progress=False)
+    synthesize(root, kind="tiny", n=48, classes=4, progress=False)
     return root
 
 

@@ -1,4 +1,4 @@
-"""Tests for fastdata.synth, the demo-data generator."""
+"""Tests for fastdata.demo, the demo-data generator."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from PIL import Image, JpegImagePlugin
 
-from fastdata.errors import SourceError
-from fastdata.synth import SynthSummary, _photo_encoding, _photo_size, synthesize
+from fastdata.cli import main
+from fastdata.demo import SynthSummary, synthesize
+from fastdata.demo.photos import photo_encoding, photo_size
+from fastdata.errors import FastDataError, SourceError
 
 
 def _files(root: Path) -> list[Path]:
@@ -88,11 +91,11 @@ def test_photos_are_imagenet_like_jpegs(photos):
 
 def test_photo_size_and_encoding_mix():
     rng = np.random.default_rng(0)
-    sizes = np.array([_photo_size(rng) for _ in range(4000)])
+    sizes = np.array([photo_size(rng) for _ in range(4000)])
     assert sizes.min() >= 300 and sizes.max() <= 640
     mean_w, mean_h = sizes.mean(axis=0)
     assert 440 <= mean_w <= 500 and 350 <= mean_h <= 400
-    enc = [_photo_encoding(rng) for _ in range(4000)]
+    enc = [photo_encoding(rng) for _ in range(4000)]
     quality = np.array([q for q, _ in enc])
     subsampling = [s for _, s in enc]
     assert quality.min() >= 75 and quality.max() <= 95
@@ -171,18 +174,35 @@ def test_root_is_a_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        ({"kind": "video"}, "unknown synthetic kind"),
-        ({"n": 0}, "n must be at least 1"),
-        ({"n": -5}, "n must be at least 1"),
-        ({"n": 3, "classes": 0}, "classes must be at least 1"),
-        ({"n": 3, "classes": 4}, "must not exceed"),
-        ({"n": 2.5}, "must be an integer"),
+        ({"kind": "video"}, ValueError, "unknown synthetic kind"),
+        ({"n": 0}, ValueError, "n must be at least 1, got 0"),
+        ({"n": -5}, ValueError, "n must be at least 1"),
+        ({"n": 3, "classes": 0}, ValueError, "classes must be at least 1"),
+        ({"n": 3, "classes": 4}, ValueError, "must not exceed"),
+        ({"seed": -1}, ValueError, "seed must be non-negative"),
+        ({"n": 2.5}, TypeError, "n must be an integer"),
+        ({"n": True}, TypeError, "n must be an integer"),
     ],
 )
-def test_bad_arguments(tmp_path, kwargs, message):
+def test_bad_arguments(tmp_path, kwargs, error, message):
+    # A bad argument is the caller's mistake, not a bad source: a plain
+    # ValueError/TypeError, never a FastDataError, and nothing is written.
     root = tmp_path / "bad"
-    with pytest.raises(SourceError, match=message):
+    with pytest.raises(error, match=message) as info:
         synthesize(root, progress=False, **kwargs)
+    assert not isinstance(info.value, FastDataError)
+    assert not root.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["-n", "0"], ["--kind", "tiny", "-n", "3", "--classes", "5"]])
+def test_cli_bad_count_is_a_one_line_error(tmp_path, args):
+    root = tmp_path / "out"
+    result = CliRunner().invoke(main, ["synth", str(root), "--no-progress", *args])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
     assert not root.exists()
