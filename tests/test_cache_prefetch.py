@@ -182,3 +182,37 @@ def test_decoded_cache_needs_one_size(packed):
         fastdata.open_dataset(packed, cache="decoded")
     with pytest.raises(FastDataError, match="keep_gray"):
         fastdata.open_dataset(packed, size=(8, 8), keep_gray=True, cache="decoded")
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "h5", "tar"])
+def test_ram_cache_with_skip_leaves_out_a_corrupt_record(image_tree, tmp_path, fmt):
+    from fastdata.errors import CorruptDataError
+
+    out = tmp_path / f"d.{fmt}"
+    fastdata.pack(image_tree.root, out, options=PackOptions(workers=1), progress=False)
+    path = fastdata.open_dataset(out).path
+    bad = 3
+    with fastdata.open_reader(path) as reader:
+        payload = reader.read(bad)
+    # Flip one byte inside record 3's stored bytes, wherever the format keeps them.
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".mdb", ".h5", ".tar")]
+    for f in files:
+        data = bytearray(f.read_bytes())
+        at = data.find(payload)
+        if at >= 0:
+            data[at + len(payload) // 2] ^= 0xFF
+            f.write_bytes(bytes(data))
+            break
+    else:
+        raise AssertionError("record bytes not found")
+    with pytest.raises(CorruptDataError):
+        fastdata.open_dataset(path, cache="ram", output="bytes", progress=False)
+    with pytest.warns(RuntimeWarning, match="skipping corrupt record 3"):
+        ds = fastdata.open_dataset(path, cache="ram", output="bytes", on_error="skip",
+                                   progress=False)
+        got = [ds[i] for i in range(len(ds))]
+        batch = ds.__getitems__(list(range(len(ds))))
+    want = [(s.data, s.label) for i, s in enumerate(image_tree.samples) if i != bad]
+    assert [(bytes(img), label) for img, label in batch] == want
+    assert (bytes(got[bad][0]), got[bad][1]) == want[bad]  # ds[3] moves to the next record
+    assert ds.skipped >= 2

@@ -569,3 +569,12 @@ def test_urls_are_refused_not_written_as_folders(image_tree, tmp_path, url, monk
         fastdata.open_dataset(url)
     assert_clean_error(invoke("info", url), "URLs are not supported")
     assert os.listdir(cwd) == []
+
+
+def test_verify_decode_accepts_healthy_raw_records(image_tree, tmp_path):
+    out = tmp_path / "raw.lmdb"
+    assert invoke("pack", image_tree.root, out, "--resize", "8x8", "--encoding", "raw"
+                  ).exit_code == 0
+    result = invoke("verify", out, "--decode")
+    assert result.exit_code == 0, result.output
+    assert f"{len(image_tree.samples)} records checked, 0 damaged (decoded)" in result.output

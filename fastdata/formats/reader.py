@@ -192,10 +192,16 @@ class Reader:
 
     def __iter__(self) -> Iterator[tuple[int, bytes, int]]:
         """Sequential ``(index, payload, label)`` over every record."""
+        return self.records(check=self.verify)
+
+    def records(self, *, check: bool) -> Iterator[tuple[int, bytes, int]]:
+        """Sequential ``(index, payload, label)``; ``check=False`` leaves the CRC32
+        check to the caller (who may want to go on past a damaged record). The
+        container's own framing is always checked."""
         self._check_process()
         labels = self.labels
         for i, data in self._iter_payloads():
-            if self.verify:
+            if check:
                 self.check(i, data)
             yield i, data, int(labels[i])
 

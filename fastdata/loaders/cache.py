@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fastdata.errors import FastDataError
+from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.machine import human_bytes, meminfo
 from fastdata.progress import progress_bar
 
@@ -102,11 +102,15 @@ class SharedPayloadCache(_SharedBlock):
     Args:
         reader: any fastdata Reader; every record is read (and checksummed) once.
         progress: show a progress bar while filling (None: only on a terminal).
+        skip_damaged: a record that cannot be read or fails its checksum is left
+            out of the cache (reading it later raises CorruptDataError, which a
+            Dataset with ``on_error="skip"`` skips) instead of stopping the fill.
     """
 
     kind = "ram"
 
-    def __init__(self, reader, *, progress: bool | None = None) -> None:
+    def __init__(self, reader, *, progress: bool | None = None,
+                 skip_damaged: bool = False) -> None:
         n = len(reader)
         payload = int(reader.manifest.bytes.get("payload", 0))
         self.nbytes = payload
@@ -114,24 +118,64 @@ class SharedPayloadCache(_SharedBlock):
         self.path = reader.path
         check_fits(payload + 8 * (n + 1), path=reader.path)
         self._create(payload + 8 * (n + 1))
+        self.damaged: dict[int, str] = {}
         bar = progress_bar(n, "cache", enabled=progress)
-        pos = 0
         try:
-            for index, data, _label in reader:  # sequential: the fastest way through a file
-                size = len(data)
-                if pos + size > payload:
-                    raise FastDataError("payloads are larger than the manifest says; re-pack",
-                                        path=reader.path)
-                self._data[pos: pos + size] = np.frombuffer(data, dtype=np.uint8)
-                self._offsets[index] = pos
-                pos += size
-                bar.update(1)
+            self._fill(reader, bar, skip_damaged)
         except BaseException:
             self._finalizer()
             raise
         finally:
             bar.close()
+
+    def _fill(self, reader, bar, skip_damaged: bool) -> None:
+        n, payload = self.count, self.nbytes
+        pos = 0
+        done = np.zeros(n, dtype=bool)
+
+        def put(index: int, data) -> None:
+            nonlocal pos
+            size = len(data)
+            if pos + size > payload:
+                raise FastDataError("payloads are larger than the manifest says; re-pack",
+                                    path=reader.path)
+            self._data[pos: pos + size] = np.frombuffer(data, dtype=np.uint8)
+            self._offsets[index] = pos
+            pos += size
+
+        def damaged(index: int, exc: CorruptDataError) -> None:
+            self.damaged[index] = exc.message
+            self._offsets[index] = pos  # an empty slot: never returned
+
+        try:
+            # Sequential first: the fastest way through a file.
+            for index, data, _label in reader.records(check=False):
+                done[index] = True
+                bar.update(1)
+                try:
+                    if reader.verify:
+                        reader.check(index, data)
+                except CorruptDataError as exc:
+                    if not skip_damaged:
+                        raise
+                    damaged(index, exc)
+                    continue
+                put(index, data)
+        except CorruptDataError:
+            if not skip_damaged:
+                raise
+            # The container is damaged past some point: fetch what is left one
+            # record at a time, so every readable record still gets in.
+            for index in np.flatnonzero(~done).tolist():
+                bar.update(1)
+                try:
+                    put(index, reader.read(index))
+                except CorruptDataError as exc:
+                    damaged(index, exc)
         self._offsets[n] = pos
+        if self.damaged:
+            # Offsets must not decrease for the slots after an empty one.
+            np.maximum.accumulate(self._offsets, out=self._offsets)
 
     def _views(self, shm) -> None:
         n = self.count
@@ -140,12 +184,22 @@ class SharedPayloadCache(_SharedBlock):
                                 offset=8 * (n + 1))
 
     def _state(self) -> dict:
-        return {"nbytes": self.nbytes, "count": self.count, "path": self.path}
+        return {"nbytes": self.nbytes, "count": self.count, "path": self.path,
+                "damaged": self.damaged}
 
     def read_many(self, indices: Sequence[int]) -> list[bytes]:
-        """Payloads of the given (already range-checked) records."""
+        """Payloads of the given (already range-checked) records.
+
+        Raises:
+            CorruptDataError: a record was damaged when the cache was filled.
+        """
         off = self._offsets
         data = self._data
+        if self.damaged:
+            for i in indices:
+                if i in self.damaged:
+                    raise CorruptDataError(f"record {i} was left out of the RAM cache: "
+                                           f"{self.damaged[i]}", path=self.path, offset=i)
         return [data[off[i]: off[i + 1]].tobytes() for i in indices]
 
     def __len__(self) -> int:

@@ -8,7 +8,6 @@ batch in one call (one transaction, one pass over the file).
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,43 +15,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastdata.errors import CorruptDataError, DecodeError, FastDataError
+from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import FORMATS, detect_format
-from fastdata.loaders.decode import DecoderChain, decode_pil
 from fastdata.formats.reader import Reader
+from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
 from fastdata.machine import usable_cores
-
-OUTPUTS = ("tensor", "numpy", "pil", "bytes")
-ON_ERROR = ("raise", "skip")
-
-
-_DEFAULT_CHAIN = DecoderChain()
-
-
-def convert_payload(data: bytes | memoryview, output: str, decode: DecoderChain | None = None):
-    """Turn a stored payload into the image type ``output`` names."""
-    if output == "bytes":
-        return bytes(data)
-    decode = decode or _DEFAULT_CHAIN
-    if output == "pil" and decode.size is None and decode.decoder in ("auto", "pil") \
-            and not decode.keep_gray:
-        return decode_pil(data)
-    return array_to_output(decode(data), output)
-
-
-def array_to_output(array, output: str):
-    """Decoded HWC uint8 pixels as the image type ``output`` names ("bytes":
-    the pixels' bytes)."""
-    if output == "numpy":
-        return array
-    if output == "tensor":
-        return torch.from_numpy(array).permute(2, 0, 1)
-    if output == "bytes":
-        return array.tobytes()
-    from PIL import Image
-
-    return Image.fromarray(array.squeeze(-1) if array.shape[2] == 1 else array)
-
 
 def decode_threads_for_worker(requested: int | None) -> int:
     """Threads for batch decoding: the usable cores shared among DataLoader workers."""
@@ -65,40 +32,12 @@ def decode_threads_for_worker(requested: int | None) -> int:
     return max(1, usable_cores() // max(1, workers))
 
 
-def check_options(output: str, on_error: str) -> None:
-    if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-
-
-class DatasetInfo:
-    """torchvision-style metadata of a Dataset that holds a fastdata ``reader``."""
-
-    reader: Reader
-
-    @property
-    def path(self) -> str:
-        return self.reader.path
-
-    @property
-    def manifest(self):
-        return self.reader.manifest
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.reader.manifest.classes)
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self.reader.manifest.class_to_idx
-
-
-class PackedDataset(DatasetInfo, Dataset):
+class PackedDataset(SamplePipeline, Dataset):
     """Map-style Dataset over a random-access packed container.
 
-    Subclasses set ``reader_class``; use :func:`open_dataset` to pick one from
-    the file.
+    Reads any registered format (its reader comes from the registry); the
+    named subclasses (``LMDBDataset``, ...) pin one format through
+    ``reader_class``. :func:`open_dataset` picks the class from the file.
 
     Args:
         path: the packed dataset.
@@ -128,7 +67,8 @@ class PackedDataset(DatasetInfo, Dataset):
         **reader_options: format options passed to the reader.
     """
 
-    reader_class: type[Reader] = Reader
+    #: The reader class; None: the one the dataset's format registers.
+    reader_class: type[Reader] | None = None
 
     def __init__(
         self,
@@ -147,12 +87,13 @@ class PackedDataset(DatasetInfo, Dataset):
         progress: bool | None = None,
         **reader_options: Any,
     ) -> None:
-        check_options(output, on_error)
         if cache not in (None, "ram", "decoded"):
             raise ValueError(f"cache must be None, 'ram' or 'decoded', not {cache!r}")
-        self.reader = self.reader_class(path, verify=verify, **reader_options)
-        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
-                                   raw_shape=self.reader.manifest.raw_shape)
+        reader_class = self.reader_class or detect_format(path).load_reader()
+        self._init_samples(reader_class(path, verify=verify, **reader_options),
+                           transform=transform, target_transform=target_transform,
+                           output=output, on_error=on_error, decoder=decoder, size=size,
+                           keep_gray=keep_gray)
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None
@@ -160,17 +101,13 @@ class PackedDataset(DatasetInfo, Dataset):
         if cache == "ram":
             from fastdata.loaders.cache import SharedPayloadCache
 
-            self.cache = SharedPayloadCache(self.reader, progress=progress)
+            self.cache = SharedPayloadCache(self.reader, progress=progress,
+                                            skip_damaged=on_error == "skip")
         elif cache == "decoded":
             from fastdata.loaders.cache import SharedPixelCache
 
             self.cache = SharedPixelCache(self.reader, self.decode, progress=progress,
                                           threads=decode_threads_for_worker(decode_threads))
-        self.transform = transform
-        self.target_transform = target_transform
-        self.output = output
-        self.on_error = on_error
-        self.skipped = 0
 
     # -- torchvision-style metadata --------------------------------------------
 
@@ -232,11 +169,9 @@ class PackedDataset(DatasetInfo, Dataset):
             return self._samples(rows, images)
         try:
             payloads = self._read(indices)
-        except CorruptDataError:
-            if self.on_error == "raise":
-                raise
-            if len(indices) == 1:
-                self._skip(indices[0], "corrupt")
+        except CorruptDataError as exc:
+            if len(indices) == 1 or self.on_error == "raise":
+                self._corrupt(exc, indices[0])
                 return []
             # Find the bad records one by one and keep the good ones.
             return [s for i in indices for s in self._load([i])]
@@ -253,12 +188,12 @@ class PackedDataset(DatasetInfo, Dataset):
         if self.output in ("bytes", "pil"):
             return self._samples(indices, self._convert_all(payloads, self._convert))
         arrays = self._convert_all(payloads, self.decode)
-        if stack and not any(isinstance(a, _Failed) for a in arrays) \
+        if stack and not any(isinstance(a, Failed) for a in arrays) \
                 and len({a.shape for a in arrays}) == 1:
             images = _batch_tensor((len(arrays), *arrays[0].shape))
             np.stack(arrays, out=images.numpy())
             return self._batch(images, indices)
-        return self._samples(indices, [a if isinstance(a, _Failed)
+        return self._samples(indices, [a if isinstance(a, Failed)
                                        else array_to_output(a, self.output) for a in arrays])
 
     def _batch(self, images: torch.Tensor, indices: Sequence[int]):
@@ -272,24 +207,8 @@ class PackedDataset(DatasetInfo, Dataset):
         """(image, label) pairs with the transforms applied; a decode failure
         raises a DecodeError naming the record, or is skipped and counted."""
         labels = self.reader.labels
-        out = []
-        for i, image in zip(indices, images):
-            if isinstance(image, _Failed):
-                if self.on_error == "raise":
-                    exc = image.error
-                    raise DecodeError(
-                        f"record {i} cannot be decoded ({type(exc).__name__}: {exc}); "
-                        f"pass on_error='skip' to leave such records out",
-                        path=self.path, key=self.reader.key_of(i), offset=i) from exc
-                self._skip(i, "undecodable")
-                continue
-            label = int(labels[i])
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                label = self.target_transform(label)
-            out.append((image, label))
-        return out
+        samples = (self._sample(i, image, int(labels[i])) for i, image in zip(indices, images))
+        return [s for s in samples if s is not None]
 
     def _raw_as_stored(self) -> bool:
         """Raw RGB records that need no resize: no ``size``, or the size they have."""
@@ -307,17 +226,14 @@ class PackedDataset(DatasetInfo, Dataset):
         n = len(self)
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
-    def _convert(self, data):
-        return convert_payload(data, self.output, self.decode)
-
     def _convert_all(self, payloads: list, fn: Callable) -> list:
         """``fn`` over the payloads (in the decode thread pool unless they are
-        raw pixels), a failure kept as ``_Failed`` for its record."""
+        raw pixels), a failure kept as ``Failed`` for its record."""
         def one(data):
             try:
                 return fn(data)
             except Exception as exc:  # raised later with the record's name
-                return _Failed(exc)
+                return Failed(exc)
 
         if self.decode.raw_shape is not None or self.output == "bytes":
             return [one(d) for d in payloads]  # nothing to decode: no thread hand-offs
@@ -375,12 +291,6 @@ class PackedDataset(DatasetInfo, Dataset):
         self.close()
         return False
 
-    def _skip(self, index: int, why: str) -> None:
-        self.skipped += 1
-        warnings.warn(f"{self.path}: skipping {why} record {index} "
-                      f"(key {self.reader.key_of(index)!r}); {self.skipped} skipped so far",
-                      RuntimeWarning, stacklevel=3)
-
 
 def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     """An empty uint8 batch tensor; in a DataLoader worker it is allocated in
@@ -399,15 +309,6 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
 
 def _apply_all(fn, items: list) -> list:
     return [fn(x) for x in items]
-
-
-class _Failed:
-    """A decode failure carried through the thread pool."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
 
 
 class _LazyReaderClass:

@@ -14,14 +14,9 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.errors import CorruptDataError, DecodeError, FastDataError
+from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format
-from fastdata.loaders.datasets import (
-    DatasetInfo,
-    check_options,
-    convert_payload,
-)
-from fastdata.loaders.decode import DecoderChain
+from fastdata.loaders.samples import SamplePipeline
 from fastdata.machine import rank_and_world
 
 
@@ -33,7 +28,7 @@ def _seed(*parts: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-class ShardedIterableDataset(DatasetInfo, IterableDataset):
+class ShardedIterableDataset(SamplePipeline, IterableDataset):
     """Streams ``(image, label)`` from tar or TFRecord shards.
 
     **Splitting.** With R ranks (torch.distributed, or ``rank``/``world_size``)
@@ -104,27 +99,19 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
         keep_gray: bool = False,
         **reader_options: Any,
     ) -> None:
-        check_options(output, on_error)
         spec = detect_format(path)
-        reader_cls = spec.load_reader()
-        from fastdata.formats.sharded.reader import ShardedReader
-
-        if not issubclass(reader_cls, ShardedReader):
+        if not spec.sharded:
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "
                                 f"a map-style Dataset", path=os.fspath(path) if not
                                 isinstance(path, (list, tuple)) else None)
-        self.reader = reader_cls(path, verify=verify, **reader_options)
-        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
-                                   raw_shape=self.reader.manifest.raw_shape)
-        self.transform = transform
-        self.target_transform = target_transform
-        self.output = output
+        self._init_samples(spec.load_reader()(path, verify=verify, **reader_options),
+                           transform=transform, target_transform=target_transform,
+                           output=output, on_error=on_error, decoder=decoder, size=size,
+                           keep_gray=keep_gray)
         self.shuffle = shuffle
         self.shuffle_buffer = max(1, int(shuffle_buffer))
         self.seed = seed
-        self.on_error = on_error
         self.epoch = 0
-        self.skipped = 0
         self._rank = rank
         self._world = world_size
 
@@ -173,23 +160,9 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
             records = _buffer_shuffle(records, self.shuffle_buffer, rng)
         labels = self.reader.labels
         for index, data in records:
-            try:
-                image = convert_payload(data, self.output, self.decode)
-            except Exception as exc:  # decoders raise many types
-                if self.on_error == "raise":
-                    raise DecodeError(
-                        f"record {index} cannot be decoded ({type(exc).__name__}: {exc}); "
-                        f"pass on_error='skip' to leave such records out",
-                        path=self.reader.path, key=self.reader.key_of(index),
-                        offset=index) from exc
-                self.skipped += 1
-                continue
-            label = int(labels[index])
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                label = self.target_transform(label)
-            yield image, label
+            sample = self._sample(index, self._try_convert(data), int(labels[index]))
+            if sample is not None:
+                yield sample
 
     def _records(self, shards: list[int], stride: int | None, g: int
                  ) -> Iterator[tuple[int, bytes]]:
@@ -202,20 +175,16 @@ class ShardedIterableDataset(DatasetInfo, IterableDataset):
                     index, data = next(stream)
                 except StopIteration:
                     break
-                except CorruptDataError:
-                    if self.on_error == "raise":
-                        raise
-                    self.skipped += 1
+                except CorruptDataError as exc:
+                    self._corrupt(exc, None)
                     break  # a damaged shard cannot be resynchronised: move to the next
                 if stride is not None and index % stride != g:
                     continue
                 if reader.verify:
                     try:
                         reader.check(index, data)
-                    except CorruptDataError:
-                        if self.on_error == "raise":
-                            raise
-                        self.skipped += 1
+                    except CorruptDataError as exc:
+                        self._corrupt(exc, index)
                         continue
                 yield index, data
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from fastdata.errors import CorruptDataError
-from fastdata.loaders.decode import decode_rgb
+from fastdata.loaders.decode import DecoderChain
 from fastdata.formats import open_reader
 from fastdata.progress import progress_bar
 
@@ -43,6 +43,8 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
         The result; damaged records are listed, not raised.
     """
     reader = open_reader(path, verify=False)
+    # Raw records are pixels of the manifest's shape, not an encoded image.
+    decode_one = DecoderChain(raw_shape=reader.manifest.raw_shape) if decode else None
     problems: list[dict] = []
     checked = 0
     bar = progress_bar(len(reader), "verify", enabled=progress)
@@ -53,8 +55,8 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
                 checked += 1
                 try:
                     reader.check(index, data)
-                    if decode:
-                        decode_rgb(data)
+                    if decode_one is not None:
+                        decode_one(data)
                 except CorruptDataError as exc:
                     problems.append(_problem(reader, index, exc.message))
                 except Exception as exc:  # any decoder failure is a finding, not a crash

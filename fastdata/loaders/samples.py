@@ -1,0 +1,151 @@
+"""The sample pipeline every Dataset shares: stored payload -> (image, label).
+
+Map-style and streaming Datasets differ in how they fetch records; from the
+payload on they are the same: decode (``decoder``, ``size``, ``keep_gray``),
+convert to the ``output`` type, apply the transforms, and deal with a record
+that cannot be read or decoded (raise an error naming it, or skip and count it
+under ``on_error="skip"``). :class:`SamplePipeline` is that part, together with
+the torchvision-style metadata (``classes``, ``class_to_idx``, ...).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from fastdata.errors import CorruptDataError, DecodeError
+from fastdata.formats.reader import Reader
+from fastdata.loaders.decode import DecoderChain, decode_pil
+
+OUTPUTS = ("tensor", "numpy", "pil", "bytes")
+ON_ERROR = ("raise", "skip")
+
+_DEFAULT_CHAIN = DecoderChain()
+
+
+def convert_payload(data: bytes | memoryview, output: str, decode: DecoderChain | None = None):
+    """Turn a stored payload into the image type ``output`` names."""
+    if output == "bytes":
+        return bytes(data)
+    decode = decode or _DEFAULT_CHAIN
+    if output == "pil" and decode.size is None and decode.decoder in ("auto", "pil") \
+            and not decode.keep_gray:
+        return decode_pil(data)
+    return array_to_output(decode(data), output)
+
+
+def array_to_output(array, output: str):
+    """Decoded HWC uint8 pixels as the image type ``output`` names ("bytes":
+    the pixels' bytes)."""
+    if output == "numpy":
+        return array
+    if output == "tensor":
+        return torch.from_numpy(array).permute(2, 0, 1)
+    if output == "bytes":
+        return array.tobytes()
+    from PIL import Image
+
+    return Image.fromarray(array.squeeze(-1) if array.shape[2] == 1 else array)
+
+
+class Failed:
+    """A decode failure carried to the place that reports it with the record's name."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class SamplePipeline:
+    """Decoding, output type, transforms, error policy and metadata of a Dataset
+    that reads its records with a fastdata ``reader``.
+
+    Subclasses call :meth:`_init_samples` from their ``__init__``.
+    """
+
+    reader: Reader
+
+    def _init_samples(self, reader: Reader, *, transform: Callable | None,
+                      target_transform: Callable | None, output: str, on_error: str,
+                      decoder: str, size, keep_gray: bool) -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
+                                   raw_shape=reader.manifest.raw_shape)
+        self.reader = reader
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = output
+        self.on_error = on_error
+        self.skipped = 0
+
+    # -- torchvision-style metadata --------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self.reader.path
+
+    @property
+    def manifest(self):
+        return self.reader.manifest
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.reader.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self.reader.manifest.class_to_idx
+
+    # -- payload -> sample ------------------------------------------------------
+
+    def _convert(self, data):
+        """The payload as the ``output`` type (raises whatever the decoder raises)."""
+        return convert_payload(data, self.output, self.decode)
+
+    def _try_convert(self, data):
+        """:meth:`_convert`, with a failure returned as :class:`Failed`."""
+        try:
+            return self._convert(data)
+        except Exception as exc:  # decoders raise many types; reported with the record
+            return Failed(exc)
+
+    def _sample(self, index: int, image, label: int):
+        """``(image, label)`` with the transforms applied, or None when ``image``
+        is a :class:`Failed` that ``on_error="skip"`` leaves out.
+
+        Raises:
+            DecodeError: ``image`` failed and ``on_error`` is "raise".
+        """
+        if isinstance(image, Failed):
+            if self.on_error == "raise":
+                exc = image.error
+                raise DecodeError(
+                    f"record {index} cannot be decoded ({type(exc).__name__}: {exc}); "
+                    f"pass on_error='skip' to leave such records out",
+                    path=self.path, key=self.reader.key_of(index), offset=index) from exc
+            self._skip(index, "undecodable")
+            return None
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label
+
+    def _corrupt(self, exc: CorruptDataError, index: int | None) -> None:
+        """A record that could not be read: re-raise, or skip and count it."""
+        if self.on_error == "raise":
+            raise exc
+        self._skip(index, "corrupt")
+
+    def _skip(self, index: int | None, why: str) -> None:
+        self.skipped += 1
+        what = f"record {index} (key {self.reader.key_of(index)!r})" if index is not None \
+            else "the rest of a damaged shard"
+        warnings.warn(f"{self.path}: skipping {why} {what}; {self.skipped} skipped so far",
+                      RuntimeWarning, stacklevel=4)
