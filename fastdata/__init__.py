@@ -43,7 +43,6 @@ _LAZY = {
     "synthesize": "fastdata.synth:synthesize",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
-    "DALILoader": "fastdata.dali:DALILoader",
     "collate": "fastdata.loaders.collate:collate",
     "Batch": "fastdata.loaders.collate:Batch",
 }
