@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if prefetch_ok else 1
 
     import fastdata
-    from fastdata.dali import _cuda_devices
+    from fastdata.dali import cuda_devices
     from fastdata.demo import synthesize
 
-    results = {"gpu": torch.cuda.get_device_name(0), "dali_gpus": _cuda_devices(),
+    results = {"gpu": torch.cuda.get_device_name(0), "dali_gpus": cuda_devices(),
                "dali": nvidia.dali.__version__, "runs": []}
     with tempfile.TemporaryDirectory(prefix="fastdata-gpu-check-") as tmp:
         os.environ.setdefault("FASTDATA_CACHE_DIR", os.path.join(tmp, "cache"))

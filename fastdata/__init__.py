@@ -42,7 +42,6 @@ _LAZY = {
     "ShardedIterableDataset": "fastdata.loaders.iterable:ShardedIterableDataset",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
-    "DALILoader": "fastdata.dali:DALILoader",
     "collate": "fastdata.loaders.collate:collate",
     "Batch": "fastdata.loaders.collate:Batch",
 }

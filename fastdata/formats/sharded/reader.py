@@ -173,6 +173,12 @@ class ShardedReader(Reader):
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         return [(int(s), int(c)) for s, c in zip(starts, counts)]
 
+    def shard_rows(self, shard: int) -> np.ndarray:
+        """The dataset index rows of one shard's records, in order (``INDEX_DTYPE``:
+        shard, offset, size, label, crc32)."""
+        first, count = self.shard_ranges()[shard]
+        return self._ensure_index()[first:first + count]
+
     def _load_keys(self) -> list[str]:
         if self._foreign_keys is not None:
             return self._foreign_keys

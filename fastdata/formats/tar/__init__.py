@@ -13,5 +13,5 @@ SPEC = FormatSpec(
     help="webdataset-style tar shards (KEY.jpg + KEY.cls); streamable, webdataset readable",
     sharded=True,
     dataset="fastdata.loaders.datasets:TarDataset",
-    dali="fastdata.dali:webdataset_reader",
+    dali="fastdata.dali.readers:webdataset_reader",
 )

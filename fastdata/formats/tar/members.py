@@ -216,6 +216,38 @@ def _is_meta(name: str) -> bool:
     return len(first) >= 4 and first.endswith("__")
 
 
+def iter_sample_members(path: str) -> Iterator[tuple[str, dict[str, TarMember]]]:
+    """webdataset's samples of a tar, in archive order: ``(key, {extension: member})``.
+
+    Consecutive members with one key form a sample; extensions are lower-cased;
+    webdataset's own ``__...__`` entries and names without an extension are
+    skipped.
+
+    Raises:
+        CorruptDataError: the tar is damaged (see :func:`iter_members`).
+        FastDataError: a sample has two members with one extension.
+    """
+    key: str | None = None
+    group: dict[str, TarMember] = {}
+    for member in iter_members(path):
+        if _is_meta(member.name):
+            continue
+        parts = split_key(member.name)
+        if parts is None:
+            continue
+        mkey, ext = parts[0], parts[1].lower()
+        if mkey != key:
+            if key is not None:
+                yield key, group
+            key, group = mkey, {}
+        if ext in group:
+            raise FastDataError(f"sample has two {ext!r} members; webdataset refuses "
+                                f"such shards too", path=path, key=key, offset=member.offset)
+        group[ext] = member
+    if key is not None:
+        yield key, group
+
+
 def scan_samples(path: str) -> list[tuple[int, int, int, str]]:
     """(image data offset, size, label, key) of every sample of a tar shard.
 
@@ -224,32 +256,9 @@ def scan_samples(path: str) -> list[tuple[int, int, int, str]]:
         FastDataError: a sample has no image member, no label, or two members
             with one extension.
     """
-    out: list[tuple[int, int, int, str]] = []
-    key: str | None = None
-    group: dict[str, TarMember] = {}
     with open(path, "rb", buffering=0) as f:
         small = _Window(f, 64 << 10)  # for the .cls/.json contents
-
-        def finish() -> None:
-            if key is not None:
-                out.append(_sample(path, key, group, small))
-
-        for member in iter_members(path):
-            if _is_meta(member.name):
-                continue
-            parts = split_key(member.name)
-            if parts is None:
-                continue
-            mkey, ext = parts[0], parts[1].lower()
-            if mkey != key:
-                finish()
-                key, group = mkey, {}
-            if ext in group:
-                raise FastDataError(f"sample has two {ext!r} members; webdataset refuses "
-                                    f"such shards too", path=path, key=key, offset=member.offset)
-            group[ext] = member
-        finish()
-    return out
+        return [_sample(path, key, group, small) for key, group in iter_sample_members(path)]
 
 
 def _sample(path: str, key: str, group: dict[str, TarMember], small: _Window

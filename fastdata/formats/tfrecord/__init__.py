@@ -13,5 +13,5 @@ SPEC = FormatSpec(
     help="TFRecord shards of tf.train.Example with index files; TensorFlow/DALI readable",
     sharded=True,
     dataset="fastdata.loaders.datasets:TFRecordDataset",
-    dali="fastdata.dali:tfrecord_reader",
+    dali="fastdata.dali.readers:tfrecord_reader",
 )

@@ -1,0 +1,159 @@
+"""The external source: whole batches read with fastdata's reader and handed to DALI.
+
+Used for LMDB and HDF5 (DALI has no reader for them), for pre-decoded (raw)
+datasets and encodings DALI cannot decode (GIF), and for every format with
+``reader="external"``. It shuffles the whole dataset each epoch and checks
+fastdata's CRC32s, which DALI's own readers do not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fastdata.encodings import sniff_encoding
+
+#: Encodings DALI's image decoder reads (``fn.decoders.image``); GIF is not one.
+DALI_ENCODINGS = frozenset({"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm", "pbm",
+                            "jpeg2000"})
+
+
+def shard_bounds(count: int, shard_id: int, num_shards: int) -> tuple[int, int]:
+    """[start, stop) of shard ``shard_id`` of ``count`` records: DALI's readers
+    split the same way, so both paths give a shard the same share."""
+    return count * shard_id // num_shards, count * (shard_id + 1) // num_shards
+
+
+class ExternalBatches:
+    """A DALI external-source callable: one batch of (images, labels) per call.
+
+    Stateless given its argument (DALI's ``BatchInfo``: epoch and iteration),
+    so DALI can run it in parallel worker processes; picklable (the reader is
+    opened lazily in the process that calls it).
+
+    Args:
+        path: the packed dataset.
+        batch_size: records per batch (the last one of an epoch may be smaller).
+        shard_id, num_shards: this pipeline's part of each epoch's order.
+        shuffle: permute the whole dataset each epoch (seeded by ``seed`` and
+            the epoch, so every shard sees the same permutation).
+        seed: the shuffle seed.
+        drop_last: leave out the last batch of a shard when it is partial.
+        mode: "encoded" (payload bytes as 1-D uint8 arrays) or "raw" (HWC
+            uint8 pixels).
+        transcode: with "encoded", turn payloads that DALI cannot decode (GIF)
+            into PPM (decoded by fastdata's decoders; PPM costs no compression
+            and DALI reads it), so the batch stays one of encoded images.
+        reader_options: passed to ``fastdata.open_reader``.
+        reader: an already open reader of ``path`` to use in this process.
+    """
+
+    def __init__(self, path: str | list[str], *, batch_size: int, shard_id: int = 0,
+                 num_shards: int = 1, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, mode: str = "encoded", transcode: bool = False,
+                 reader_options: dict | None = None, reader: Any = None) -> None:
+        self.path = path
+        self.batch_size = int(batch_size)
+        self.shard_id = int(shard_id)
+        self.num_shards = int(num_shards)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.mode = mode
+        self.transcode = bool(transcode)
+        self.reader_options = dict(reader_options or {})
+        # An open reader may be handed over: LMDB refuses a second open of one path.
+        self._reader = reader
+        self.count = len(self.reader)
+        self._decode = None
+        self._order: tuple[int, np.ndarray] | None = None
+
+    @property
+    def reader(self) -> Any:
+        """The dataset's reader, opened in this process on first use."""
+        if self._reader is None:
+            from fastdata.formats import open_reader
+
+            self._reader = open_reader(self.path, **self.reader_options)
+        return self._reader
+
+    def shard_size(self) -> int:
+        """Records of this shard per epoch."""
+        start, stop = shard_bounds(self.count, self.shard_id, self.num_shards)
+        return stop - start
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        n = self.shard_size()
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """The record indices of this shard in epoch ``epoch``, in order."""
+        if self._order is None or self._order[0] != epoch:
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(self.count)
+            else:
+                order = np.arange(self.count)
+            start, stop = shard_bounds(self.count, self.shard_id, self.num_shards)
+            self._order = (epoch, order[start:stop])
+        return self._order[1]
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], np.ndarray]:
+        """The batch of ``info`` (DALI's ``BatchInfo``, or an iteration number).
+
+        Raises:
+            StopIteration: the epoch has no more batches.
+        """
+        iteration = getattr(info, "iteration", info)
+        epoch = getattr(info, "epoch_idx", 0)
+        if iteration >= len(self):
+            raise StopIteration
+        mine = self.indices(epoch)
+        batch = mine[iteration * self.batch_size:(iteration + 1) * self.batch_size].tolist()
+        reader = self.reader
+        payloads = reader.read_many(batch)
+        labels = reader.labels[batch].astype(np.int64)
+        if self.mode == "raw":
+            decode = self._decoder()
+            images = [decode(p) for p in payloads]
+        elif self.transcode:
+            images = [self._dali_readable(p) for p in payloads]
+        else:
+            images = [np.frombuffer(p, dtype=np.uint8) for p in payloads]
+        return images, labels
+
+    def _dali_readable(self, payload: bytes) -> np.ndarray:
+        if sniff_encoding(payload) in DALI_ENCODINGS:
+            return np.frombuffer(payload, dtype=np.uint8)
+        rgb = self._decoder()(payload)
+        header = b"P6\n%d %d\n255\n" % (rgb.shape[1], rgb.shape[0])
+        return np.frombuffer(header + np.ascontiguousarray(rgb).tobytes(), dtype=np.uint8)
+
+    def _decoder(self) -> Any:
+        if self._decode is None:
+            # fastdata.loaders.decode, not the Datasets: they would import torch
+            # into DALI's worker processes.
+            from fastdata.loaders.decode import DecoderChain
+
+            self._decode = DecoderChain(raw_shape=self.reader.manifest.raw_shape)
+        return self._decode
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_reader=None, _decode=None, _order=None)
+        return state
+
+
+def external_node(fn: Any, types: Any, source: ExternalBatches, *, py_workers: int,
+                  prefetch: int) -> tuple[Any, Any]:
+    """``fn.external_source`` fed by ``source``, inside a pipeline: (images, labels)
+    nodes, images 1-D uint8 (encoded) or HWC uint8 (raw)."""
+    parallel = py_workers > 0
+    extra = {"prefetch_queue_depth": max(2, int(prefetch))} if parallel else {}
+    raw = source.mode == "raw"
+    return fn.external_source(
+        source=source, num_outputs=2, batch=True, batch_info=True, parallel=parallel,
+        dtype=[types.UINT8, types.INT64], ndim=[3 if raw else 1, 0],
+        layout=["HWC" if raw else "", ""], **extra)

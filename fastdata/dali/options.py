@@ -1,0 +1,144 @@
+"""The options of a DALI pipeline over a packed dataset, checked once when made."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DEVICES = ("auto", "gpu", "cpu")
+READERS = ("auto", "dali", "external")
+LAYOUTS = ("CHW", "HWC")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DALIOptions:
+    """How to read, decode and process a dataset (``build_pipeline``'s keywords).
+
+    Attributes:
+        batch_size: samples per batch.
+        size: an int resizes the shorter side (aspect kept), (height, width)
+            resizes to exactly that; None keeps each image's size.
+        device: "gpu", "cpu" or "auto" (GPU when DALI sees one).
+        device_id: the CUDA device for "gpu"; None takes torch's current one.
+        num_threads: DALI's CPU threads.
+        shard_id, num_shards: this pipeline's part of the data; None takes the
+            torch.distributed rank and world size (0 and 1 outside a group).
+        shuffle: shuffle each epoch.
+        seed: the random seed (the same on every rank, so shards stay disjoint).
+        mean, std: per-channel values on the 0-1 or 0-255 scale; with them the
+            images are normalised to float32.
+        layout: "CHW" or "HWC".
+        crop: centre crop (int or (height, width)) after the resize.
+        drop_last: leave out each epoch's last partial batch.
+        reader: "auto", "dali" (DALI's own reader) or "external" (fastdata's).
+        py_workers: processes running the external source (0: the pipeline's thread).
+        py_start_method: "fork" or "spawn" for those workers; None picks one
+            that suits the device.
+        prefetch: batches DALI prepares ahead.
+        shuffle_buffer: the shuffle buffer of DALI's readers.
+        index_dir: where generated DALI index files go (None: the user's cache).
+        reader_options: keywords of ``fastdata.open_reader``.
+
+    Raises:
+        ValueError: an option is out of range or two of them contradict.
+    """
+
+    batch_size: int
+    size: int | tuple[int, int] | None = None
+    device: str = "auto"
+    device_id: int | None = None
+    num_threads: int = 2
+    shard_id: int | None = None
+    num_shards: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
+    layout: str = "CHW"
+    crop: int | tuple[int, int] | None = None
+    drop_last: bool = False
+    reader: str = "auto"
+    py_workers: int = 0
+    py_start_method: str | None = None
+    prefetch: int = 2
+    shuffle_buffer: int = 1024
+    index_dir: str | os.PathLike | None = None
+    reader_options: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
+        _choice("layout", self.layout, LAYOUTS)
+        _choice("reader", self.reader, READERS)
+        _choice("device", self.device, DEVICES)
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std, or neither")
+        if self.py_workers < 0:
+            raise ValueError(f"py_workers must be 0 or more, not {self.py_workers}")
+        size = self.size
+        if isinstance(size, int):
+            if size <= 0:
+                raise ValueError(f"size must be positive, not {size}")
+        elif size is not None:
+            size = _hw(size, "size")
+        # Normalised once, so the pipeline code reads plain ints and tuples.
+        normal = {"batch_size": int(self.batch_size), "size": size,
+                  "crop": _hw(self.crop, "crop"),
+                  "mean": _channels(self.mean, "mean"), "std": _channels(self.std, "std"),
+                  "reader_options": dict(self.reader_options or {})}
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def size_hw(self) -> tuple[int, int] | None:
+        """(height, width) to resize to, None for a shorter-side (or no) resize."""
+        return None if isinstance(self.size, int) else self.size
+
+    @property
+    def mean255(self) -> list[float] | None:
+        """``mean`` on the 0-255 scale."""
+        return _scale255(self.mean)
+
+    @property
+    def std255(self) -> list[float] | None:
+        """``std`` on the 0-255 scale."""
+        return _scale255(self.std)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _channels(values: Sequence[float] | None, name: str) -> tuple[float, ...] | None:
+    if values is None:
+        return None
+    out = tuple(np.asarray(values, dtype=np.float64).reshape(-1).tolist())  # lists, arrays
+    if not out:
+        raise ValueError(f"{name} must hold one value per channel")
+    return out
+
+
+def _scale255(values: tuple[float, ...] | None) -> list[float] | None:
+    # 0-1 values are scaled, as fastdata's CUDAPrefetcher and torchvision's Normalize take them.
+    if values is None:
+        return None
+    return [v * 255.0 for v in values] if max(values) <= 1.0 else list(values)
+
+
+def _hw(value: Any, name: str) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        pair = (value, value)
+    elif isinstance(value, Sequence) and len(value) == 2:
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise ValueError(f"{name} must be an int or (height, width), not {value!r}")
+    if pair[0] <= 0 or pair[1] <= 0:
+        raise ValueError(f"{name} must be positive, not {value!r}")
+    return pair

@@ -1,0 +1,168 @@
+"""Building the DALI pipeline: reader node, decode, resize, crop and normalise.
+
+Decoding is ``fn.decoders.image`` with ``device="mixed"`` (nvJPEG) on the GPU,
+``"cpu"`` otherwise; then ``fn.resize`` (linear with antialiasing), an optional
+centre crop, and ``fn.crop_mirror_normalize`` (layout, and normalisation to
+float when ``mean``/``std`` are given). Without a GPU the same pipeline runs on
+the CPU (``device_id=None``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from fastdata.dali.device import import_dali
+from fastdata.dali.external import ExternalBatches, external_node
+from fastdata.dali.options import DALIOptions
+from fastdata.dali.plan import PipelinePlan, absolute, make_plan, place
+
+
+def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
+                   batch_size: int, **options: Any) -> Any:
+    """Build a DALI pipeline that yields ``(images, labels)`` batches of a packed dataset.
+
+    Args:
+        path: a packed dataset (any format), as ``fastdata.open_reader`` takes
+            it: also a shard pattern or a list of shards from another tool.
+        batch_size: samples per batch.
+        **options: the other fields of :class:`DALIOptions`:
+
+            size: resize to this: an int for the shorter side (aspect kept), or
+                (height, width). None keeps each image's size.
+            device: "gpu" (decode with nvJPEG, process on the GPU; needs CUDA),
+                "cpu" (a CPU-only pipeline, ``device_id=None``) or "auto" (GPU
+                when DALI sees one).
+            device_id: the CUDA device for "gpu"; None takes torch's current one.
+            num_threads: DALI's CPU threads.
+            shard_id, num_shards: this pipeline's part of the data; by default
+                the torch.distributed rank and world size when it is
+                initialised, else 0/1.
+            shuffle: shuffle each epoch (the external source: a permutation of
+                the whole dataset; DALI's tfrecord/webdataset readers: within a
+                buffer of ``shuffle_buffer`` records).
+            seed: the random seed (the same on every rank, so shards stay disjoint).
+            mean, std: per-channel values (0-1 or 0-255 scale); with them the
+                images are normalised on the pipeline's device to float32,
+                otherwise they stay uint8.
+            layout: "CHW" (default) or "HWC".
+            crop: centre crop (int or (h, w)) after the resize.
+            drop_last: leave out each epoch's last partial batch. The external
+                source ends its epochs itself (the last batch is smaller, or
+                dropped); DALI's readers always fill the last batch by
+                repeating the shard's last record (``pad_last_batch``), which
+                DALILoader (or ``DALIGenericIterator(reader_name=READER_NAME)``)
+                trims or drops.
+            reader: "auto", "dali" (DALI's own reader; tfrecord and tar only)
+                or "external" (fastdata's reader in an external source, any format).
+            py_workers: worker processes running the external source in
+                parallel (DALI's parallel external source); 0 reads in the
+                pipeline's thread.
+            py_start_method: "fork" or "spawn" for those workers; None takes
+                "fork" on the CPU and "spawn" on the GPU (a process that has
+                initialised CUDA must not fork). Under "spawn" the script that
+                builds the pipeline needs an ``if __name__ == "__main__":`` guard.
+            prefetch: batches DALI prepares ahead.
+            shuffle_buffer: the shuffle buffer of DALI's readers.
+            index_dir: where generated DALI index files go (tar shards, and
+                TFRecord shards without ``.idx``); default
+                ``$FASTDATA_CACHE_DIR`` or ``~/.cache/fastdata``, under
+                ``dali-index/``.
+            reader_options: passed to ``fastdata.open_reader`` (for example
+                ``{"verify": False}``).
+
+    Returns:
+        The ``nvidia.dali.Pipeline``, outputs ``(images, labels)``: images
+        uint8 (or float32 when normalised) in ``layout``, labels int64 scalars.
+        Its DALI reader, when it has one, is named ``READER_NAME``.
+
+    Raises:
+        FastDataError: DALI is not installed, no GPU for device="gpu", or the
+            dataset cannot be read this way.
+        ValueError: an option is out of range.
+    """
+    import_dali()  # before the options: without DALI, say how to install it first
+    return plan_and_build(path, DALIOptions(batch_size=batch_size, **options))[0]
+
+
+def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
+                   options: DALIOptions) -> tuple[Any, PipelinePlan]:
+    """The DALI pipeline over ``path`` and its plan (see :func:`build_pipeline`).
+
+    Raises:
+        FastDataError: DALI is not installed, no GPU for device="gpu", or the
+            dataset cannot be read this way.
+        ValueError: the shard or the device is out of range.
+    """
+    _, fn, types = import_dali()
+    from nvidia.dali.pipeline import Pipeline
+
+    from fastdata.formats import open_reader
+
+    where = place(options)
+    path = absolute(path)
+    reader = open_reader(path, **options.reader_options)
+    try:
+        plan, native = make_plan(path, reader, options, where)
+        start_method = options.py_start_method
+        if start_method is None:
+            # Forking a process that has initialised CUDA is unsafe (and DALI refuses it).
+            start_method = "spawn" if plan.device == "gpu" else "fork"
+        pipe = Pipeline(batch_size=options.batch_size, num_threads=int(options.num_threads),
+                        device_id=plan.device_id, seed=int(options.seed),
+                        prefetch_queue_depth=int(options.prefetch),
+                        py_num_workers=max(1, int(options.py_workers)),
+                        py_start_method=start_method)
+        with pipe:
+            if native is not None:
+                encoded, labels = native.build(fn, types)
+            else:
+                encoded, labels = _external(fn, types, plan, options, reader)
+            images = _process(fn, types, _decode(fn, types, encoded, plan), options)
+            if plan.device == "gpu":
+                labels = labels.gpu()
+            pipe.set_outputs(images, labels)
+        return pipe, plan
+    finally:
+        # Handles reopen lazily where the reader is used again (the external source).
+        reader.close()
+
+
+def _external(fn: Any, types: Any, plan: PipelinePlan, options: DALIOptions,
+              reader: Any) -> tuple[Any, Any]:
+    source = ExternalBatches(plan.path, batch_size=options.batch_size, shard_id=plan.shard_id,
+                             num_shards=plan.num_shards, shuffle=options.shuffle,
+                             seed=options.seed, drop_last=options.drop_last, mode=plan.mode,
+                             transcode=plan.transcode, reader_options=options.reader_options,
+                             reader=reader)
+    return external_node(fn, types, source, py_workers=options.py_workers,
+                         prefetch=options.prefetch)
+
+
+def _decode(fn: Any, types: Any, encoded: Any, plan: PipelinePlan) -> Any:
+    """HWC uint8 images on the pipeline's device."""
+    if plan.mode == "encoded":
+        decoder_device = "mixed" if plan.device == "gpu" else "cpu"
+        return fn.decoders.image(encoded, device=decoder_device, output_type=types.RGB)
+    return encoded.gpu() if plan.device == "gpu" else encoded  # raw: pixels already
+
+
+def _process(fn: Any, types: Any, images: Any, options: DALIOptions) -> Any:
+    """Resize, then centre crop, layout and normalisation, as the options ask."""
+    if options.size is not None:
+        if options.size_hw is None:
+            images = fn.resize(images, resize_shorter=options.size)
+        else:
+            height, width = options.size_hw
+            images = fn.resize(images, resize_x=width, resize_y=height)
+    mean, std = options.mean255, options.std255
+    if options.crop is None and mean is None and options.layout == "HWC":
+        return images  # nothing left to do: skip the operator
+    cmn: dict[str, Any] = {"dtype": types.FLOAT if mean is not None else types.UINT8,
+                           "output_layout": options.layout}
+    if options.crop is not None:
+        cmn["crop"] = options.crop
+    if mean is not None:
+        cmn.update(mean=mean, std=std)
+    return fn.crop_mirror_normalize(images, **cmn)

@@ -1,0 +1,172 @@
+"""Adapters from fastdata's formats to DALI's own readers.
+
+A format's registry entry names its adapter (``FormatSpec.dali``, for example
+``"fastdata.dali.readers:tfrecord_reader"``); formats without one are read
+through the external source. An adapter is called while the pipeline is
+planned, with the open fastdata reader and a :class:`NativeRequest`; it
+prepares what DALI's reader needs (index files) and returns a
+:class:`NativeReader`, whose ``build`` makes the reader node inside the
+pipeline. When DALI's reader cannot read the dataset, it raises
+:class:`NativeUnavailable` and the planner falls back to the external source
+(unless ``reader="dali"`` was asked for).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastdata.dali.indexes import (
+    IMAGE_COMPONENT,
+    LABEL_COMPONENT,
+    tfrecord_index_paths,
+    webdataset_index_paths,
+)
+from fastdata.dali.options import DALIOptions
+from fastdata.errors import FastDataError
+
+#: Name of the DALI reader operator, for ``DALIGenericIterator(reader_name=...)``.
+READER_NAME = "fastdata_reader"
+
+
+class NativeUnavailable(FastDataError):
+    """DALI's own reader cannot read this dataset (the external source can)."""
+
+
+@dataclass(frozen=True)
+class NativeRequest:
+    """What an adapter is asked for.
+
+    Attributes:
+        path: the dataset (for error messages).
+        mode: "encoded" or "raw" (see ``PipelinePlan.mode``).
+        transcode: some records hold encodings DALI cannot decode.
+        shard_id, num_shards: the pipeline's part of the data.
+        options: the pipeline's options (shuffle, seed, shuffle_buffer, index_dir).
+    """
+
+    path: str | list[str]
+    mode: str
+    transcode: bool
+    shard_id: int
+    num_shards: int
+    options: DALIOptions
+
+
+@dataclass(frozen=True)
+class NativeReader:
+    """A prepared DALI reader.
+
+    Attributes:
+        name: DALI's name for it ("tfrecord", "webdataset"): ``PipelinePlan.reader``.
+        build: ``build(fn, types) -> (encoded, labels)``, called inside the
+            pipeline: the reader node, named :data:`READER_NAME`, and its
+            outputs as 1-D uint8 encoded images and int64 scalar labels.
+    """
+
+    name: str
+    build: Callable[[Any, Any], tuple[Any, Any]]
+
+
+def _require_decodable(name: str, request: NativeRequest) -> None:
+    # DALI's readers hand every record to DALI's decoder, so raw pixels and
+    # GIFs need the external source.
+    if request.mode != "encoded" or request.transcode:
+        what = ("pre-decoded (raw)" if request.mode == "raw"
+                else "GIF (or other non-DALI) encoded")
+        raise NativeUnavailable(f"DALI's {name} reader needs images DALI decodes, but this "
+                                f"dataset holds {what} records; use reader='auto'",
+                                path=request.path)
+
+
+def _common(request: NativeRequest) -> dict[str, Any]:
+    """Keywords every DALI reader takes, from the request."""
+    opts = request.options
+    # pad_last_batch: the last batch repeats the shard's last record; the
+    # iterator trims (or drops) it, so an epoch holds each record once.
+    return {"name": READER_NAME, "shard_id": request.shard_id,
+            "num_shards": request.num_shards, "random_shuffle": bool(opts.shuffle),
+            "initial_fill": int(opts.shuffle_buffer), "pad_last_batch": True,
+            "seed": int(opts.seed)}
+
+
+# -- TFRecord -------------------------------------------------------------------------
+
+
+def tfrecord_reader(reader: Any, request: NativeRequest) -> NativeReader:
+    """DALI's ``fn.readers.tfrecord`` over a TFRecord dataset's shards, with their
+    tfrecord2idx files (generated where a shard has none).
+
+    Raises:
+        NativeUnavailable: the records are not images DALI decodes.
+    """
+    from fastdata.formats.tfrecord.schema import DEFAULT_FEATURE_KEYS
+
+    _require_decodable("tfrecord", request)
+    keys = dict(getattr(reader, "feature_keys", DEFAULT_FEATURE_KEYS))
+    build = functools.partial(
+        _tfrecord_node, paths=list(reader.shard_paths),
+        index_paths=tfrecord_index_paths(reader, request.options.index_dir),
+        image_key=keys["image"], label_key=keys["label"], common=_common(request))
+    return NativeReader("tfrecord", build)
+
+
+def _tfrecord_node(fn: Any, types: Any, *, paths: list[str], index_paths: list[str],
+                   image_key: str, label_key: str, common: dict[str, Any]
+                   ) -> tuple[Any, Any]:
+    import nvidia.dali.tfrecord as tfrec
+
+    features = {image_key: tfrec.FixedLenFeature((), tfrec.string, ""),
+                label_key: tfrec.FixedLenFeature([1], tfrec.int64, -1)}
+    out = fn.readers.tfrecord(path=paths, index_path=index_paths, features=features, **common)
+    return out[image_key], fn.reshape(out[label_key], shape=[])
+
+
+# -- tar (webdataset) ----------------------------------------------------------------------
+
+
+def webdataset_reader(reader: Any, request: NativeRequest) -> NativeReader:
+    """DALI's ``fn.readers.webdataset`` over a tar dataset's shards, with a DALI
+    index of each shard (generated from its tar headers on first use, cached).
+
+    The index names the image member fastdata's reader picks as component
+    ``img`` and the label member as ``cls``; the ASCII-decimal label bytes
+    become an int64 inside the pipeline (:func:`ascii_label`).
+
+    Raises:
+        NativeUnavailable: the records are not images DALI decodes, or a
+            sample has no ``.cls`` label member.
+    """
+    _require_decodable("webdataset", request)
+    found = webdataset_index_paths(reader, request.options.index_dir)
+    if found is None:
+        raise NativeUnavailable("some tar samples have no .cls label member; DALI's "
+                                "webdataset reader path needs one; use reader='auto'",
+                                path=request.path)
+    index_paths, width = found
+    build = functools.partial(_webdataset_node, paths=list(reader.shard_paths),
+                              index_paths=index_paths, width=width, common=_common(request))
+    return NativeReader("webdataset", build)
+
+
+def _webdataset_node(fn: Any, types: Any, *, paths: list[str], index_paths: list[str],
+                     width: int, common: dict[str, Any]) -> tuple[Any, Any]:
+    encoded, cls = fn.readers.webdataset(
+        paths=paths, index_paths=index_paths, ext=[IMAGE_COMPONENT, LABEL_COMPONENT],
+        missing_component_behavior="error", **common)
+    return encoded, ascii_label(fn, types, cls, width)
+
+
+def ascii_label(fn: Any, types: Any, data: Any, width: int) -> Any:
+    """int64 label from ASCII-decimal bytes, in DALI operations (Horner's rule over
+    the first ``width`` bytes; bytes that are not digits, such as a newline, are
+    skipped)."""
+    padded = fn.cast(fn.pad(data, axes=[0], shape=[width], fill_value=0), dtype=types.INT64)
+    value = types.Constant(0, dtype=types.INT64)
+    for i in range(width):
+        digit = padded[i] - 48
+        is_digit = fn.cast((digit >= 0) & (digit <= 9), dtype=types.INT64)
+        value = value * (1 + 9 * is_digit) + digit * is_digit
+    return value
