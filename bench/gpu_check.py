@@ -71,7 +71,7 @@ def _run(path: str, device: str, args) -> dict:
 def _targets(path: str) -> list[int]:
     import fastdata
 
-    with fastdata.open_reader(path) as reader:
+    with fastdata.formats.open_reader(path) as reader:
         return reader.labels.tolist()
 
 

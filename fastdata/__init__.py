@@ -5,6 +5,12 @@ only when the names that need them are first used.
 
     fastdata.pack("images/", "train.lmdb")
     ds = fastdata.open_dataset("train.lmdb")       # a torch Dataset of (uint8 CHW tensor, label)
+
+The top level holds what a training script needs; everything else lives in its
+sub-package: ``fastdata.formats`` (the registry, ``open_reader``,
+``read_manifest``), ``fastdata.records`` (``Manifest``), ``fastdata.packers``,
+``fastdata.loaders``, ``fastdata.bench``, ``fastdata.demo`` (``synthesize``)
+and ``fastdata.dali`` (``DALILoader``).
 """
 
 from __future__ import annotations
@@ -28,11 +34,8 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
 _LAZY = {
     "pack": "fastdata.packers.pack:pack",
     "PackOptions": "fastdata.packers.pack:PackOptions",
-    "PackSummary": "fastdata.packers.pack:PackSummary",
+    "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",
-    "Manifest": "fastdata.records:Manifest",
-    "open_reader": "fastdata.formats:open_reader",
-    "read_manifest": "fastdata.formats:read_manifest",
     "open_dataset": "fastdata.loaders.datasets:open_dataset",
     "PackedDataset": "fastdata.loaders.datasets:PackedDataset",
     "LMDBDataset": "fastdata.loaders.datasets:LMDBDataset",
@@ -43,7 +46,6 @@ _LAZY = {
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
     "collate": "fastdata.loaders.collate:collate",
-    "Batch": "fastdata.loaders.collate:Batch",
 }
 
 __all__ = sorted([
@@ -52,7 +54,14 @@ __all__ = sorted([
 ])
 
 
+#: Sub-packages reachable as attributes (``fastdata.formats.read_manifest``).
+_SUBMODULES = ("formats", "records", "errors", "packers", "loaders", "bench", "demo", "dali",
+               "machine", "encodings", "cli")
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fastdata.{name}")
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'fastdata' has no attribute {name!r}")

@@ -35,7 +35,13 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+import toyformat
 from PIL import Image
+
+# A format defined by the test suite itself: the contract tests, parametrized
+# over the registry, cover it exactly like the built-in formats.
+toyformat.register()
+TESTS_DIR = str(Path(__file__).parent)
 
 # torchvision's IMG_EXTENSIONS plus ".gif" (which fastdata also accepts).
 ACCEPTED_EXTENSIONS = (

@@ -192,7 +192,7 @@ def test_ram_cache_with_skip_leaves_out_a_corrupt_record(image_tree, tmp_path, f
     fastdata.pack(image_tree.root, out, options=PackOptions(workers=1), progress=False)
     path = fastdata.open_dataset(out).path
     bad = 3
-    with fastdata.open_reader(path) as reader:
+    with fastdata.formats.open_reader(path) as reader:
         payload = reader.read(bad)
     # Flip one byte inside record 3's stored bytes, wherever the format keeps them.
     files = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".mdb", ".h5", ".tar")]

@@ -159,7 +159,7 @@ def test_bad_images_are_skipped_and_reported(bad_tree, tmp_path):
     ds = fastdata.open_dataset(out, output="bytes")
     assert ds.keys == ["a/ok1.png", "a/ok2.jpg", "c/ok3.bmp"]
     assert ds.classes == ["a", "b", "c"]
-    assert fastdata.read_manifest(out).source["skipped"] == len(expected)
+    assert fastdata.formats.read_manifest(out).source["skipped"] == len(expected)
 
     # The human summary lists them as well.
     out2 = tmp_path / "human.lmdb"
@@ -233,7 +233,7 @@ def test_verify_decode_catches_damage_the_cheap_check_misses(tmp_path):
     assert summary["records"] == 2
     assert [s["key"] for s in summary["skipped"]] == [key]
     assert "cannot be decoded" in summary["skipped"][0]["reason"]
-    assert fastdata.read_manifest(tmp_path / "full.lmdb").pack_options["verify_decode"] is True
+    assert fastdata.formats.read_manifest(tmp_path / "full.lmdb").pack_options["verify_decode"] is True
 
     strict = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--verify-decode", "--strict")
     assert_clean_error(strict, key)
@@ -308,11 +308,11 @@ def test_existing_output_needs_overwrite(image_tree, tmp_path):
     refused = invoke("pack", other.root, out)
     assert_clean_error(refused, "already exists", "--overwrite")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert len(fastdata.read_manifest(out).classes) == len(DEFAULT_CLASSES)
+    assert len(fastdata.formats.read_manifest(out).classes) == len(DEFAULT_CLASSES)
 
     replaced = invoke("pack", other.root, out, "--overwrite")
     assert replaced.exit_code == 0, replaced.output
-    m = fastdata.read_manifest(out)
+    m = fastdata.formats.read_manifest(out)
     assert m.classes == ["x", "y"] and m.count == 2
     assert list_partials(tmp_path) == []
 
@@ -323,7 +323,7 @@ def test_existing_file_output_needs_overwrite(image_tree, tmp_path):
     assert_clean_error(invoke("pack", image_tree.root, out), "already exists")
     assert out.read_text() == "precious"
     assert invoke("pack", image_tree.root, out, "--overwrite").exit_code == 0
-    assert fastdata.read_manifest(out).count == len(image_tree.samples)
+    assert fastdata.formats.read_manifest(out).count == len(image_tree.samples)
 
 
 def test_overwrite_does_not_leave_a_stale_report(bad_tree, tmp_path):
@@ -344,7 +344,7 @@ def test_format_option_with_odd_extension(image_tree, tmp_path):
     result = invoke("pack", image_tree.root, out, "--format", "lmdb", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["format"] == "lmdb"
-    assert fastdata.read_manifest(out).format == "lmdb"
+    assert fastdata.formats.read_manifest(out).format == "lmdb"
     ds = fastdata.open_dataset(out, output="bytes")
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in image_tree.samples]
     info = invoke("info", out)
@@ -386,7 +386,7 @@ def test_info_json(packed_cli):
     assert data["kind"] == "fastdata-manifest"
     assert data["format"] == "lmdb" and data["count"] == len(tree.samples)
     assert data["classes"] == tree.classes and data["class_counts"] == tree.class_counts
-    assert data == fastdata.read_manifest(out).to_dict()
+    assert data == fastdata.formats.read_manifest(out).to_dict()
 
 
 def test_info_on_non_dataset(tmp_path):

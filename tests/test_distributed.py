@@ -88,7 +88,7 @@ def four_shards(tmp_path):
     tree = build_tree(tmp_path / "src", uniform_spec(per_class=4), size=(8, 8))  # 12 images
     summary = fastdata.pack(tree.root, tmp_path / "out" / "ds.tar",
                             options=fastdata.PackOptions(shard_size=3), progress=False)
-    assert len(fastdata.read_manifest(summary.output).shards) == 4
+    assert len(fastdata.formats.read_manifest(summary.output).shards) == 4
     return tree, summary.output
 
 

@@ -98,7 +98,7 @@ def test_round_trip_bit_exact(shared):
 def test_layouts_and_manifest(shared):
     tree, small, chunked = shared
     for out, layout in ((small, "contiguous"), (chunked, "chunked")):
-        m = fastdata.read_manifest(out)
+        m = fastdata.formats.read_manifest(out)
         assert m.format == "hdf5" and m.count == len(tree.samples)
         assert m.extra["layout"] == layout and m.extra["schema"] == SCHEMA
         # The manifest states the exact size of the file it lives in.
@@ -114,7 +114,7 @@ def test_layouts_and_manifest(shared):
 
 def test_open_reader_and_dataset_pick_hdf5(shared):
     tree, small, _ = shared
-    with fastdata.open_reader(small) as reader:
+    with fastdata.formats.open_reader(small) as reader:
         assert isinstance(reader, HDF5Reader)
     ds = fastdata.open_dataset(small, output="bytes")
     assert type(ds) is HDF5Dataset
@@ -341,7 +341,7 @@ def test_plain_h5_file_is_not_a_dataset(tmp_path):
     bare = tmp_path / "plain"
     os.rename(path, bare)
     with pytest.raises(ManifestError):
-        fastdata.open_reader(bare)
+        fastdata.formats.open_reader(bare)
 
 
 def test_other_files_with_an_h5_name(tmp_path):
@@ -424,7 +424,7 @@ def test_truncated_file(packed):
             with open(path, "wb") as f:
                 f.write(original[:cut])
             try:
-                with fastdata.open_reader(path) as r:
+                with fastdata.formats.open_reader(path) as r:
                     for _ in r:
                         pass
                 print(cut, "NO-ERROR")

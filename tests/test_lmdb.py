@@ -120,13 +120,13 @@ def test_round_trip_bit_exact(shared):
 
 def test_open_reader_picks_lmdb(shared):
     _, out, _ = shared
-    with fastdata.open_reader(out) as reader:
+    with fastdata.formats.open_reader(out) as reader:
         assert isinstance(reader, LMDBReader)
 
 
 def test_manifest_fields(shared):
     tree, out, _ = shared
-    m = fastdata.read_manifest(out)
+    m = fastdata.formats.read_manifest(out)
     assert m.format == "lmdb"
     assert m.version == MANIFEST_VERSION == 1
     assert m.count == len(tree.samples)
@@ -195,7 +195,7 @@ def test_small_map_and_commit_batches(tmp_path):
                   options=PackOptions(writer_options={"map_size": 1 << 15, "commit_every": 3}))
     with LMDBReader(out) as reader:
         assert [reader.read(i) for i in range(len(reader))] == tree.payloads
-    m = fastdata.read_manifest(out)
+    m = fastdata.formats.read_manifest(out)
     assert m.pack_options["commit_every"] == 3
 
 
@@ -459,7 +459,7 @@ _OPEN_ALL = """
     import fastdata
     from fastdata.errors import FastDataError
     try:
-        with fastdata.open_reader(sys.argv[1]) as reader:
+        with fastdata.formats.open_reader(sys.argv[1]) as reader:
             for _ in reader:
                 pass
         print("NO-ERROR")
@@ -499,7 +499,7 @@ def test_reopen_after_failed_open_of_truncated_file_does_not_crash(packed):
         for cut in (os.path.getsize(data) // 2, 4096):
             os.truncate(data, cut)
             try:
-                fastdata.open_reader(path)
+                fastdata.formats.open_reader(path)
                 print("NO-ERROR")
             except FastDataError as exc:
                 print(type(exc).__name__)

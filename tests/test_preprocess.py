@@ -97,8 +97,8 @@ def test_encoding_png_is_lossless_and_jpeg_quality_applies(tmp_path):
                   preprocess=Preprocess(encoding="jpeg", quality=20))
     big = _pack(src, _out(tmp_path, "lmdb", "q95"),
                 preprocess=Preprocess(encoding="jpeg", quality=95))
-    assert fastdata.read_manifest(small.output).bytes["payload"] < \
-        fastdata.read_manifest(big.output).bytes["payload"]
+    assert fastdata.formats.read_manifest(small.output).bytes["payload"] < \
+        fastdata.formats.read_manifest(big.output).bytes["payload"]
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
@@ -107,9 +107,9 @@ def test_two_workers_give_identical_output(tmp_path, fmt):
     pre = Preprocess(resize=16, encoding="jpeg")
     one = _pack(src, _out(tmp_path, fmt, "one"), workers=1, preprocess=pre)
     two = _pack(src, _out(tmp_path, fmt, "two"), workers=2, preprocess=pre)
-    m1, m2 = fastdata.read_manifest(one.output), fastdata.read_manifest(two.output)
+    m1, m2 = fastdata.formats.read_manifest(one.output), fastdata.formats.read_manifest(two.output)
     assert m1.checksums["payload_sha256"] == m2.checksums["payload_sha256"]
-    r1, r2 = fastdata.open_reader(one.output), fastdata.open_reader(two.output)
+    r1, r2 = fastdata.formats.open_reader(one.output), fastdata.formats.open_reader(two.output)
     assert r1.read_many(range(len(r1))) == r2.read_many(range(len(r2)))
     assert r1.labels.tolist() == r2.labels.tolist() and r1.keys == r2.keys
 
@@ -120,7 +120,7 @@ def test_raw_without_fixed_size_needs_one_image_size(tmp_path):
         _pack(src, _out(tmp_path, "lmdb"), preprocess=Preprocess(encoding="raw"))
     same = _tree(str(tmp_path / "same"), sizes=((8, 8),))
     summary = _pack(same, _out(tmp_path, "lmdb", "same"), preprocess=Preprocess(encoding="raw"))
-    assert fastdata.read_manifest(summary.output).encoding["shape"] == [8, 8, 3]
+    assert fastdata.formats.read_manifest(summary.output).encoding["shape"] == [8, 8, 3]
 
 
 def test_option_errors_are_one_line(tmp_path):
@@ -145,7 +145,7 @@ def test_cli_pack_with_preprocessing(tmp_path):
     result = CliRunner().invoke(main, ["pack", src, out, "--resize", "16", "--center-crop",
                                        "--encoding", "raw", "--workers", "2", "--json"])
     assert result.exit_code == 0, result.output
-    assert fastdata.read_manifest(out).encoding["shape"] == [16, 16, 3]
+    assert fastdata.formats.read_manifest(out).encoding["shape"] == [16, 16, 3]
     bad = CliRunner().invoke(main, ["pack", src, str(tmp_path / "x.lmdb"), "--encoding", "raw"])
     assert bad.exit_code == 1 and "raw storage needs one image size" in bad.output
     assert "Traceback" not in bad.output

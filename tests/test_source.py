@@ -253,8 +253,8 @@ def test_pack_takes_an_image_folder_source_and_its_subset(tmp_path, image_tree):
     whole = fastdata.pack(src, tmp_path / "a.h5", progress=False)
     by_path = fastdata.pack(image_tree.root, tmp_path / "b.h5", progress=False)
     assert whole.records == by_path.records == len(image_tree.samples)
-    assert fastdata.read_manifest(tmp_path / "a.h5").source == \
-        fastdata.read_manifest(tmp_path / "b.h5").source
+    assert fastdata.formats.read_manifest(tmp_path / "a.h5").source == \
+        fastdata.formats.read_manifest(tmp_path / "b.h5").source
     sub = src.subset([3, 0, 5])
     assert sub.classes == src.classes and len(sub) == 3
     fastdata.pack(sub, tmp_path / "c.h5", progress=False)

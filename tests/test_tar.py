@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore:.*shardshuffle.*:UserWarning")]
 
 
-def pack(src, out, **options) -> fastdata.PackSummary:
+def pack(src, out, **options) -> "PackSummary":
     return fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
 
 
@@ -93,7 +93,7 @@ def test_round_trip_several_shards(image_tree, tmp_path):
         assert [(i, d, lab) for i, d, lab in reader] == [
             (i, s.data, s.label) for i, s in enumerate(image_tree.samples)]
         assert [c for _, c in reader.shard_ranges()] == [3, 3, 3, 3, 3, 2]
-    manifest = fastdata.read_manifest(summary.output)
+    manifest = fastdata.formats.read_manifest(summary.output)
     assert manifest.format == "tar" and manifest.count == len(image_tree)
     assert sum(s["count"] for s in manifest.shards) == len(image_tree)
     assert manifest.extra["member_schema"] == "webdataset-1"

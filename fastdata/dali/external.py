@@ -46,7 +46,7 @@ class ExternalBatches:
         transcode: with "encoded", turn payloads that DALI cannot decode (GIF)
             into PPM (decoded by fastdata's decoders; PPM costs no compression
             and DALI reads it), so the batch stays one of encoded images.
-        reader_options: passed to ``fastdata.open_reader``.
+        reader_options: passed to ``fastdata.formats.open_reader``.
         reader: an already open reader of ``path`` to use in this process.
     """
 

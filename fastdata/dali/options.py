@@ -41,7 +41,7 @@ class DALIOptions:
         prefetch: batches DALI prepares ahead.
         shuffle_buffer: the shuffle buffer of DALI's readers.
         index_dir: where generated DALI index files go (None: the user's cache).
-        reader_options: keywords of ``fastdata.open_reader``.
+        reader_options: keywords of ``fastdata.formats.open_reader``.
 
     Raises:
         ValueError: an option is out of range or two of them contradict.

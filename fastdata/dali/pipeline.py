@@ -24,7 +24,7 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     """Build a DALI pipeline that yields ``(images, labels)`` batches of a packed dataset.
 
     Args:
-        path: a packed dataset (any format), as ``fastdata.open_reader`` takes
+        path: a packed dataset (any format), as ``fastdata.formats.open_reader`` takes
             it: also a shard pattern or a list of shards from another tool.
         batch_size: samples per batch.
         **options: the other fields of :class:`DALIOptions`:
@@ -69,7 +69,7 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
                 TFRecord shards without ``.idx``); default
                 ``$FASTDATA_CACHE_DIR`` or ``~/.cache/fastdata``, under
                 ``dali-index/``.
-            reader_options: passed to ``fastdata.open_reader`` (for example
+            reader_options: passed to ``fastdata.formats.open_reader`` (for example
                 ``{"verify": False}``).
 
     Returns:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from fastdata.formats.registry import FormatSpec
-from fastdata.formats.tfrecord.schema import EXTENSIONS
+
+#: File extensions, the first one preferred (here, not in schema.py, which needs crc32c).
+EXTENSIONS = (".tfrecord", ".tfrecords")
 
 SPEC = FormatSpec(
     name="tfrecord",

@@ -117,7 +117,7 @@ def encode_example(features: Mapping[str, object]) -> bytes:
 
 # Tags (field number << 3 | wire type) the parser looks for, all one byte:
 # field 1 is Example.features, Features.feature and a map entry's key; field 2
-# a map entry's value (see the field numbers in tfrecord_packer).
+# a map entry's value (see the field numbers in schema.py).
 _TAG_LEN_1 = (1 << 3) | WIRE_LEN
 _TAG_LEN_2 = (2 << 3) | WIRE_LEN
 

@@ -48,6 +48,8 @@ from collections.abc import Sequence
 
 import crc32c
 
+from fastdata.formats.tfrecord import EXTENSIONS  # noqa: F401  (part of the schema)
+
 # -- feature keys (the on-disk contract) ---------------------------------------
 
 IMAGE_KEY = "image/encoded"
@@ -65,8 +67,6 @@ DEFAULT_FEATURE_KEYS: dict[str, str] = {
 }
 
 SCHEMA = "fastdata-tfrecord-1"
-#: File extensions, the first one preferred.
-EXTENSIONS = (".tfrecord", ".tfrecords")
 
 # -- framing ---------------------------------------------------------------------
 
