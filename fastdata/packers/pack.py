@@ -1,61 +1,35 @@
-"""Packing an image folder into a container: the one entry point every format uses."""
+"""Packing a source into a container: the one entry point every format uses.
+
+The steps: resolve the format and the source, start the writer (which refuses
+an existing output before anything is scanned), prepare every image (in worker
+processes, order kept), write the records, then the manifest; the writer
+publishes the output atomically.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import os
 import signal
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
-from fastdata.formats import check_local, format_for_output, sharded_formats
+from fastdata.formats import FormatSpec, check_local, format_for_output, sharded_formats
 from fastdata.machine import usable_cores
-from fastdata.packers.checks import check_image
+from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.preprocess import Preprocess
-from fastdata.packers.source import ImageFolderSource, Source, SourceEntry
+from fastdata.packers.source import ImageFolderSource, Source
+from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest, Record
 
-
-@dataclass(frozen=True)
-class SkippedFile:
-    """A source image left out of the pack, and why."""
-
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class PackSummary:
-    """What a pack did. ``to_dict()`` is what ``fastdata pack --json`` prints."""
-
-    output: str
-    format: str
-    records: int
-    classes: int
-    bytes_in: int
-    bytes_out: int
-    seconds: float
-    skipped: list[SkippedFile] = field(default_factory=list)
-    ignored: int = 0
-    warnings: list[str] = field(default_factory=list)
-    report: str | None = None
-    encodings: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["images_per_second"] = round(self.rate, 1)
-        return data
+__all__ = ["PackOptions", "PackSummary", "SkippedFile", "pack"]
 
 
 @dataclass(frozen=True)
@@ -85,36 +59,44 @@ class PackOptions:
     writer_options: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    """One source image after reading, checking and preprocessing (picklable)."""
+@dataclass
+class _Tally:
+    """What the pack has seen so far: counts, the source fingerprint, skips and warnings."""
 
-    key: str
-    label: int
-    source_bytes: int
-    payload: bytes
-    encoding: str
-    width: int
-    height: int
+    classes: int
+    on_event: Callable[[str], None] | None = None
+    skipped: list[SkippedFile] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    encodings: Counter = field(default_factory=Counter)
+    bytes_in: int = 0
+    raw_shape: tuple[int, int, int] | None = None
+    fingerprint: Any = field(default_factory=hashlib.sha256)
+    class_counts: list[int] = field(init=False)
 
+    def __post_init__(self) -> None:
+        self.class_counts = [0] * self.classes
 
-def _prepare(job: tuple[SourceEntry, bool, Preprocess]) -> _Prepared | SkippedFile:
-    """Read, check and preprocess one image; runs in pack worker processes."""
-    entry, verify_decode, pre = job
-    try:
-        data = _read(entry)
-        info = check_image(data, key=entry.key, verify_decode=verify_decode)
-        if pre.identity:
-            return _Prepared(entry.key, entry.label, len(data), data, info.encoding,
-                             info.width, info.height)
-        try:
-            payload, encoding, width, height = pre.apply(data, info.encoding)
-        except Exception as exc:  # any decoder/encoder failure makes this image bad
-            raise BadImageError(f"cannot be decoded for preprocessing: {exc}",
-                                key=entry.key) from None
-        return _Prepared(entry.key, entry.label, len(data), payload, encoding, width, height)
-    except BadImageError as exc:
-        return SkippedFile(entry.key, exc.message)
+    def warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        if self.on_event:
+            self.on_event(msg)
+
+    def add(self, item: Prepared) -> None:
+        """Count a prepared image that is about to be written."""
+        if item.encoding == "raw":
+            shape = (item.height, item.width, 3)
+            if self.raw_shape is None:
+                self.raw_shape = shape
+            elif shape != self.raw_shape:
+                raise FastDataError(
+                    f"raw storage needs one image size, but this image is "
+                    f"{item.width}x{item.height} and earlier ones "
+                    f"{self.raw_shape[1]}x{self.raw_shape[0]}; pass resize=(h, w), or resize=N "
+                    f"with center_crop=True", key=item.key)
+        self.fingerprint.update(f"{item.key}\t{item.label}\t{item.source_bytes}\n".encode())
+        self.class_counts[item.label] += 1
+        self.encodings[item.encoding] += 1
+        self.bytes_in += item.source_bytes
 
 
 def pack(
@@ -149,7 +131,6 @@ def pack(
             different sizes).
     """
     options = options or PackOptions()
-    pre = options.preprocess
     started = time.perf_counter()
     check_local(output)
     if not isinstance(source, Source):
@@ -157,31 +138,63 @@ def pack(
     output = os.path.abspath(os.fspath(output))
     spec = format_for_output(output, options.format)
     writer_cls = spec.load_writer()
-    if isinstance(source, Source):
-        src: Source | None = source
-        source_root = src.describe().get("root")
-    else:
-        src = None  # scanned once the writer has accepted the output
-        source_root = os.path.abspath(os.fspath(source))
+    src = source if isinstance(source, Source) else None  # a folder is scanned later
+    source_root = src.describe().get("root") if src else os.path.abspath(os.fspath(source))
     if source_root and os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
     workers = options.workers if options.workers is not None else usable_cores()
     if workers < 1:
         raise FastDataError(f"workers={workers} is not allowed: give at least 1")
+    writer_options = _writer_options(spec, options, output)
 
-    warnings_: list[str] = []
+    # The writer first: it refuses an existing output before any scanning.
+    with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
+                                              **writer_options) as writer:
+        if src is None:
+            src = ImageFolderSource(source_root)
+        tally = _Tally(len(src.classes), on_event)
+        for msg in src.warnings():
+            tally.warn(msg)
+        items = _Prepared(src, options, min(workers, max(1, len(src) // 16)))
+        # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
+        bar = progress_bar(len(src), f"pack {os.path.basename(output)}", enabled=progress)
+        try:
+            for item in items:
+                bar.update(1)
+                if isinstance(item, SkippedFile):
+                    if options.strict:
+                        raise BadImageError(
+                            item.reason + " (strict=True stops at the first bad image)",
+                            path=os.path.join(source_root, item.key) if source_root
+                            else item.key, key=item.key)
+                    tally.skipped.append(item)
+                    continue
+                tally.add(item)
+                writer.write(Record(writer.count, item.key, item.label, item.payload,
+                                    item.encoding, item.width, item.height))
+        finally:
+            bar.close()
+            items.close()
+        _check_written(src, tally, writer.count, source_root)
+        manifest = writer.finish(_manifest(spec, src, tally, writer, options, writer_options))
 
-    def warn(msg: str) -> None:
-        warnings_.append(msg)
-        if on_event:
-            on_event(msg)
+    output = getattr(writer, "output_path", output)
+    report = None
+    if tally.skipped or tally.warnings:
+        report = write_report(output, tally.skipped, tally.warnings)
+    else:
+        remove_stale_report(output)
+    return PackSummary(
+        output=output, format=spec.name, records=manifest.count,
+        classes=len(manifest.classes), bytes_in=tally.bytes_in,
+        bytes_out=int(manifest.bytes.get("on_disk", 0)),
+        seconds=time.perf_counter() - started, skipped=tally.skipped,
+        ignored=int(manifest.source.get("ignored", 0)), warnings=tally.warnings,
+        report=report, encodings=dict(manifest.encoding["formats"]),
+    )
 
-    skipped: list[SkippedFile] = []
-    encodings: Counter[str] = Counter()
-    fingerprint = hashlib.sha256()
-    bytes_in = 0
-    raw_shape: tuple[int, int, int] | None = None
 
+def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict[str, Any]:
     writer_options = dict(options.writer_options)
     if options.shard_size not in (None, ""):
         if not spec.sharded:
@@ -189,169 +202,73 @@ def pack(
                 f"shard_size= applies to sharded formats ({', '.join(sharded_formats())}), "
                 f"not {spec.name}", path=output)
         writer_options["shard_size"] = options.shard_size
+    return writer_options
 
-    # The writer first: it refuses an existing output before any scanning.
-    with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
-                                              **writer_options) as writer:
-        if src is None:
-            src = ImageFolderSource(source_root)
-        for msg in src.warnings():
-            warn(msg)
-        described = src.describe()
-        empty = {i for i in range(len(src.classes))} - {e.label for e in src}
-        class_counts = [0] * len(src.classes)
-        workers = min(workers, max(1, len(src) // 16))
-        jobs = ((entry, options.verify_decode, pre) for entry in src)
-        # The pool starts before the progress bar's thread, so nothing of ours
-        # is mid-call in another thread when it forks.
-        pool = _start_pool(workers)
-        results = pool.imap(_prepare, jobs, chunksize=8) if pool else map(_prepare, jobs)
-        bar = progress_bar(len(src), f"pack {os.path.basename(output)}", enabled=progress)
-        try:
-            for item in results:
-                bar.update(1)
-                if isinstance(item, SkippedFile):
-                    if options.strict:
-                        raise BadImageError(
-                            item.reason + " (strict=True stops at the first bad image)",
-                            path=_entry_path(source_root, item.key), key=item.key)
-                    skipped.append(item)
-                    continue
-                if item.encoding == "raw":
-                    shape = (item.height, item.width, 3)
-                    if raw_shape is None:
-                        raw_shape = shape
-                    elif shape != raw_shape:
-                        raise FastDataError(
-                            f"raw storage needs one image size, but this image is "
-                            f"{item.width}x{item.height} and earlier ones "
-                            f"{raw_shape[1]}x{raw_shape[0]}; pass resize=(h, w), or resize=N "
-                            f"with center_crop=True", key=item.key)
-                fingerprint.update(f"{item.key}\t{item.label}\t{item.source_bytes}\n".encode())
-                writer.write(Record(writer.count, item.key, item.label, item.payload,
-                                    item.encoding, item.width, item.height))
-                class_counts[item.label] += 1
-                encodings[item.encoding] += 1
-                bytes_in += item.source_bytes
-        finally:
-            bar.close()
-            if pool is not None:
-                pool.terminate()
-                pool.join()
-        if writer.count == 0:
-            raise SourceError(
-                f"none of the {len(src)} image files could be read ({len(skipped)} skipped, "
-                f"first: {skipped[0].key}: {skipped[0].reason})" if skipped
-                else "no images to pack", path=source_root)
-        for label, name in enumerate(src.classes):
-            if class_counts[label] == 0 and label not in empty:
-                warn(f"every image of class {name!r} was skipped; its label {label} is kept")
-        storage = "keep" if pre.identity else pre.encoding
-        manifest = Manifest(
-            format=spec.name,
-            count=writer.count,
-            classes=list(src.classes),
-            class_counts=class_counts,
-            encoding={"storage": storage, "formats": dict(sorted(encodings.items())),
-                      "shape": list(raw_shape) if raw_shape else None,
-                      "dtype": "uint8" if raw_shape else None,
-                      "layout": "HWC" if raw_shape else None},
-            bytes={"source": bytes_in, "payload": writer.payload_bytes},
-            checksums={},
-            shards=[],
-            source={"root": described.get("root"), "fingerprint": fingerprint.hexdigest(),
-                    "files": described.get("files", len(src)), "skipped": len(skipped),
-                    "ignored": described.get("ignored", 0),
-                    **{k: v for k, v in described.items()
-                       if k not in ("root", "files", "ignored")}},
-            pack_options={"format": spec.name, "strict": options.strict,
-                          "verify_decode": options.verify_decode,
-                          "preprocess": pre.to_dict(),
-                          **{k: v for k, v in writer_options.items()}},
-            created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            fastdata_version=__version__,
-        )
-        manifest = writer.finish(manifest)
 
-    output = getattr(writer, "output_path", output)
-    report = None
-    if skipped or warnings_:
-        report = _write_report(output, skipped, warnings_)
-    else:
-        _remove_stale_report(output)
-    return PackSummary(
-        output=output,
+class _Prepared:
+    """Every entry of a source prepared, in source order, by worker processes when
+    ``workers`` > 1. The pool starts here, at once (before any thread of ours
+    exists); ``close()`` stops it."""
+
+    def __init__(self, src: Source, options: PackOptions, workers: int) -> None:
+        jobs = ((entry, options.verify_decode, options.preprocess) for entry in src)
+        self._pool = start_pool(workers)
+        self._results = (self._pool.imap(prepare, jobs, chunksize=8) if self._pool
+                         else map(prepare, jobs))
+
+    def __iter__(self) -> Iterator[Prepared | SkippedFile]:
+        return iter(self._results)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+def _check_written(src: Source, tally: _Tally, written: int, root: str | None) -> None:
+    """Refuse an empty result; warn about classes that lost every image."""
+    if written == 0:
+        skipped = tally.skipped
+        raise SourceError(
+            f"none of the {len(src)} image files could be read ({len(skipped)} skipped, "
+            f"first: {skipped[0].key}: {skipped[0].reason})" if skipped
+            else "no images to pack", path=root)
+    empty = set(range(len(src.classes))) - {e.label for e in src}
+    for label, name in enumerate(src.classes):
+        if tally.class_counts[label] == 0 and label not in empty:
+            tally.warn(f"every image of class {name!r} was skipped; its label {label} is kept")
+
+
+def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: PackOptions,
+              writer_options: dict[str, Any]) -> Manifest:
+    pre = options.preprocess
+    described = src.describe()
+    raw = tally.raw_shape
+    return Manifest(
         format=spec.name,
-        records=manifest.count,
-        classes=len(manifest.classes),
-        bytes_in=bytes_in,
-        bytes_out=int(manifest.bytes.get("on_disk", 0)),
-        seconds=time.perf_counter() - started,
-        skipped=skipped,
-        ignored=int(described.get("ignored", 0)),
-        warnings=warnings_,
-        report=report,
-        encodings=dict(manifest.encoding["formats"]),
+        count=writer.count,
+        classes=list(src.classes),
+        class_counts=tally.class_counts,
+        encoding={"storage": "keep" if pre.identity else pre.encoding,
+                  "formats": dict(sorted(tally.encodings.items())),
+                  "shape": list(raw) if raw else None,
+                  "dtype": "uint8" if raw else None,
+                  "layout": "HWC" if raw else None},
+        bytes={"source": tally.bytes_in, "payload": writer.payload_bytes},
+        checksums={},
+        shards=[],
+        source={"root": described.get("root"), "fingerprint": tally.fingerprint.hexdigest(),
+                "files": described.get("files", len(src)), "skipped": len(tally.skipped),
+                "ignored": described.get("ignored", 0),
+                **{k: v for k, v in described.items()
+                   if k not in ("root", "files", "ignored")}},
+        pack_options={"format": spec.name, "strict": options.strict,
+                      "verify_decode": options.verify_decode,
+                      "preprocess": pre.to_dict(), **writer_options},
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        fastdata_version=__version__,
     )
-
-
-def _start_pool(workers: int):
-    """A process pool for ``workers`` > 1, else None (work runs inline)."""
-    if workers <= 1:
-        return None
-    import multiprocessing as mp
-
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    return mp.get_context(method).Pool(workers, initializer=_worker_init)
-
-
-def _worker_init() -> None:
-    # Ctrl-C goes to the whole process group: let the parent alone handle it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        import cv2
-
-        cv2.setNumThreads(1)  # one process per core already
-    except ImportError:
-        pass
-
-
-def _entry_path(root: str | None, key: str) -> str:
-    return os.path.join(root, key) if root else key
-
-
-def _read(entry: SourceEntry) -> bytes:
-    if entry.data is not None:
-        return entry.data
-    try:
-        with open(entry.path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise BadImageError(f"cannot read file: {exc.strerror or exc}", key=entry.key) from None
-
-
-def _report_path(output: str) -> str:
-    base = output[: -len(".fastdata.json")] if output.endswith(".fastdata.json") else output
-    return f"{base}.report.json"
-
-
-def _remove_stale_report(output: str) -> None:
-    """A report from an earlier pack of the same output would describe other data."""
-    try:
-        os.remove(_report_path(output))
-    except FileNotFoundError:
-        pass
-
-
-def _write_report(output: str, skipped: list[SkippedFile], warnings_: list[str]) -> str:
-    path = _report_path(output)
-    data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_}
-    tmp = f"{path}.partial"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
-    return path
 
 
 class _sigterm_as_interrupt:

@@ -1,0 +1,87 @@
+"""The per-image work of a pack: read, check and preprocess one source entry.
+
+Runs in pack worker processes (or inline for one worker); what comes back is
+picklable and holds the bytes to store.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from fastdata.errors import BadImageError
+from fastdata.packers.checks import check_image
+from fastdata.packers.preprocess import Preprocess
+from fastdata.packers.source import SourceEntry
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A source image left out of the pack, and why."""
+
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One source image after reading, checking and preprocessing (picklable)."""
+
+    key: str
+    label: int
+    source_bytes: int
+    payload: bytes
+    encoding: str
+    width: int
+    height: int
+
+
+def prepare(job: tuple[SourceEntry, bool, Preprocess]) -> Prepared | SkippedFile:
+    """Read, check and preprocess one image; runs in pack worker processes."""
+    entry, verify_decode, pre = job
+    try:
+        data = _read(entry)
+        info = check_image(data, key=entry.key, verify_decode=verify_decode)
+        if pre.identity:
+            return Prepared(entry.key, entry.label, len(data), data, info.encoding,
+                             info.width, info.height)
+        try:
+            payload, encoding, width, height = pre.apply(data, info.encoding)
+        except Exception as exc:  # any decoder/encoder failure makes this image bad
+            raise BadImageError(f"cannot be decoded for preprocessing: {exc}",
+                                key=entry.key) from None
+        return Prepared(entry.key, entry.label, len(data), payload, encoding, width, height)
+    except BadImageError as exc:
+        return SkippedFile(entry.key, exc.message)
+
+
+def start_pool(workers: int):
+    """A process pool for ``workers`` > 1, else None (work runs inline)."""
+    if workers <= 1:
+        return None
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return mp.get_context(method).Pool(workers, initializer=_worker_init)
+
+
+def _worker_init() -> None:
+    # Ctrl-C goes to the whole process group: let the parent alone handle it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)  # one process per core already
+    except ImportError:
+        pass
+
+
+def _read(entry: SourceEntry) -> bytes:
+    if entry.data is not None:
+        return entry.data
+    try:
+        with open(entry.path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise BadImageError(f"cannot read file: {exc.strerror or exc}", key=entry.key) from None

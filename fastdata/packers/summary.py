@@ -1,0 +1,61 @@
+"""What a pack reports: the summary it returns and the report file of skipped images."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastdata.formats import MANIFEST_SUFFIX
+from fastdata.packers.prepare import SkippedFile
+
+
+@dataclass(frozen=True)
+class PackSummary:
+    """What a pack did. ``to_dict()`` is what ``fastdata pack --json`` prints."""
+
+    output: str
+    format: str
+    records: int
+    classes: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    skipped: list[SkippedFile] = field(default_factory=list)
+    ignored: int = 0
+    warnings: list[str] = field(default_factory=list)
+    report: str | None = None
+    encodings: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["images_per_second"] = round(self.rate, 1)
+        return data
+
+
+def report_path(output: str) -> str:
+    base = output[: -len(MANIFEST_SUFFIX)] if output.endswith(MANIFEST_SUFFIX) else output
+    return f"{base}.report.json"
+
+
+def remove_stale_report(output: str) -> None:
+    """A report from an earlier pack of the same output would describe other data."""
+    try:
+        os.remove(report_path(output))
+    except FileNotFoundError:
+        pass
+
+
+def write_report(output: str, skipped: list[SkippedFile], warnings_: list[str]) -> str:
+    path = report_path(output)
+    data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_}
+    tmp = f"{path}.partial"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+    os.replace(tmp, path)
+    return path
