@@ -35,6 +35,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
+def open_lock() -> threading.Lock:
+    """The lock readers hold while opening a handle (threads of one process share
+    readers; a fresh lock in every forked child, so none is inherited held)."""
+    return _OPEN_LOCK
+
+
 class Reader:
     """Base class of format readers.
 
@@ -99,7 +105,7 @@ class Reader:
         self._check_process()
         handle = self._handle
         if handle is None:
-            with _OPEN_LOCK:
+            with open_lock():
                 if self._handle is None:
                     self._handle = self._open_handle()
                 handle = self._handle

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from fastdata.errors import CorruptDataError, ManifestError
-from fastdata.formats.reader import Reader
+from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.registry import MANIFEST_SUFFIX
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
 from fastdata.records import MANIFEST_VERSION, Manifest
@@ -41,7 +40,6 @@ class ShardedReader(Reader):
 
     def __init__(self, path, *, verify: bool = True) -> None:
         self._fds: dict[int, int] = {}
-        self._fd_lock = threading.Lock()
         self._index: np.ndarray | None = None
         self._shard_paths: list[str] = []
         self._foreign_keys: list[str] | None = None
@@ -145,16 +143,12 @@ class ShardedReader(Reader):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.update(_fds={}, _fd_lock=None)
+        state.update(_fds={})
         if state.get("_foreign_keys") is None:
             state["_index"] = None  # reloaded (memory-light) from the .npy in the worker
         else:
             state["_labels"] = self._labels  # else every worker would re-scan the shards
         return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._fd_lock = threading.Lock()
 
     def _ensure_index(self) -> np.ndarray:
         if self._index is None:
@@ -193,7 +187,7 @@ class ShardedReader(Reader):
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
-            with self._fd_lock:
+            with open_lock():
                 fd = self._fds.get(shard)
                 if fd is None:
                     try:
