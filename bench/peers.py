@@ -1,6 +1,6 @@
 """fastdata against other data-loading libraries, on the same images, in one run.
 
-Rows, all measured by ``fastdata.benchmark.measure_loader`` with the same
+Rows, all measured by ``fastdata.bench.measure_loader`` with the same
 output ((B, 3, S, S) uint8 images + B labels), batch size and DataLoader
 worker counts, one warm-up epoch discarded, median of ``--epochs``:
 
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from fastdata import benchmark as bm  # noqa: E402
+from fastdata import bench as bm  # noqa: E402
 from fastdata.demo import synthesize  # noqa: E402
 
 # A loader for one worker count: (factory of one epoch's iterable, cleanup).

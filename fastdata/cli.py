@@ -336,7 +336,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
     """
     import tempfile
 
-    from fastdata import benchmark as bm
+    from fastdata import bench as bm
 
     if demo and paths:
         raise click.UsageError("give either --demo or PATHs, not both")

@@ -7,6 +7,9 @@ the output checks and the files it writes, on a few hundred 32x32 images.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import fastdata
-from fastdata import benchmark as bm
+from fastdata import bench as bm
 from fastdata.cli import main
 from fastdata.demo import synthesize
 from fastdata.formats import FORMATS
@@ -196,3 +199,70 @@ def test_parsers():
     assert bm.parse_formats(None) == tuple(FORMATS)
     assert bm.select_indices(10, 4, 0) == bm.select_indices(10, 4, 0)
     assert bm.select_indices(10, 20, 0) is None
+
+
+class _FailsInWorker(torch.utils.data.Dataset):
+    """Right output for a few samples, then an error raised inside a DataLoader worker."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        if i % 7 == 3:
+            raise ValueError("broken sample")
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="lists child processes in /proc")
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-epoch"])
+def test_no_worker_process_outlives_its_row(tiny_folder, monkeypatch, persistent):
+    baseline = bm.folder_target(tiny_folder)
+    broken, after = (bm.Target(name=name, kind="packed", format="lmdb", variant="keep",
+                               path="nowhere", count=48, payload_bytes=10)
+                     for name in ("broken", "after"))
+    before = set(bm.child_pids())
+    leftover = {}
+
+    def make(target, options):
+        leftover[target.name] = set(bm.child_pids()) - before  # as the row starts
+        if target.name == "broken":
+            return _FailsInWorker()
+        return bm.ImageFolderBaseline(baseline.samples, (8, 8))
+
+    monkeypatch.setattr(bm, "make_dataset", make)
+    report = bm.run_bench([baseline, broken, after],
+                          bm.BenchOptions(size=8, batch_size=8, epochs=1, workers=(2,),
+                                          persistent_workers=persistent), progress=False)
+    assert [r.status for r in report.results] == ["ok", "failed", "ok"]
+    assert "ValueError" in report.results[1].error and report.results[0].cpu > 0
+    assert leftover == {"folder (PIL)": set(), "broken": set(), "after": set()}
+    assert set(bm.child_pids()) - before == set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes in /proc")
+def test_children_cpu_counts_live_child_processes():
+    spin = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "print('ready', flush=True)\ntime.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert proc.pid in bm.child_pids()
+        assert bm.children_cpu_seconds() >= 0.25
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_limit_packs_exactly_the_baseline_samples(tiny_folder, tmp_path):
+    targets = bm.pack_targets(tiny_folder, tmp_path, formats=("lmdb",),
+                              variants=bm.parse_variants("keep", 8), limit=10, seed=3)
+    base, packed = targets
+    assert packed.error is None and base.count == packed.count == 10
+    ds = fastdata.open_dataset(packed.path, output="bytes")
+    assert ds.keys == [os.path.relpath(p, tiny_folder).replace(os.sep, "/")
+                       for p, _ in base.samples]
+    assert ds.targets == [label for _, label in base.samples]
+    assert ds.classes == sorted(os.listdir(tiny_folder))  # every class, even one not chosen
+    assert ds.manifest.source["root"] == str(tiny_folder)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("source")]  # no copied tree

@@ -1,0 +1,116 @@
+"""What a run found: one :class:`Result` per row and worker count, and the report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastdata.bench.options import BASELINE_NAME
+
+
+@dataclass(frozen=True)
+class Result:
+    """One row at one worker count (what ``--json`` lists under ``rows``)."""
+
+    name: str
+    format: str
+    variant: str
+    label: str
+    path: str | None
+    workers: int
+    status: str
+    error: str | None
+    cache: str
+    decoder: str
+    samples_per_s: float | None = None
+    mb_per_s: float | None = None
+    ratio: float | None = None
+    pack_seconds: float | None = None
+    size_bytes: int | None = None
+    payload_bytes: int | None = None
+    cpu: float | None = None
+    other_cpu: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    first_batch_ms: float | None = None
+    samples: int | None = None
+    batches: int | None = None
+    epoch_samples_per_s: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    output_shape: list[int] | None = None
+    output_dtype: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the row was measured (rather than failed)."""
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Everything one run measured, and where."""
+
+    machine: dict[str, Any]
+    options: dict[str, Any]
+    cache: str
+    cache_note: str | None
+    results: list[Result]
+    seconds: float
+    created_at: str
+
+    @property
+    def row_names(self) -> list[str]:
+        """Row names in table order, each once."""
+        return list(dict.fromkeys(r.name for r in self.results))
+
+    def best(self) -> dict[str, Result]:
+        """Per row name, its fastest worker count."""
+        out: dict[str, Result] = {}
+        for r in self.results:
+            if r.ok and (r.name not in out or r.samples_per_s > out[r.name].samples_per_s):
+                out[r.name] = r
+        return out
+
+    def fastest(self) -> Result | None:
+        """The fastest row at its best worker count, or None when every row failed."""
+        best = list(self.best().values())
+        return max(best, key=lambda r: r.samples_per_s) if best else None
+
+    def baseline(self) -> Result | None:
+        """The baseline's best result."""
+        return self.best().get(BASELINE_NAME) or next(
+            (r for n, r in self.best().items() if n.startswith(BASELINE_NAME)), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as ``--json`` writes it."""
+        fastest = self.fastest()
+        return {
+            "kind": "fastdata-bench",
+            "version": 1,
+            "created_at": self.created_at,
+            "seconds": round(self.seconds, 2),
+            "cache": self.cache,
+            "cache_note": self.cache_note,
+            "machine": self.machine,
+            "options": self.options,
+            "rows": [r.to_dict() for r in self.results],
+            "best": {name: {"workers": r.workers, "samples_per_s": r.samples_per_s,
+                            "ratio": r.ratio} for name, r in self.best().items()},
+            "fastest": None if fastest is None else {
+                "name": fastest.name, "workers": fastest.workers,
+                "samples_per_s": fastest.samples_per_s, "ratio": fastest.ratio},
+        }
+
+
+def describe_result(r: Result) -> str:
+    """One line for the log (stderr) about a finished measurement."""
+    head = f"{r.name}, {r.workers} worker{'s' if r.workers != 1 else ''}"
+    if not r.ok:
+        return f"{head}: FAILED: {r.error}"
+    ratio = f", {r.ratio:.2f}x baseline" if r.ratio is not None else ""
+    return (f"{head}: {r.samples_per_s:,.0f} samples/s, {r.mb_per_s:.1f} MB/s{ratio}, "
+            f"CPU {r.cpu * 100:.0f}%, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms ({r.cache})")
