@@ -355,35 +355,54 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
 
     with tempfile.TemporaryDirectory(prefix="fastdata-bench-") as tmp:
         work = os.path.abspath(out_dir) if out_dir else tmp
-        targets = None
         if demo:
-            from fastdata.demo import synthesize
-
-            n = limit or (10000 if demo == "tiny" else 512)
-            src = os.path.join(work, f"demo-{demo}")
-            try:
-                summary = synthesize(src, kind=demo, n=n, progress=progress, overwrite=True)
-            except ValueError as exc:  # e.g. --limit below the demo's class count
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
-            log(f"generated {summary.images} {demo} images in {summary.classes} classes "
-                f"({summary.bytes / 1e6:.1f} MB) in {summary.seconds:.1f} s")
-            paths = (src,)
-        if len(paths) == 1 and not no_pack and os.path.isdir(paths[0]):
-            from fastdata.errors import UnknownFormatError
-            from fastdata.formats import detect_format
-
-            try:
-                detect_format(paths[0])
-            except UnknownFormatError:
-                # An image folder: the baseline plus every format packed from it.
-                targets = bm.pack_targets(paths[0], work, formats=format_names,
-                                          variants=variant_list, limit=limit, seed=seed,
-                                          progress=progress, log=log)
+            paths = (_bench_demo(demo, work, limit, progress, log),)
+        targets = None
+        if len(paths) == 1 and not no_pack and _is_image_folder(paths[0]):
+            # The baseline plus every format packed from it.
+            targets = bm.pack_targets(paths[0], work, formats=format_names,
+                                      variants=variant_list, limit=limit, seed=seed,
+                                      progress=progress, log=log)
         if targets is None:
             targets = [bm.existing_target(p, limit=limit, seed=seed) for p in paths]
         report = bm.run_bench(targets, options, progress=progress, log=log)
         table = bm.format_table(report)
+    _bench_output(bm, report, table, json_path, plot_path, log)
+
+
+def _bench_demo(demo: str, work: str, limit: int | None, progress, log) -> str:
+    """Generate the demo images for ``bench --demo``; their folder."""
+    from fastdata.demo import synthesize
+
+    n = limit or (10000 if demo == "tiny" else 512)
+    src = os.path.join(work, f"demo-{demo}")
+    try:
+        summary = synthesize(src, kind=demo, n=n, progress=progress, overwrite=True)
+    except ValueError as exc:  # e.g. --limit below the demo's class count
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    log(f"generated {summary.images} {demo} images in {summary.classes} classes "
+        f"({summary.bytes / 1e6:.1f} MB) in {summary.seconds:.1f} s")
+    return src
+
+
+def _is_image_folder(path: str) -> bool:
+    """A folder that is not a packed dataset (so: images to pack)."""
+    from fastdata.errors import UnknownFormatError
+    from fastdata.formats import detect_format
+
+    if not os.path.isdir(path):
+        return False
+    try:
+        detect_format(path)
+    except UnknownFormatError:
+        return True
+    return False
+
+
+def _bench_output(bm, report, table: str, json_path: str | None, plot_path: str | None,
+                  log) -> None:
+    """Print the table, write the JSON and plot; exit 1 when no row worked."""
     if json_path == "-":
         click.echo(table, err=True)
         _print_json(report.to_dict())

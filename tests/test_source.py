@@ -261,3 +261,11 @@ def test_pack_takes_an_image_folder_source_and_its_subset(tmp_path, image_tree):
     ds = fastdata.open_dataset(tmp_path / "c.h5", output="bytes")
     assert ds.keys == [image_tree.samples[i].key for i in (3, 0, 5)]
     assert ds.targets == [image_tree.samples[i].label for i in (3, 0, 5)]
+
+
+def test_a_subset_warns_only_about_classes_empty_in_the_tree(image_tree):
+    src = ImageFolderSource(image_tree.root)
+    first_class_only = [i for i, e in enumerate(src) if e.label == 0]
+    sub = src.subset(first_class_only)
+    assert sub.empty_classes == src.empty_classes == ["z_empty"]
+    assert sub.warnings() == src.warnings()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import fastdata
+from fastdata.packers.pack import PackSummary
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.tar.members import iter_members, split_key
 from fastdata.formats.tar.reader import TarReader
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore:.*shardshuffle.*:UserWarning")]
 
 
-def pack(src, out, **options) -> "PackSummary":
+def pack(src, out, **options) -> PackSummary:
     return fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
 
 

@@ -172,6 +172,9 @@ def pack(
                 tally.add(item)
                 writer.write(Record(writer.count, item.key, item.label, item.payload,
                                     item.encoding, item.width, item.height))
+        except BaseException:
+            items.close(terminate=True)
+            raise
         finally:
             bar.close()
             items.close()
@@ -219,11 +222,16 @@ class _Prepared:
     def __iter__(self) -> Iterator[Prepared | SkippedFile]:
         return iter(self._results)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+    def close(self, *, terminate: bool = False) -> None:
+        """Stop the pool: let the workers finish (all work is done) or, after an
+        error, ``terminate`` them."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            if terminate:
+                pool.terminate()
+            else:
+                pool.close()
+            pool.join()
 
 
 def _check_written(src: Source, tally: _Tally, written: int, root: str | None) -> None:

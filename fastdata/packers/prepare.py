@@ -55,6 +55,11 @@ def prepare(job: tuple[SourceEntry, bool, Preprocess]) -> Prepared | SkippedFile
         return SkippedFile(entry.key, exc.message)
 
 
+#: Signals a worker must not handle with the parent's handlers.
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_HAS_SIGMASK = hasattr(signal, "pthread_sigmask")
+
+
 def start_pool(workers: int):
     """A process pool for ``workers`` > 1, else None (work runs inline)."""
     if workers <= 1:
@@ -62,13 +67,24 @@ def start_pool(workers: int):
     import multiprocessing as mp
 
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    return mp.get_context(method).Pool(workers, initializer=_worker_init)
+    # A worker forked while pack() turns SIGTERM into KeyboardInterrupt would run
+    # that handler until its initializer replaces it, and could swallow the
+    # pool's own shutdown signal: keep both signals blocked across the fork;
+    # each worker unblocks them once its own handlers are set.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if _HAS_SIGMASK else None
+    try:
+        return mp.get_context(method).Pool(workers, initializer=_worker_init)
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _worker_init() -> None:
     # Ctrl-C goes to the whole process group: let the parent alone handle it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _HAS_SIGMASK:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
     try:
         import cv2
 

@@ -96,6 +96,9 @@ class ImageFolderSource:
     classes: list[str] = field(init=False)
     entries: list[SourceEntry] = field(init=False)
     ignored: list[IgnoredFile] = field(init=False)
+    #: For a subset: the class folders that are empty in the whole tree (a class
+    #: merely not selected is not empty, and is not warned about).
+    _empty_in_tree: list[str] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.root = os.path.abspath(os.fspath(self.root))
@@ -126,6 +129,8 @@ class ImageFolderSource:
     @property
     def empty_classes(self) -> list[str]:
         """Class folders that hold no image file (they keep their label)."""
+        if self._empty_in_tree is not None:
+            return list(self._empty_in_tree)
         seen = {e.label for e in self.entries}
         return [name for i, name in enumerate(self.classes) if i not in seen]
 
@@ -150,6 +155,7 @@ class ImageFolderSource:
         sub.classes = list(self.classes)
         sub.entries = [self.entries[i] for i in indices]
         sub.ignored = list(self.ignored)
+        sub._empty_in_tree = self.empty_classes
         return sub
 
     def _find_classes(self) -> list[str]:
