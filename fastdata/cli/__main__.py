@@ -1,0 +1,5 @@
+"""``python -m fastdata.cli``: the same as the ``fastdata`` command."""
+
+from fastdata.cli import main
+
+main()

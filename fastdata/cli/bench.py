@@ -1,0 +1,165 @@
+"""``fastdata bench``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.loaders.decoder_registry import decoder_choices
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=str))
+@click.option("--demo", type=click.Choice(["photos", "tiny"]), is_flag=False,
+              flag_value="photos", default=None,
+              help="No data needed: generate demo images (photos: 512 JPEGs in 8 classes; "
+                   "tiny: 10,000 32x32 PNGs) in a temporary folder and benchmark them.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Keep the packed datasets here (default: a temporary folder, removed "
+                   "afterwards). Existing bench outputs in it are replaced.")
+@click.option("--formats", default=None, metavar="LIST",
+              help="Formats to pack, comma-separated [default: every format].")
+@click.option("--variants", default="keep", show_default=True, metavar="LIST",
+              help="keep: original bytes; resizeN: shorter side N, re-encoded at pack time "
+                   "(e.g. resize256); raw: SxS pixels stored pre-decoded.")
+@click.option("--workers", default="0,2", show_default=True, metavar="LIST",
+              help="DataLoader worker counts to sweep, e.g. 0,1,2,4.")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--size", type=int, default=None, metavar="S",
+              help="Every row returns SxS images [default: 224; 32 for --demo tiny].")
+@click.option("--decoder", type=click.Choice(decoder_choices()),
+              default="auto", show_default=True,
+              help="Decoder of the fastdata rows (the folder baseline always uses PIL).")
+@click.option("--epochs", type=int, default=3, show_default=True,
+              help="Measured epochs (after one warm-up epoch); the median is reported.")
+@click.option("--limit", type=int, default=None, metavar="N",
+              help="Use N samples (a seeded random selection, the same for every row).")
+@click.option("--cache", "cache", type=click.Choice(["none", "ram"]), default="none",
+              show_default=True,
+              help="ram: fastdata rows read from the shared RAM cache (cache='ram'); with "
+                   "--cold, epoch 1 fills it from a cold disk and later epochs read memory.")
+@click.option("--persistent-workers/--no-persistent-workers", default=True, show_default=True,
+              help="Keep DataLoader workers between epochs, as training does (start-up falls "
+                   "in the warm-up epoch); --no-persistent-workers restarts them every epoch.")
+@click.option("--cold", is_flag=True,
+              help="Drop the page cache before every measured epoch (root on Linux); "
+                   "otherwise say so and run warm.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Shuffling and --limit selection seed.")
+@click.option("--no-pack", is_flag=True,
+              help="With one image folder: measure it as it is (the baseline) without packing.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=str),
+              default=None, metavar="FILE",
+              help="Write every figure, the machine and the options as JSON ('-': stdout).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=str),
+              default=None, metavar="FILE.png", help="Draw a bar chart of samples/s per row.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar (default: when stderr is a terminal).")
+@_handle_errors
+def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, decoder, epochs,
+          limit, cache, persistent_workers, cold, seed, no_pack, json_path, plot_path, progress):
+    """Measure data-loading throughput: an image folder against every format.
+
+    \b
+    fastdata bench SRC_DIR        pack SRC_DIR into every format, then measure the
+                                  folder (read as torchvision's ImageFolder does)
+                                  and each packed dataset with the same settings
+    fastdata bench PATH...        measure existing packed datasets / image folders
+    fastdata bench --demo [tiny]  the same on generated demo data
+
+    Every row returns the same batches ((B, 3, S, S) uint8 images, B labels)
+    through a shuffled DataLoader; one warm-up epoch is discarded and the
+    median of --epochs is reported, with samples/s, MB/s of stored data, the
+    ratio to the folder baseline, pack time and size, CPU use and batch latency.
+
+    \b
+    Examples:
+      fastdata bench --demo --workers 0,2
+      fastdata bench ./images --variants keep,resize256,raw --json bench.json --plot bench.png
+      fastdata bench train.lmdb train-000000.tar --limit 5000
+    """
+    import tempfile
+
+    from fastdata import bench as bm
+
+    if demo and paths:
+        raise click.UsageError("give either --demo or PATHs, not both")
+    if not demo and not paths:
+        raise click.UsageError("give an image folder, packed datasets, or --demo")
+    if size is None:
+        size = 32 if demo == "tiny" else 224
+    options = bm.BenchOptions(size=size, batch_size=batch_size, workers=bm.parse_workers(workers),
+                              epochs=epochs, decoder=decoder, cold=cold, seed=seed, limit=limit,
+                              ram_cache=cache == "ram", persistent_workers=persistent_workers)
+    format_names = bm.parse_formats(formats)
+    variant_list = bm.parse_variants(variants, size)
+
+    def log(line: str) -> None:
+        click.echo(line, err=True)
+
+    with tempfile.TemporaryDirectory(prefix="fastdata-bench-") as tmp:
+        work = os.path.abspath(out_dir) if out_dir else tmp
+        if demo:
+            paths = (_bench_demo(demo, work, limit, progress, log),)
+        targets = None
+        if len(paths) == 1 and not no_pack and _is_image_folder(paths[0]):
+            # The baseline plus every format packed from it.
+            targets = bm.pack_targets(paths[0], work, formats=format_names,
+                                      variants=variant_list, limit=limit, seed=seed,
+                                      progress=progress, log=log)
+        if targets is None:
+            targets = [bm.existing_target(p, limit=limit, seed=seed) for p in paths]
+        report = bm.run_bench(targets, options, progress=progress, log=log)
+        table = bm.format_table(report)
+    _bench_output(bm, report, table, json_path, plot_path, log)
+
+
+def _bench_demo(demo: str, work: str, limit: int | None, progress, log) -> str:
+    """Generate the demo images for ``bench --demo``; their folder."""
+    from fastdata.demo import synthesize
+
+    n = limit or (10000 if demo == "tiny" else 512)
+    src = os.path.join(work, f"demo-{demo}")
+    try:
+        summary = synthesize(src, kind=demo, n=n, progress=progress, overwrite=True)
+    except ValueError as exc:  # e.g. --limit below the demo's class count
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    log(f"generated {summary.images} {demo} images in {summary.classes} classes "
+        f"({summary.bytes / 1e6:.1f} MB) in {summary.seconds:.1f} s")
+    return src
+
+
+def _is_image_folder(path: str) -> bool:
+    """A folder that is not a packed dataset (so: images to pack)."""
+    from fastdata.errors import UnknownFormatError
+    from fastdata.formats import detect_format
+
+    if not os.path.isdir(path):
+        return False
+    try:
+        detect_format(path)
+    except UnknownFormatError:
+        return True
+    return False
+
+
+def _bench_output(bm, report, table: str, json_path: str | None, plot_path: str | None,
+                  log) -> None:
+    """Print the table, write the JSON and plot; exit 1 when no row worked."""
+    if json_path == "-":
+        click.echo(table, err=True)
+        _print_json(report.to_dict())
+    else:
+        click.echo(table)
+        if json_path:
+            bm.write_json(report, json_path)
+            log(f"wrote {json_path}")
+    if plot_path:
+        bm.write_plot(report, plot_path)
+        log(f"wrote {plot_path}")
+    if not any(r.ok for r in report.results):
+        sys.exit(1)

@@ -1,0 +1,76 @@
+"""``fastdata info`` and ``fastdata verify``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.machine import human_bytes
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@_handle_errors
+def info(path, as_json):
+    """Show the manifest of the packed dataset PATH."""
+    from fastdata.formats import read_manifest
+
+    m = read_manifest(path)
+    if as_json:
+        _print_json(m.to_dict())
+        return
+    classes = ", ".join(f"{c} ({n})" for c, n in zip(m.classes[:8], m.class_counts[:8]))
+    if len(m.classes) > 8:
+        classes += f", ... {len(m.classes) - 8} more"
+    enc = m.encoding
+    rows = [
+        ("format", f"{m.format} (manifest v{m.version}, written by fastdata {m.fastdata_version})"),
+        ("records", f"{m.count:,}"),
+        ("classes", f"{len(m.classes)}: {classes}"),
+        ("encoding", f"{enc.get('storage')}: "
+                     + ", ".join(f"{k} {v}" for k, v in enc.get("formats", {}).items())
+                     + (f", shape {enc['shape']}" if enc.get("shape") else "")),
+        ("size", f"payload {human_bytes(m.bytes.get('payload', 0))}, on disk "
+                 f"{human_bytes(m.bytes.get('on_disk', 0))} "
+                 f"(source {human_bytes(m.bytes.get('source', 0))})"),
+        ("shards", f"{len(m.shards)}: " + ", ".join(s["path"] for s in m.shards[:4])
+                   + (" ..." if len(m.shards) > 4 else "")),
+        ("checksums", f"{m.checksums.get('record')} per record; payload sha256 "
+                      f"{m.checksums.get('payload_sha256', '')[:16]}..."),
+        ("source", f"{m.source.get('root')} ({m.source.get('files')} files, "
+                   f"{m.source.get('skipped')} skipped, {m.source.get('ignored')} ignored)"),
+        ("created", m.created_at),
+        ("options", ", ".join(f"{k}={v}" for k, v in m.pack_options.items())),
+    ]
+    click.echo(os.path.abspath(path))
+    for name, value in rows:
+        click.echo(f"  {name:<10} {value}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--decode", is_flag=True, help="Also decode every image.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
+@_handle_errors
+def verify(path, decode, as_json, progress):
+    """Read every record of PATH and check it against its stored CRC32.
+
+    Exits 1 when any record is damaged, listing each one.
+    """
+    from fastdata.loaders.verify import verify_dataset
+
+    result = verify_dataset(path, decode=decode, progress=progress)
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        click.echo(f"{result.path}: {result.checked} records checked, {len(result.problems)} "
+                   f"damaged" + (" (decoded)" if decode else ""))
+        for p in result.problems[:20]:
+            click.echo(f"  record {p['index']} ({p['key']}): {p['reason']}")
+    if result.problems:
+        sys.exit(1)
