@@ -21,6 +21,7 @@ from fastdata.formats.reader import Reader
 from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
 from fastdata.machine import usable_cores
 
+
 def decode_threads_for_worker(requested: int | None) -> int:
     """Threads for batch decoding: the usable cores shared among DataLoader workers."""
     if requested is not None:
