@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,9 @@ from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.machine import rank_and_world
+
+#: Records read per random-access batch after a shard's stream broke.
+_REST_BATCH = 64
 
 
 def _seed(*parts: int | str) -> int:
@@ -72,7 +76,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         shuffle: shuffle shard order and samples (seeded).
         shuffle_buffer: samples held per worker for shuffling.
         seed: base seed; the epoch is mixed in (see ``set_epoch``).
-        on_error: "raise" or "skip" (count in ``skipped`` and go on).
+        on_error: "raise" or "skip": a record that cannot be read is left out and
+            counted in ``skipped`` (each one: when a shard's stream breaks, the
+            records after the damage are read through the dataset index).
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
         decoder, size, keep_gray: decoding options, as for map-style datasets.
@@ -167,26 +173,77 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     def _records(self, shards: list[int], stride: int | None, g: int
                  ) -> Iterator[tuple[int, bytes]]:
         """(index, payload) of this worker's records, checksums verified."""
-        reader = self.reader
         for shard in shards:
-            stream = reader.iter_shard(shard)
-            while True:
+            yield from self._shard_records(shard, stride, g)
+
+    def _shard_records(self, shard: int, stride: int | None, g: int
+                       ) -> Iterator[tuple[int, bytes]]:
+        """One shard's records, streamed. A damaged record is skipped alone under
+        ``on_error="skip"``: when the stream itself breaks (a bad frame, a data
+        CRC failure inside it, a cut-short file), the records it had not reached
+        are read by random access through the dataset index, which knows where
+        each one starts, and only those that cannot be read are skipped, each
+        one counted."""
+        reader = self.reader
+        first, count = reader.shard_ranges()[shard]
+        reached = first  # records before this one came through the stream
+        stream = reader.iter_shard(shard)
+        while True:
+            try:
+                index, data = next(stream)
+            except StopIteration:
+                return
+            except CorruptDataError:
+                if self.on_error == "raise":
+                    raise
+                break  # the records not reached are read by random access below
+            reached = index + 1
+            if stride is not None and index % stride != g:
+                continue
+            if reader.verify:
                 try:
-                    index, data = next(stream)
-                except StopIteration:
-                    break
+                    reader.check(index, data)
                 except CorruptDataError as exc:
-                    self._corrupt(exc, None)
-                    break  # a damaged shard cannot be resynchronised: move to the next
-                if stride is not None and index % stride != g:
+                    self._corrupt(exc, index)
                     continue
-                if reader.verify:
+            yield index, data
+        rest = [i for i in range(reached, first + count) if stride is None or i % stride == g]
+        yield from self._read_rest(rest)
+
+    def _read_rest(self, indices: list[int]) -> Iterator[tuple[int, bytes]]:
+        """Records by random access, in batches; a batch that fails is read again
+        one record at a time, and unreadable records are skipped and counted (a
+        run of them with one warning: a truncated shard loses many at once)."""
+        reader = self.reader
+        lost: list[tuple[int, CorruptDataError]] = []
+        for start in range(0, len(indices), _REST_BATCH):
+            batch = indices[start:start + _REST_BATCH]
+            try:
+                payloads = reader.read_many(batch)
+            except CorruptDataError:
+                payloads = None  # find the bad ones: one record at a time
+            for k, index in enumerate(batch):
+                if payloads is not None:
+                    data = payloads[k]
+                else:
                     try:
-                        reader.check(index, data)
+                        data = reader.read(index)
                     except CorruptDataError as exc:
-                        self._corrupt(exc, index)
+                        lost.append((index, exc))
                         continue
+                self._report_lost(lost)
+                lost = []
                 yield index, data
+        self._report_lost(lost)
+
+    def _report_lost(self, lost: list[tuple[int, CorruptDataError]]) -> None:
+        if len(lost) == 1:
+            self._corrupt(lost[0][1], lost[0][0])
+        elif lost:
+            self.skipped += len(lost)
+            warnings.warn(f"{self.path}: skipping {len(lost)} corrupt records {lost[0][0]} to "
+                          f"{lost[-1][0]}; {self.skipped} skipped so far; the first: "
+                          f"{lost[0][1]}", RuntimeWarning, stacklevel=3)
 
 
 def _buffer_shuffle(items: Iterator, size: int, rng: random.Random) -> Iterator:
