@@ -246,6 +246,15 @@ class Reader:
         self.close()
         return False
 
+    def __del__(self) -> None:
+        # A dropped reader gives back its descriptors (a loop opening datasets
+        # must not run out of them). Never raises: this may run at interpreter
+        # exit, after the modules it needs are gone, or on a half-built reader.
+        try:
+            self.close()
+        except Exception:  # nothing can be done about a failed close here
+            pass
+
     def __getstate__(self):
         state = self.__dict__.copy()
         # Per-record arrays are reloaded in the receiving process: a Dataset

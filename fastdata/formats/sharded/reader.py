@@ -8,17 +8,38 @@ fastdata manifest) are scanned once on open to build the same index in memory.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.registry import MANIFEST_SUFFIX
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
 from fastdata.records import MANIFEST_VERSION, Manifest
+
+
+def shard_error(exc: OSError, path: str, doing: str = "open") -> FastDataError:
+    """The error for a shard that cannot be opened or read: CorruptDataError,
+    except for an exhausted file-descriptor limit, which is no damage."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return FastDataError(
+            f"cannot {doing} shard: too many open files ({exc.strerror}); close datasets "
+            f"no longer used (ds.close(), or open them in a with block) or raise the limit "
+            f"(ulimit -n; now {_fd_limit()} for this process)", path=path)
+    return CorruptDataError(f"cannot {doing} shard ({exc.strerror or exc})", path=path)
+
+
+def _fd_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
 
 
 class ShardedReader(Reader):
@@ -193,8 +214,7 @@ class ShardedReader(Reader):
                     try:
                         fd = os.open(self._shard_paths[shard], os.O_RDONLY)
                     except OSError as exc:
-                        raise CorruptDataError(f"cannot open shard ({exc.strerror})",
-                                               path=self._shard_paths[shard]) from None
+                        raise shard_error(exc, self._shard_paths[shard]) from None
                     self._fds[shard] = fd
         return fd
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 from fastdata.errors import CorruptDataError
-from fastdata.formats.sharded.reader import ShardedReader
+from fastdata.formats.sharded.reader import ShardedReader, shard_error
 from fastdata.formats.tar.members import scan_samples
 from fastdata.formats.tar.schema import EXTENSIONS
 
@@ -40,8 +40,7 @@ class TarReader(ShardedReader):
         try:
             return scan_samples(path)
         except OSError as exc:
-            raise CorruptDataError(f"cannot read shard ({exc.strerror or exc})",
-                                   path=path) from None
+            raise shard_error(exc, path, "read") from None
 
     def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
         """(index, payload) of one shard's records, read in large sequential windows.

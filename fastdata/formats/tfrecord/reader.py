@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 import crc32c
 
 from fastdata.errors import CorruptDataError, ManifestError
-from fastdata.formats.sharded.reader import ShardedReader
+from fastdata.formats.sharded.reader import ShardedReader, shard_error
 from fastdata.formats.tfrecord.example import (
     WireError,
     decode_feature,
@@ -205,7 +205,7 @@ class TFRecordReader(ShardedReader):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            raise CorruptDataError(f"cannot open shard ({exc.strerror})", path=path) from None
+            raise shard_error(exc, path) from None
         try:
             size = os.fstat(fd).st_size
             buf = b""
