@@ -5,12 +5,14 @@ POSIX shared-memory block (``/dev/shm``) together with their offsets. Workers
 use that block: forked workers inherit the mapping, spawned workers attach to
 it by name. So N workers hold one copy, not N (the pitfall of per-worker
 caches). The block is freed when the Dataset that made it is garbage collected
-or the process exits. No torch here.
+or the process exits; one left behind by a killed process is removed when the
+next cache is made (see ``remove_stale_blocks``). No torch here.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import weakref
 from collections.abc import Sequence
 
@@ -49,6 +51,87 @@ def check_fits(needed: int, *, path: str | None = None, margin: float = 1.1) -> 
             f"there; enlarge /dev/shm (docker: --shm-size) or use cache=None", path=path)
 
 
+#: Shared-memory blocks of fastdata are named
+#: ``fastdata-<pid namespace>-<pid>-<start time>-<random>`` after the process that
+#: made them, so that blocks left behind by a killed process (``kill -9`` of a
+#: process group takes Python's resource tracker with it) are found and removed
+#: when the next cache is made. Only blocks of this pid namespace are judged: a
+#: /dev/shm shared between containers may hold live blocks of processes that
+#: this one cannot see.
+SHM_PREFIX = "fastdata-"
+SHM_DIR = "/dev/shm"
+
+
+def _start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _block_name() -> str | None:
+    """A name for a new block: ours on Linux, the system's choice elsewhere
+    (macOS limits names to 31 characters and has no /dev/shm to clean)."""
+    if not os.path.isdir(SHM_DIR):
+        return None
+    pid = os.getpid()
+    return (f"{SHM_PREFIX}{_pid_namespace()}-{pid}-{_start_time(pid) or 0}-"
+            f"{secrets.token_hex(4)}")
+
+
+def _alive(pid: int, start: int) -> bool:
+    """Whether the process that made a block still runs (the same pid with
+    another start time is a new process)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    now = _start_time(pid)
+    return not (start and now is not None and now != start)
+
+
+def remove_stale_blocks(directory: str = SHM_DIR) -> list[str]:
+    """Remove the shared-memory blocks of fastdata processes of this pid
+    namespace that no longer run.
+
+    Returns:
+        The names removed.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    namespace = _pid_namespace()
+    removed = []
+    for name in names:
+        if not name.startswith(SHM_PREFIX):
+            continue
+        try:
+            ns, pid, start = (int(x) for x in name[len(SHM_PREFIX):].split("-")[:3])
+        except ValueError:
+            continue  # not a name we gave
+        if ns != namespace or _alive(pid, start):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:  # gone already, or not ours to remove
+            continue
+        removed.append(name)
+    return removed
+
+
 class _SharedBlock:
     """One POSIX shared-memory block: created (and freed) by one process, attached
     by name in spawned workers, inherited by forked ones. Subclasses lay out
@@ -57,7 +140,9 @@ class _SharedBlock:
     def _create(self, nbytes: int) -> None:
         from multiprocessing import shared_memory
 
-        self._shm = shared_memory.SharedMemory(create=True, size=max(1, nbytes))
+        remove_stale_blocks()
+        self._shm = shared_memory.SharedMemory(name=_block_name(), create=True,
+                                               size=max(1, nbytes))
         self._owner_pid = os.getpid()
         self._finalizer = weakref.finalize(self, _unlink, self._shm, self._owner_pid)
         self.name = self._shm.name
