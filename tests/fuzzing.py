@@ -376,7 +376,8 @@ class _Running:
 def run(trials: list[Trial], pristines: dict, work: str, *, seed: int = 0, jobs: int = 2,
         timeout: float = 20.0, mem_bytes: int = 2 << 30, keep: bool = False,
         check=None) -> list[dict]:
-    """Run every trial in its own forked child, ``jobs`` at a time; a result per trial.
+    """Run every trial in its own forked child, ``jobs`` at a time; a result per
+    trial, in the order of ``trials``.
 
     ``check(pristine, root)`` reads the damaged copy (default :func:`evaluate`)."""
     preload()
@@ -396,7 +397,8 @@ def run(trials: list[Trial], pristines: dict, work: str, *, seed: int = 0, jobs:
             if sentinel in ready or timed_out:
                 del running[sentinel]
                 results.append(_finish(one, timed_out, now, keep))
-    return results
+    order = {trial.id: n for n, trial in enumerate(trials)}
+    return sorted(results, key=lambda r: order[r["id"]])
 
 
 def _start(trial: Trial, pristines: dict, work: str, seed: int, timeout: float,
