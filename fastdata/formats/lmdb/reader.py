@@ -29,11 +29,12 @@ from fastdata.formats.lmdb.schema import (
 from fastdata.formats.reader import Reader
 
 # (device, inode) of the data file -> [pid, env, users]; guarded by _LOCK
-# (thread-pool decoders share readers). lmdb itself recognises an environment
+# (thread-pool decoders share readers; re-entrant, because a reader that the
+# garbage collector frees inside _acquire_env releases its environment here). lmdb itself recognises an environment
 # by its file, not its path: a symlinked path is the same environment, and a
 # folder replaced by a new pack is a new one.
 _ENVS: dict[tuple[int, int], list] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
 def _env_id(path: str) -> tuple[int, int]:
