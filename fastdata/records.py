@@ -59,8 +59,10 @@ class Manifest:
         encoding: ``{"storage": "keep"|"jpeg"|"png"|"raw", "formats": {encoding: count},
             "shape": [h, w, c] or None}``.
         bytes: ``{"source": ..., "payload": ..., "on_disk": ...}`` byte totals.
-        checksums: ``{"record": "crc32", "payload_sha256": hex}``: each record's
-            CRC32 is stored beside it; the SHA-256 covers all payloads in order.
+        checksums: ``{"record": "crc32", "payload_sha256": hex, "metadata_sha256":
+            {array name: hex}}``: each record's CRC32 is stored beside it; the
+            payload SHA-256 covers all payloads in order; ``metadata_sha256``
+            the per-record arrays as stored (see fastdata.formats.integrity).
         shards: one entry per file: ``{"path", "count", "bytes", ...}``; paths are
             relative to the dataset location.
         source: where the data came from: root, fingerprint, file counts.

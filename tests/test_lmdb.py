@@ -428,7 +428,13 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     garbage = b"definitely not an image" * 3
     crcs = np.frombuffer(_plain_get(out, b"__crc32__"), dtype="<u4").copy()
     crcs[bad] = zlib.crc32(garbage)
-    _plain_put(out, {f"{bad:010d}".encode(): garbage, b"__crc32__": crcs.tobytes()})
+    # The CRC32 array is under a SHA-256 in the manifest: record the new one too,
+    # as a pack of these bytes would have.
+    manifest = json.loads(_plain_get(out, b"__manifest__"))
+    manifest["checksums"]["metadata_sha256"]["__crc32__"] = hashlib.sha256(
+        crcs.tobytes()).hexdigest()
+    _plain_put(out, {f"{bad:010d}".encode(): garbage, b"__crc32__": crcs.tobytes(),
+                     b"__manifest__": json.dumps(manifest).encode()})
 
     ds = LMDBDataset(out)
     with pytest.raises(DecodeError) as info:

@@ -58,9 +58,12 @@ def info(path, as_json):
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @_handle_errors
 def verify(path, decode, as_json, progress):
-    """Read every record of PATH and check it against its stored CRC32.
+    """Check every byte of PATH that its manifest covers.
 
-    Exits 1 when any record is damaged, listing each one.
+    Each record against its stored CRC32; labels, CRC32s, keys and the index
+    against their SHA-256; tar/TFRecord shards against their SHA-256 and the
+    TFRecord .idx files against the index. Exits 1 when anything is damaged,
+    listing each problem on one line.
     """
     from fastdata.loaders.verify import verify_dataset
 
@@ -68,9 +71,16 @@ def verify(path, decode, as_json, progress):
     if as_json:
         _print_json(result.to_dict())
     else:
-        click.echo(f"{result.path}: {result.checked} records checked, {len(result.problems)} "
-                   f"damaged" + (" (decoded)" if decode else ""))
+        files = sum(p["index"] is None for p in result.problems)
+        click.echo(f"{result.path}: {result.checked} records checked, {result.damaged} "
+                   f"damaged" + (f", {files} file problem(s)" if files else "")
+                   + (" (decoded)" if decode else ""))
         for p in result.problems[:20]:
-            click.echo(f"  record {p['index']} ({p['key']}): {p['reason']}")
-    if result.problems:
+            if p["index"] is None:
+                click.echo(f"  {p['path']}: {p['reason']}")
+            else:
+                click.echo(f"  record {p['index']} ({p['key']}): {p['reason']}")
+        if len(result.problems) > 20:
+            click.echo(f"  ... {len(result.problems) - 20} more (--json lists all)")
+    if not result.ok:
         sys.exit(1)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.formats.integrity import check_labels
 from fastdata.records import Manifest
 
 _OPEN_LOCK = threading.Lock()
@@ -52,6 +53,10 @@ class Reader:
     """
 
     format_name = ""
+    #: Whole-file walks (``fastdata verify``, the RAM cache fill) run in a child
+    #: process, for formats whose C library aborts or faults on some damaged
+    #: files instead of returning an error (see fastdata.loaders.isolate).
+    walk_in_child = False
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True) -> None:
         self.path = os.path.abspath(os.fspath(path))
@@ -63,7 +68,7 @@ class Reader:
         self._pid: int | None = None
         self._handle: Any = None
         try:
-            self._load_metadata()
+            self._load()
         except BaseException:
             self._close_handles()  # a refused dataset keeps nothing open
             raise
@@ -72,7 +77,8 @@ class Reader:
 
     def _load_metadata(self) -> None:
         """Set ``_manifest``, ``_labels`` and ``_crcs``; raise ManifestError if
-        ``path`` is not a complete dataset of this format."""
+        ``path`` is not a complete dataset of this format, CorruptDataError if
+        an array fails its checksum (see fastdata.formats.integrity)."""
         raise NotImplementedError
 
     def _load_keys(self) -> list[str] | None:
@@ -97,6 +103,30 @@ class Reader:
     def _abandon_handle(self, handle: Any) -> None:
         """A handle inherited from the parent process: never used here, and never
         closed (closing may release state the parent still relies on)."""
+
+    def _load(self) -> None:
+        """Load the metadata and refuse labels that are not class indices."""
+        self._load_metadata()
+        check_labels(self._labels, self._manifest, path=self.path)
+
+    def check_layout(self) -> list[dict]:
+        """Problems with the tables that locate records, for ``fastdata verify``:
+        dicts ``{"index": record or None, "path", "reason"}``; none by default."""
+        return []
+
+    def check_files(self, on_bytes: Callable[[int], None] | None = None) -> list[dict]:
+        """Problems with whole files against the manifest (checksums, side files),
+        as :meth:`check_layout` gives them; ``on_bytes(n)`` reports bytes read."""
+        return []
+
+    def child_options(self) -> dict:
+        """Keyword arguments that open this dataset alike in a child process
+        (JSON-ready; see ``walk_in_child``)."""
+        return {"verify": self.verify}
+
+    def crash_path(self) -> str:
+        """The file to name when reading the dataset killed a child process."""
+        return self.path
 
     # -- the handle lifecycle ----------------------------------------------------
 
@@ -148,14 +178,14 @@ class Reader:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._load_metadata()
+            self._load()
         return self._manifest
 
     @property
     def labels(self) -> np.ndarray:
         """int64 array of the labels, one per record."""
         if self._labels is None:
-            self._load_metadata()
+            self._load()
         return self._labels
 
     @property
@@ -214,7 +244,7 @@ class Reader:
     def check(self, index: int, data: bytes | memoryview) -> None:
         """Raise CorruptDataError when ``data`` does not match record ``index``'s CRC32."""
         if self._labels is None:  # metadata dropped when pickled: reload it once
-            self._load_metadata()
+            self._load()
         if self._crcs is None:  # a dataset without stored checksums (written elsewhere)
             return
         expected = int(self._crcs[index])

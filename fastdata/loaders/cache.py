@@ -206,7 +206,12 @@ class SharedPayloadCache(_SharedBlock):
         self.damaged: dict[int, str] = {}
         bar = progress_bar(n, "cache", enabled=progress)
         try:
-            self._fill(reader, bar, skip_damaged)
+            if reader.walk_in_child:  # its C library may abort on a damaged file
+                from fastdata.loaders.isolate import fill_in_child
+
+                self.damaged = fill_in_child(reader, self, bar, skip_damaged)
+            else:
+                self._fill(reader, bar, skip_damaged)
         except BaseException:
             self._finalizer()
             raise
@@ -335,8 +340,8 @@ class SharedPixelCache(_SharedBlock):
             pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-cache")
         try:
             chunk: list[tuple[int, bytes]] = []
-            for item in reader:
-                chunk.append(item[:2])
+            for item in _payloads(reader):
+                chunk.append(item)
                 if len(chunk) >= 256:
                     self._fill(chunk, decode, pool)
                     bar.update(len(chunk))
@@ -376,6 +381,22 @@ class SharedPixelCache(_SharedBlock):
 
     def __len__(self) -> int:
         return self.count
+
+
+def _payloads(reader):
+    """(index, payload) of every record, checked as the reader checks them; for a
+    reader whose walks run in a child (``walk_in_child``) through a payload
+    cache that the child fills, freed at the end."""
+    if not reader.walk_in_child:
+        for index, data, _label in reader:
+            yield index, data
+        return
+    payloads = SharedPayloadCache(reader, progress=False)
+    try:
+        for index in range(len(payloads)):
+            yield index, payloads.read_many([index])[0]
+    finally:
+        payloads.close()
 
 
 def _unlink(shm, owner_pid: int) -> None:

@@ -1,19 +1,49 @@
-"""Checking a whole packed dataset against its stored checksums (``fastdata verify``)."""
+"""Checking a whole packed dataset against its stored checksums (``fastdata verify``).
+
+What is checked, in order:
+
+1. on open, the per-record arrays against their SHA-256 in the manifest and
+   every label against the classes (a failure there is raised: nothing can be
+   checked with a damaged index or label array; see fastdata.formats.integrity);
+2. the tables that locate records (sharded formats: the index rows in order,
+   without overlap, inside their shards) and the keys' SHA-256;
+3. every record's CRC32 (and with ``decode`` its decoding); damage that stops
+   a sequential read is reported for that record, and the records after it
+   are read one at a time;
+4. whole files against the manifest: the SHA-256 and size of every tar and
+   TFRecord shard (headers, padding, ``.cls`` members and framing included;
+   a shard of another pack shows up here) and each TFRecord ``.idx`` file
+   against the dataset index.
+
+Formats whose C library can die on a damaged file (``Reader.walk_in_child``:
+LMDB) are checked in a child process; its death is reported as damage of the
+file, never an abort of this process.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from fastdata.errors import CorruptDataError
-from fastdata.loaders.decode import DecoderChain
 from fastdata.formats import open_reader
+from fastdata.loaders.decode import DecoderChain
 from fastdata.progress import progress_bar
+
+#: Unreadable records in a row after which the rest of a file is not tried
+#: one by one (a truncated or missing file would otherwise list every record).
+MAX_UNREADABLE_RUN = 64
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Outcome of ``verify_dataset``: how many records were checked and which failed."""
+    """Outcome of ``verify_dataset``: how many records were checked and what failed.
+
+    ``problems`` holds dicts ``{"index", "key", "path", "reason"}``: ``index``
+    is the record, or None for a problem with a whole file (a shard failing
+    its SHA-256, a damaged ``.idx``).
+    """
 
     path: str
     format: str
@@ -26,13 +56,18 @@ class VerifyResult:
     def ok(self) -> bool:
         return not self.problems and self.checked == self.count
 
+    @property
+    def damaged(self) -> int:
+        """Records with a problem."""
+        return len({p["index"] for p in self.problems if p["index"] is not None})
+
     def to_dict(self) -> dict:
-        return dict(asdict(self), ok=self.ok)
+        return dict(asdict(self), ok=self.ok, damaged=self.damaged)
 
 
 def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
                    progress: bool | None = None) -> VerifyResult:
-    """Read every record of ``path`` in storage order and check its CRC32.
+    """Check every record of ``path`` and every file its manifest covers.
 
     Args:
         path: a packed dataset.
@@ -40,35 +75,133 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
         progress: show a progress bar (None: only on a terminal).
 
     Returns:
-        The result; damaged records are listed, not raised.
+        The result; damaged records and files are listed, not raised.
+
+    Raises:
+        CorruptDataError: the dataset cannot be opened (a per-record array
+            fails its SHA-256, a label is not a class index, a file is
+            truncated).
     """
-    reader = open_reader(path, verify=False)
-    # Raw records are pixels of the manifest's shape, not an encoded image.
-    decode_one = DecoderChain(raw_shape=reader.manifest.raw_shape) if decode else None
+    # verify=True: formats with checks of their own framing (TFRecord's CRC32C
+    # of every record) run them too; the payload CRC32 is checked here.
+    reader = open_reader(path, verify=True)
     problems: list[dict] = []
-    checked = 0
     bar = progress_bar(len(reader), "verify", enabled=progress)
     try:
-        try:
-            for index, data, _label in reader:
-                bar.update(1)
-                checked += 1
-                try:
-                    reader.check(index, data)
-                    if decode_one is not None:
-                        decode_one(data)
-                except CorruptDataError as exc:
-                    problems.append(_problem(reader, index, exc.message))
-                except Exception as exc:  # any decoder failure is a finding, not a crash
-                    problems.append(_problem(reader, index, f"cannot be decoded: {exc}"))
-        except CorruptDataError as exc:
-            # The container itself is damaged past this point; report and stop.
-            problems.append({"index": exc.offset, "key": exc.key, "reason": exc.message})
+        if reader.walk_in_child:
+            from fastdata.loaders.isolate import verify_in_child
+
+            checked = verify_in_child(reader, decode=decode, on_problem=problems.append,
+                                      on_progress=bar.update)
+        else:
+            checked = check_dataset(reader, decode=decode, on_problem=problems.append,
+                                    on_progress=bar.update, progress=progress)
     finally:
         bar.close()
         reader.close()
     return VerifyResult(reader.path, reader.format_name, len(reader), checked, decode, problems)
 
 
-def _problem(reader, index: int, reason: str) -> dict:
-    return {"index": index, "key": reader.key_of(index), "reason": reason}
+def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
+                  on_progress: Callable[[int], None], progress: bool | None = False) -> int:
+    """Run the checks 2-4 of the module doc on an open reader; the records checked."""
+    layout = [_with_key(reader, p) for p in reader.check_layout()]
+    for problem in layout:
+        on_problem(problem)
+    try:
+        reader.keys  # noqa: B018 (loading them checks their SHA-256)
+    except CorruptDataError as exc:
+        on_problem(_error_problem(reader, None, exc))
+    # Records cannot be located through a damaged index: the walk would read
+    # the wrong bytes (and report the damage again, record by record).
+    checked = 0 if layout else _check_records(reader, decode, on_problem, on_progress)
+    bars = []
+
+    def on_bytes(n: int) -> None:  # a bar only for formats that hash files
+        if not bars:
+            size = sum(int(s.get("bytes") or 0) for s in reader.manifest.shards)
+            bars.append(progress_bar(size, "sha256", enabled=progress, unit="B"))
+        bars[0].update(n)
+
+    try:
+        for problem in reader.check_files(on_bytes=on_bytes):
+            on_problem(_with_key(reader, problem))
+    finally:
+        for bar in bars:
+            bar.close()
+    return checked
+
+
+def _check_records(reader, decode: bool, on_problem, on_progress) -> int:
+    # Raw records are pixels of the manifest's shape, not an encoded image.
+    decode_one = DecoderChain(raw_shape=reader.manifest.raw_shape) if decode else None
+    checked = 0
+    next_index = 0
+    try:
+        for index, data, _label in reader.records(check=False):
+            next_index = index + 1
+            on_progress(1)
+            checked += 1
+            _check_one(reader, index, data, decode_one, on_problem)
+    except CorruptDataError as exc:
+        # The container is damaged at this record: report it, then read the
+        # rest one record at a time so that every readable record is checked.
+        on_progress(1)
+        on_problem(_error_problem(reader, next_index, exc))
+        checked += _check_rest(reader, next_index + 1, decode_one, on_problem, on_progress)
+    return checked
+
+
+def _check_rest(reader, start: int, decode_one, on_problem, on_progress) -> int:
+    checked = run = 0
+    for index in range(start, len(reader)):
+        on_progress(1)
+        try:
+            data = reader.read(index)
+        except CorruptDataError as exc:
+            on_problem(_error_problem(reader, index, exc))
+            run += 1
+            if run >= MAX_UNREADABLE_RUN and index + 1 < len(reader):
+                on_problem({"index": None, "key": None, "path": exc.path or reader.path,
+                            "reason": f"{run} records in a row are damaged: records "
+                                      f"{index + 1}.. were not checked; re-pack the dataset"})
+                break
+            continue
+        run = 0
+        checked += 1
+        _check_one(reader, index, data, decode_one, on_problem)
+    return checked
+
+
+def _check_one(reader, index: int, data, decode_one, on_problem) -> None:
+    try:
+        reader.check(index, data)
+        if decode_one is not None:
+            decode_one(data)
+    except CorruptDataError as exc:
+        on_problem(_problem(reader, index, exc.message))
+    except Exception as exc:  # any decoder failure is a finding, not a crash
+        on_problem(_problem(reader, index, f"cannot be decoded: {exc}"))
+
+
+def _problem(reader, index: int | None, reason: str, path: str | None = None) -> dict:
+    key = reader.key_of(index) if index is not None else None
+    return {"index": index, "key": key, "path": path or reader.path, "reason": reason}
+
+
+def _error_problem(reader, index: int | None, exc: CorruptDataError) -> dict:
+    """A problem from an error; its byte offset named when it is in another file
+    (a shard: there ``offset`` is a byte offset, not a record number)."""
+    reason = exc.message
+    if exc.path and exc.path != reader.path:
+        where = os.path.basename(exc.path)
+        if exc.offset is not None:
+            where += f" at byte offset {exc.offset}"
+        reason = f"{where}: {reason}"
+    return _problem(reader, index, reason, exc.path)
+
+
+def _with_key(reader, problem: dict) -> dict:
+    index = problem.get("index")
+    return {"index": index, "key": reader.key_of(index) if index is not None else None,
+            "path": problem.get("path") or reader.path, "reason": problem["reason"]}

@@ -33,6 +33,7 @@ from fastdata.formats.hdf5.schema import (
     LABEL_DTYPE,
     LABELS,
     MANIFEST,
+    OFFSET_DTYPE,
     OFFSETS,
     PAYLOAD,
     SCHEMA,
@@ -40,6 +41,7 @@ from fastdata.formats.hdf5.schema import (
     SCHEMA_PREFIX,
     SCHEMA_VERSION,
 )
+from fastdata.formats.integrity import check_sha256, keys_json
 from fastdata.formats.reader import Reader
 
 #: Handles inherited from a parent process: referenced so they are never
@@ -195,6 +197,10 @@ class HDF5Reader(Reader):
                 f"dataset {OFFSETS!r} does not describe the {payload.shape[0]} payload bytes "
                 f"(it must start at 0, never decrease and end at the payload size); re-pack it",
                 path=self.path, key=OFFSETS)
+        for name, array, dtype in ((OFFSETS, offsets, OFFSET_DTYPE), (LABELS, labels, LABEL_DTYPE),
+                                   (CRC32, crcs, CRC32_DTYPE)):
+            check_sha256(manifest, name, array.astype(dtype, copy=False).tobytes(),
+                         path=self.path, what=f"the {name} (dataset {name!r})")
         self._manifest = manifest
         self._offsets = offsets
         self._labels = labels.astype(np.int64, copy=False)
@@ -213,6 +219,8 @@ class HDF5Reader(Reader):
     def _load_keys(self) -> list[str]:
         f = self._get_file()
         if KEYS not in f:
+            check_sha256(self.manifest, KEYS, None, path=self.path,
+                         what=f"the keys (dataset {KEYS!r})")
             return None
         try:
             dset = f[KEYS]
@@ -223,11 +231,14 @@ class HDF5Reader(Reader):
         except OSError as exc:
             raise CorruptDataError(f"dataset {KEYS!r} cannot be read ({exc})",
                                    path=self.path, key=KEYS) from None
-        return keys.tolist()
+        keys = keys.tolist()
+        check_sha256(self.manifest, KEYS, keys_json(keys), path=self.path,
+                     what=f"the keys (dataset {KEYS!r})")
+        return keys
 
     def _offsets_array(self) -> np.ndarray:
         if self._offsets is None:
-            self._load_metadata()
+            self._load()
         return self._offsets
 
     # -- reading ----------------------------------------------------------------

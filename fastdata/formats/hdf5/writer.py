@@ -27,6 +27,7 @@ from fastdata.formats.hdf5.schema import (
     SCHEMA_ATTR,
     SIZE_DIGITS,
 )
+from fastdata.formats.integrity import keys_json, sha256_hex, with_metadata_sha256
 from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
 
@@ -125,6 +126,7 @@ class HDF5Writer(Writer):
         if int(offsets[-1]) != self._written:
             raise FastDataError(f"payload holds {self._written} bytes, offsets add up to "
                                 f"{int(offsets[-1])}", path=self.path)
+        manifest = with_metadata_sha256(manifest, _array_digests(offsets, self))
         try:
             f.create_dataset(OFFSETS, data=offsets, track_times=False)
             f.create_dataset(LABELS, data=np.asarray(self.labels, dtype=LABEL_DTYPE),
@@ -162,6 +164,16 @@ class HDF5Writer(Writer):
                 pass  # the file is removed next; a failed close changes nothing
             self._file = None
             self._payload = None
+
+
+def _array_digests(offsets: np.ndarray, writer: HDF5Writer) -> dict[str, str]:
+    """SHA-256 of each per-record dataset's bytes as stored (see fastdata.formats.integrity)."""
+    return {
+        OFFSETS: sha256_hex(offsets.astype(OFFSET_DTYPE).tobytes()),
+        LABELS: sha256_hex(np.asarray(writer.labels, dtype=LABEL_DTYPE).tobytes()),
+        CRC32: sha256_hex(np.asarray(writer.crcs, dtype=CRC32_DTYPE).tobytes()),
+        KEYS: sha256_hex(keys_json(writer.keys)),
+    }
 
 
 def _manifest_text(manifest: Manifest) -> bytes:

@@ -20,6 +20,7 @@ from fastdata.formats.lmdb.schema import (
     SAMPLE_KEY_FORMAT,
     sample_key,
 )
+from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
 from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
 
@@ -88,7 +89,8 @@ class LMDBWriter(Writer):
         ]
         self._put_all(meta)
         on_disk = (info["last_pgno"] + 1) * stat["psize"]
-        manifest = _with_layout(manifest, on_disk)
+        manifest = with_metadata_sha256(_with_layout(manifest, on_disk),
+                                        {key.decode(): sha256_hex(value) for key, value in meta})
         self._put_all([(MANIFEST_KEY, manifest.to_json().encode("utf-8"))])
         self._env.sync(True)
         self._env.close()

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
+from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.registry import MANIFEST_SUFFIX
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
@@ -100,6 +102,9 @@ class ShardedReader(Reader):
         with open(layout.manifest_path, "rb") as f:
             manifest = self._accept_manifest(f.read(), layout.manifest_path)
         index_path = os.path.join(layout.directory, manifest.extra.get("index", ""))
+        # Checked before parsing: a damaged header never reaches np.load.
+        check_file_sha256(manifest, manifest.extra.get("index", ""), index_path,
+                          what="the dataset index rows")
         try:
             index = np.load(index_path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -173,7 +178,7 @@ class ShardedReader(Reader):
 
     def _ensure_index(self) -> np.ndarray:
         if self._index is None:
-            self._load_metadata()
+            self._load()
         return self._index
 
     @property
@@ -194,13 +199,32 @@ class ShardedReader(Reader):
         first, count = self.shard_ranges()[shard]
         return self._ensure_index()[first:first + count]
 
+    def check_layout(self) -> list[dict]:
+        index = self._ensure_index()
+        where = os.path.join(self._layout().directory, self.manifest.extra.get("index", ""))
+        return index_problems(index, self.manifest.shards, self._shard_paths, where)
+
+    def check_files(self, on_bytes=None) -> list[dict]:
+        self._ensure_index()
+        return shard_problems(self.manifest.shards, self._shard_paths, on_bytes)
+
     def _load_keys(self) -> list[str]:
         if self._foreign_keys is not None:
             return self._foreign_keys
         try:
-            with open(self._keys_path, encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
+            with open(self._keys_path, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            if expected_sha256(self.manifest, os.path.basename(self._keys_path),
+                               path=self._keys_path) is None:
+                return None  # keys are optional in datasets packed before their checksum
+            raise CorruptDataError(f"cannot read the keys ({exc.strerror or exc}); restore "
+                                   f"the file or re-pack", path=self._keys_path) from None
+        check_sha256(self.manifest, os.path.basename(self._keys_path), raw,
+                     path=self._keys_path, what="the keys")
+        try:
+            return json.loads(raw)
+        except ValueError:
             return None
 
     # -- reading ----------------------------------------------------------------

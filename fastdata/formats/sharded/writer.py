@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 
 from fastdata.errors import OutputExistsError
+from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
@@ -179,6 +180,7 @@ class ShardedWriter(Writer):
         np.save(os.path.join(self.temp_path, "index.npy"), index, allow_pickle=False)
         with open(os.path.join(self.temp_path, "keys.json"), "w", encoding="utf-8") as f:
             json.dump(self.keys, f, ensure_ascii=False)
+        manifest = with_metadata_sha256(manifest, self._sidecar_digests())
         manifest = dataclasses.replace(
             manifest,
             bytes=dict(manifest.bytes, on_disk=on_disk),
@@ -190,6 +192,14 @@ class ShardedWriter(Writer):
         with open(os.path.join(self.temp_path, "manifest.json"), "w", encoding="utf-8") as f:
             f.write(manifest.to_json())
         return manifest
+
+    def _sidecar_digests(self) -> dict[str, str]:
+        """SHA-256 of the index and keys files as written, by their final names."""
+        layout = self.layout
+        return {os.path.basename(layout.index_path): file_sha256(
+                    os.path.join(self.temp_path, "index.npy")),
+                os.path.basename(layout.keys_path): file_sha256(
+                    os.path.join(self.temp_path, "keys.json"))}
 
     def _publish(self) -> None:
         layout = self.layout

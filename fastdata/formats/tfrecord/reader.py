@@ -34,7 +34,9 @@ from fastdata.formats.tfrecord.schema import (
     EXTENSIONS,
     FOOTER_SIZE,
     HEADER_SIZE,
+    SHARD_INDEX_SUFFIX,
     mask_crc,
+    shard_index_mismatch,
 )
 
 _U64 = struct.Struct("<Q")
@@ -152,6 +154,19 @@ class TFRecordReader(ShardedReader):
         return ", ".join(names) if names else "(none)"
 
     # -- ShardedReader hooks ----------------------------------------------------------
+
+    def check_files(self, on_bytes=None) -> list[dict]:
+        problems = super().check_files(on_bytes)
+        if self.manifest.extra.get("foreign"):
+            return problems  # other tools' .idx files are theirs
+        for shard, path in enumerate(self.shard_paths):
+            rows = self.shard_rows(shard)
+            idx = path + SHARD_INDEX_SUFFIX
+            reason = shard_index_mismatch(idx, zip(rows["offset"].tolist(),
+                                                   rows["size"].tolist()))
+            if reason is not None:
+                problems.append({"index": None, "path": idx, "reason": reason})
+        return problems
 
     def _extract(self, raw: bytes, shard: int, offset: int) -> bytes:
         path = self._shard_paths[shard]
@@ -280,9 +295,11 @@ class TFRecordReader(ShardedReader):
             framed = end + FOOTER_SIZE - (start - HEADER_SIZE)
             if offset != offsets[n] or framed != sizes[n]:
                 raise CorruptDataError(
-                    f"record {first + n} is at offset {offset} ({framed} bytes) but the dataset "
-                    f"index says {offsets[n]} ({sizes[n]} bytes): the shard does not match its "
-                    f"index; re-pack it", path=path, offset=offset)
+                    f"the dataset index puts record {first + n} at byte offset {offsets[n]} "
+                    f"({sizes[n]} bytes), but in the shard it is at byte offset {offset} "
+                    f"({framed} bytes): the shard does not match its index (damaged, or from "
+                    f"another pack); re-pack it", path=path, key=self.key_of(first + n),
+                    offset=offset)
             yield first + n, self._image(buf, start, end, path, offset)
             n += 1
         if n < count:

@@ -129,3 +129,28 @@ def write_shard_index(path: str, rows: Sequence[tuple[int, int]]) -> None:
     """Write the tfrecord2idx index of one shard (see :func:`shard_index_text`)."""
     with open(path, "w", encoding="ascii", newline="\n") as f:
         f.write(shard_index_text(rows))
+
+
+def shard_index_mismatch(path: str, rows: Sequence[tuple[int, int]]) -> str | None:
+    """Why the tfrecord2idx index at ``path`` is not the one ``rows`` give, or None."""
+    rows = list(rows)
+    expected = shard_index_text(rows).encode("ascii")
+    try:
+        with open(path, "rb") as f:
+            actual = f.read(len(expected) + 1)  # never more than a right one needs
+    except OSError as exc:
+        return (f"cannot be read ({exc.strerror or exc}): the tfrecord package and DALI read "
+                f"it; re-pack the dataset")
+    if actual == expected:
+        return None
+    why = f"is cut short ({len(actual)} of {len(expected)} bytes)"
+    want = expected.split(b"\n")
+    for k, (got, line) in enumerate(zip(actual.split(b"\n"), want)):
+        if got != line:
+            why = (f"has more lines than the {len(rows)} records of its shard"
+                   if k == len(want) - 1 else
+                   f"line {k + 1} reads {got.decode('ascii', 'replace')[:40]!r} where the "
+                   f"dataset index gives {line.decode('ascii')!r}")
+            break
+    return (f"{why}: it is damaged or from another pack (the tfrecord package and DALI read "
+            f"it); re-pack the dataset")
