@@ -118,8 +118,8 @@ class LMDBReader(Reader):
         if not os.path.isdir(self.path) and not os.path.isfile(self.path):
             raise ManifestError("no such LMDB dataset", path=self.path)
         env = self._get_env()
-        self._check_size(env)
         try:
+            self._check_size(env)
             with env.begin() as txn:
                 raw = txn.get(MANIFEST_KEY)
                 labels = txn.get(LABELS_KEY)
@@ -152,9 +152,21 @@ class LMDBReader(Reader):
                 path=data_file)
 
     def _load_keys(self) -> list[str]:
-        with self._get_env().begin() as txn:
-            raw = txn.get(KEYS_KEY)
-        return None if raw is None else json.loads(raw)
+        import lmdb
+
+        try:
+            with self._get_env().begin() as txn:
+                raw = txn.get(KEYS_KEY)
+            keys = None if raw is None else json.loads(raw)
+        except (lmdb.Error, ValueError, RecursionError) as exc:
+            raise CorruptDataError(f"the stored keys cannot be read ({type(exc).__name__}: "
+                                   f"{exc}); the LMDB file is damaged, re-pack it",
+                                   path=self.path, key=KEYS_KEY.decode()) from None
+        if keys is not None and not (isinstance(keys, list) and len(keys) == len(self)
+                                     and all(isinstance(k, str) for k in keys)):
+            raise CorruptDataError(f"the stored keys are not a list of {len(self)} strings; "
+                                   f"re-pack it", path=self.path, key=KEYS_KEY.decode())
+        return keys
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         import lmdb
@@ -177,21 +189,28 @@ class LMDBReader(Reader):
         return out
 
     def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
+        import lmdb
+
         env = self._get_env()
         n = len(self)
         expected = 0
-        with env.begin() as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            for key, value in cursor:
-                if expected >= n or key.startswith(b"__"):
-                    break
-                if key != sample_key(expected):
-                    raise CorruptDataError(
-                        f"record {expected} is missing (found key {key!r} instead)",
-                        path=self.path, offset=expected)
-                yield expected, value
-                expected += 1
+        try:
+            with env.begin() as txn:
+                cursor = txn.cursor()
+                cursor.first()
+                for key, value in cursor:
+                    if expected >= n or key.startswith(b"__"):
+                        break
+                    if key != sample_key(expected):
+                        raise CorruptDataError(
+                            f"record {expected} is missing (found key {key!r} instead)",
+                            path=self.path, offset=expected)
+                    yield expected, value
+                    expected += 1
+        except lmdb.Error as exc:  # PageNotFoundError, CorruptedError, ...
+            raise CorruptDataError(f"LMDB read failed after record {expected - 1} ({exc}); "
+                                   f"the file is damaged, re-pack it", path=self.path,
+                                   offset=expected) from None
         if expected != n:
             raise CorruptDataError(f"only {expected} of {n} records found", path=self.path,
                                    offset=expected)
