@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata.errors import ManifestError
+from fastdata.manifest_schema import validate_manifest
 
 #: Version of the manifest schema and of the on-disk layouts it describes.
 #: Readers refuse manifests with a higher version.
@@ -121,7 +122,8 @@ class Manifest:
 
         Raises:
             ManifestError: the text is not a fastdata manifest, lacks a field,
-                or was written by a newer fastdata.
+                has a field of the wrong type or range (see
+                ``fastdata.manifest_schema``), or was written by a newer fastdata.
         """
         try:
             data = json.loads(text)
@@ -130,8 +132,8 @@ class Manifest:
         if not isinstance(data, dict) or data.get("kind") != MANIFEST_KIND:
             raise ManifestError("not a fastdata manifest", path=path)
         version = data.get("version")
-        if not isinstance(version, int):
-            raise ManifestError("manifest has no integer 'version' field", path=path)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ManifestError("manifest has no integer 'version' field (>= 1)", path=path)
         if version > MANIFEST_VERSION:
             raise ManifestError(
                 f"manifest version {version} is newer than this fastdata reads "
@@ -142,4 +144,5 @@ class Manifest:
         missing = sorted(n for n in names if n not in data and n not in ("version", "extra"))
         if missing:
             raise ManifestError(f"manifest lacks field(s) {', '.join(missing)}", path=path)
+        validate_manifest(data, path)
         return cls(**{k: v for k, v in data.items() if k in names})

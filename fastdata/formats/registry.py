@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastdata.errors import FastDataError, UnknownFormatError
+from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
 
 #: Suffix of the manifest sidecar of sharded datasets (``PREFIX.fastdata.json``).
 MANIFEST_SUFFIX = ".fastdata.json"
@@ -202,6 +202,9 @@ def _format_from_manifest(path: str) -> FormatSpec:
             name = json.load(f).get("format", "")
     except (OSError, ValueError, AttributeError) as exc:
         raise UnknownFormatError(f"cannot read manifest ({exc})", path=path) from None
+    if not isinstance(name, str):
+        raise ManifestError(f"manifest field 'format' must be a string, not {name!r}; re-pack "
+                            f"the dataset or restore the manifest", path=path)
     return get_format(name)
 
 

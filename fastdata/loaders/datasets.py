@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import FORMATS, detect_format
 from fastdata.formats.reader import Reader
+from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
 from fastdata.machine import usable_cores
 
@@ -56,6 +57,10 @@ class PackedDataset(SamplePipeline, Dataset):
         size: decode straight to this size: an int for the shorter side, or
             (h, w). JPEGs use DCT scaling first. None keeps each image's size.
         keep_gray: return grayscale images with 1 channel instead of 3.
+        max_pixels: a record whose image header declares more pixels is refused
+            before decoding (an error naming it, or skipped under
+            ``on_error="skip"``); None: no limit. Default 178,956,970, where
+            Pillow refuses decompression bombs.
         decode_threads: threads decoding a batch in ``__getitems__``; None uses
             the usable cores divided by the DataLoader workers.
         cache: None; "ram": copy every stored payload once, up front, into
@@ -83,6 +88,7 @@ class PackedDataset(SamplePipeline, Dataset):
         decoder: str = "auto",
         size: int | tuple[int, int] | None = None,
         keep_gray: bool = False,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
         decode_threads: int | None = None,
         cache: str | None = None,
         progress: bool | None = None,
@@ -94,7 +100,7 @@ class PackedDataset(SamplePipeline, Dataset):
         self._init_samples(reader_class(path, verify=verify, **reader_options),
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
-                           keep_gray=keep_gray)
+                           keep_gray=keep_gray, max_pixels=max_pixels)
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None

@@ -46,6 +46,7 @@ import numpy as np
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import FastDataError
 from fastdata.formats.registry import load
+from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
 from fastdata.loaders.decoder_registry import AUTO_DEFAULT, AUTO_ORDER, DECODERS
 
 Size = int | tuple[int, int] | None
@@ -171,13 +172,19 @@ class DecoderChain:
         decoder: "auto" or a decoder name.
         size: optional target size (see the module docstring).
         keep_gray: return grayscale sources with 1 channel.
+        raw_shape: the HWC shape of pre-decoded (raw) payloads, else None.
+        max_pixels: refuse (DecodeError) an image whose header declares more
+            pixels, before any decoder allocates it; None: no limit. The
+            default, 178,956,970, is where Pillow refuses decompression bombs.
     """
 
     def __init__(self, decoder: str = "auto", *, size: Size = None,
-                 keep_gray: bool = False, raw_shape: Sequence[int] | None = None) -> None:
+                 keep_gray: bool = False, raw_shape: Sequence[int] | None = None,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
         self.decoder = check_decoder(decoder)
         self.size = parse_size(size)
         self.keep_gray = keep_gray
+        self.max_pixels = check_max_pixels(max_pixels)
         self.raw_shape = tuple(int(x) for x in raw_shape) if raw_shape else None
         self._by_encoding: dict[str | None, list] = {}
 
@@ -201,6 +208,7 @@ class DecoderChain:
         if self.raw_shape is not None:
             return self._raw(data)
         encoding = sniff_encoding(data)
+        check_pixels(data, self.max_pixels, encoding)  # before any decoder allocates
         chain = self._chain(encoding)
         error: Exception | None = None
         for dec in chain:
@@ -226,28 +234,32 @@ class DecoderChain:
 
     def __getstate__(self):
         return {"decoder": self.decoder, "size": self.size, "keep_gray": self.keep_gray,
-                "raw_shape": self.raw_shape, "_by_encoding": {}}
+                "raw_shape": self.raw_shape, "max_pixels": self.max_pixels, "_by_encoding": {}}
 
 
 def decode_rgb(data, *, decoder: str = "auto", size: Size = None,
-               keep_gray: bool = False) -> np.ndarray:
+               keep_gray: bool = False, max_pixels: int | None = DEFAULT_MAX_PIXELS
+               ) -> np.ndarray:
     """Decode an encoded image into an HWC uint8 RGB array (see the module docstring)."""
-    return _shared_chain(decoder, parse_size(size), keep_gray)(data)
+    return _shared_chain(decoder, parse_size(size), keep_gray, max_pixels)(data)
 
 
 @functools.lru_cache(maxsize=32)
-def _shared_chain(decoder: str, size: Size, keep_gray: bool) -> DecoderChain:
+def _shared_chain(decoder: str, size: Size, keep_gray: bool,
+                  max_pixels: int | None) -> DecoderChain:
     # One chain per option set, so per-image callers (pack-time preprocessing,
     # verifying with decoding) do not rebuild the decoder lookup for every image.
-    return DecoderChain(decoder, size=size, keep_gray=keep_gray)
+    return DecoderChain(decoder, size=size, keep_gray=keep_gray, max_pixels=max_pixels)
 
 
-def decode_pil(data, *, size: Size = None):
-    """Decode into a PIL RGB image (resized when ``size`` is given)."""
+def decode_pil(data, *, size: Size = None, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    """Decode into a PIL RGB image (resized when ``size`` is given); an image
+    declaring more than ``max_pixels`` pixels is refused (DecodeError) first."""
     from PIL import Image
 
     from fastdata.loaders.decoders import PILDecoder, pil_to_array
 
+    check_pixels(data, check_max_pixels(max_pixels))
     img, hw = PILDecoder.open(data, size=size)
     if img.mode != "RGB" or hw is not None:
         return Image.fromarray(pil_to_array(img, False, hw), "RGB")

@@ -12,6 +12,7 @@ import io
 import numpy as np
 
 from fastdata.encodings import sniff_encoding
+from fastdata.image_header import image_size
 from fastdata.loaders.decode import Size, finish, target_size
 
 class Decoder:
@@ -106,7 +107,7 @@ class OpenCVDecoder(Decoder):
                                                  else cv2.IMREAD_COLOR)
         hw = None
         if size is not None:
-            h, w = _jpeg_header_size(data) if encoding == "jpeg" else (0, 0)
+            h, w = (image_size(data, "jpeg") or (0, 0)) if encoding == "jpeg" else (0, 0)
             if h and not keep_gray:
                 hw = target_size(h, w, size)
                 reduced = {8: cv2.IMREAD_REDUCED_COLOR_8, 4: cv2.IMREAD_REDUCED_COLOR_4,
@@ -189,22 +190,3 @@ def dct_factor(height: int, width: int, hw: tuple[int, int]) -> int:
         if -(-height // factor) >= th and -(-width // factor) >= tw:
             return factor
     return 1
-
-
-def _jpeg_header_size(data) -> tuple[int, int]:
-    """(height, width) from a JPEG's SOF marker, or (0, 0)."""
-    mv = memoryview(data)
-    i, n = 2, len(mv)
-    while i + 9 < n:
-        if mv[i] != 0xFF:
-            i += 1
-            continue
-        marker = mv[i + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
-            i += 1 if marker == 0xFF else 2
-            continue
-        length = (mv[i + 2] << 8) | mv[i + 3]
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return (mv[i + 5] << 8) | mv[i + 6], (mv[i + 7] << 8) | mv[i + 8]
-        i += 2 + length
-    return 0, 0

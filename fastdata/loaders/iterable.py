@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format
+from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.machine import rank_and_world
 
@@ -81,7 +82,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             records after the damage are read through the dataset index).
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
-        decoder, size, keep_gray: decoding options, as for map-style datasets.
+        decoder, size, keep_gray, max_pixels: decoding options, as for map-style datasets.
         **reader_options: format options passed to the reader (for TFRecord:
             ``feature_keys``, ``chunk_size``).
     """
@@ -103,6 +104,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         decoder: str = "auto",
         size: int | tuple[int, int] | None = None,
         keep_gray: bool = False,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
         **reader_options: Any,
     ) -> None:
         spec = detect_format(path)
@@ -113,7 +115,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self._init_samples(spec.load_reader()(path, verify=verify, **reader_options),
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
-                           keep_gray=keep_gray)
+                           keep_gray=keep_gray, max_pixels=max_pixels)
         self.shuffle = shuffle
         self.shuffle_buffer = max(1, int(shuffle_buffer))
         self.seed = seed

@@ -17,6 +17,7 @@ import torch
 
 from fastdata.errors import CorruptDataError, DecodeError
 from fastdata.formats.reader import Reader
+from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.decode import DecoderChain, decode_pil
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
@@ -32,7 +33,7 @@ def convert_payload(data: bytes | memoryview, output: str, decode: DecoderChain 
     decode = decode or _DEFAULT_CHAIN
     if output == "pil" and decode.size is None and decode.decoder in ("auto", "pil") \
             and not decode.keep_gray:
-        return decode_pil(data)
+        return decode_pil(data, max_pixels=decode.max_pixels)
     return array_to_output(decode(data), output)
 
 
@@ -70,13 +71,14 @@ class SamplePipeline:
 
     def _init_samples(self, reader: Reader, *, transform: Callable | None,
                       target_transform: Callable | None, output: str, on_error: str,
-                      decoder: str, size, keep_gray: bool) -> None:
+                      decoder: str, size, keep_gray: bool,
+                      max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
-                                   raw_shape=reader.manifest.raw_shape)
+                                   raw_shape=reader.manifest.raw_shape, max_pixels=max_pixels)
         self.reader = reader
         self.transform = transform
         self.target_transform = target_transform

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import BadImageError
+from fastdata.image_header import DEFAULT_MAX_PIXELS, image_size, pixel_limit_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,8 @@ class ImageInfo:
     mode: str
 
 
-def check_image(data: bytes, *, key: str, verify_decode: bool = False) -> ImageInfo:
+def check_image(data: bytes, *, key: str, verify_decode: bool = False,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ImageInfo:
     """Check that ``data`` holds a complete image and return its header facts.
 
     Args:
@@ -34,6 +36,9 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False) -> ImageI
         key: the file's key, for error messages.
         verify_decode: also decode every pixel (slower, catches damage inside
             the compressed data).
+        max_pixels: refuse an image whose header declares more pixels (read
+            from the header, before anything is decoded); None: no limit of
+            fastdata's (Pillow's own decompression-bomb limit still applies).
 
     Raises:
         BadImageError: the bytes are empty, not an image, truncated or undecodable;
@@ -49,6 +54,7 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False) -> ImageI
         _check_jpeg_end(data, key)
     elif encoding == "png":
         _check_png_end(data, key)
+    _check_pixels(data, encoding, max_pixels, key)
 
     from PIL import Image  # Pillow is a core dependency; imported here to keep `import fastdata` light
 
@@ -67,6 +73,14 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False) -> ImageI
     if info.width <= 0 or info.height <= 0:
         raise BadImageError(f"image has no pixels ({info.width}x{info.height})", key=key)
     return info
+
+
+def _check_pixels(data: bytes, encoding: str, max_pixels: int | None, key: str) -> None:
+    if max_pixels is None:
+        return
+    size = image_size(data, encoding)
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise BadImageError(pixel_limit_error(size, max_pixels), key=key)
 
 
 def _check_jpeg_end(data: bytes, key: str) -> None:

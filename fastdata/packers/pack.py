@@ -21,6 +21,7 @@ from typing import Any, Callable
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
 from fastdata.formats import FormatSpec, check_local, format_for_output, sharded_formats
+from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.preprocess import Preprocess
@@ -41,6 +42,10 @@ class PackOptions:
         overwrite: replace an existing output.
         strict: stop at the first bad image instead of skipping it.
         verify_decode: decode every image fully at pack time.
+        max_pixels: skip (or under ``strict`` refuse) an image whose header
+            declares more pixels, before decoding it; None: no limit. Default
+            178,956,970, where Pillow refuses decompression bombs. Not recorded
+            in the manifest.
         shard_size: for sharded formats (tar, tfrecord): records per shard ("10000")
             or bytes per shard ("256MB"); None writes one file.
         preprocess: pack-time resize/crop/re-encode (default: store original bytes).
@@ -53,6 +58,7 @@ class PackOptions:
     overwrite: bool = False
     strict: bool = False
     verify_decode: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
     shard_size: str | int | None = None
     preprocess: Preprocess = field(default_factory=Preprocess)
     workers: int | None = None
@@ -142,6 +148,10 @@ def pack(
     source_root = src.describe().get("root") if src else os.path.abspath(os.fspath(source))
     if source_root and os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
+    try:
+        check_max_pixels(options.max_pixels)
+    except ValueError as exc:
+        raise FastDataError(str(exc)) from None
     workers = options.workers if options.workers is not None else usable_cores()
     if workers < 1:
         raise FastDataError(f"workers={workers} is not allowed: give at least 1")
@@ -214,7 +224,8 @@ class _Prepared:
     exists); ``close()`` stops it."""
 
     def __init__(self, src: Source, options: PackOptions, workers: int) -> None:
-        jobs = ((entry, options.verify_decode, options.preprocess) for entry in src)
+        jobs = ((entry, options.verify_decode, options.preprocess, options.max_pixels)
+                for entry in src)
         self._pool = start_pool(workers)
         self._results = (self._pool.imap(prepare, jobs, chunksize=8) if self._pool
                          else map(prepare, jobs))

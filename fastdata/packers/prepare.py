@@ -36,12 +36,16 @@ class Prepared:
     height: int
 
 
-def prepare(job: tuple[SourceEntry, bool, Preprocess]) -> Prepared | SkippedFile:
+def prepare(job: tuple[SourceEntry, bool, Preprocess, int | None]) -> Prepared | SkippedFile:
     """Read, check and preprocess one image; runs in pack worker processes."""
-    entry, verify_decode, pre = job
+    entry, verify_decode, pre, max_pixels = job
+    if not _is_utf8(entry.key):
+        # Keys are stored as UTF-8 in every format: such a name cannot be stored.
+        return SkippedFile(printable_key(entry.key), BAD_NAME)
     try:
         data = _read(entry)
-        info = check_image(data, key=entry.key, verify_decode=verify_decode)
+        info = check_image(data, key=entry.key, verify_decode=verify_decode,
+                           max_pixels=max_pixels)
         if pre.identity:
             return Prepared(entry.key, entry.label, len(data), data, info.encoding,
                              info.width, info.height)
@@ -53,6 +57,27 @@ def prepare(job: tuple[SourceEntry, bool, Preprocess]) -> Prepared | SkippedFile
         return Prepared(entry.key, entry.label, len(data), payload, encoding, width, height)
     except BadImageError as exc:
         return SkippedFile(entry.key, exc.message)
+
+
+#: The reason given for a file whose name cannot be stored.
+BAD_NAME = "file name is not valid UTF-8; rename the file to store it"
+
+
+def _is_utf8(key: str) -> bool:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes of a file name (surrogate escapes)
+        return False
+    return True
+
+
+def printable_key(key: str) -> str:
+    """``key`` with the bytes that are not UTF-8 written as ``\\xNN`` escapes."""
+    try:
+        raw = key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
+        return key.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 #: Signals a worker must not handle with the parent's handlers.

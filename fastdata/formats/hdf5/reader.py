@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.formats.hdf5.heap import check_vlen_dataset, read_root_attribute
 from fastdata.formats.hdf5.schema import (
     CRC32,
     CRC32_DTYPE,
@@ -47,6 +48,9 @@ from fastdata.formats.reader import Reader
 #: Handles inherited from a parent process: referenced so they are never
 #: closed here, and never used.
 _INHERITED: list = []
+#: What h5py raises for damaged metadata: OSError, KeyError ("bad object header
+#: version number"), RuntimeError ("bad local heap signature"), ValueError.
+H5_ERRORS = (OSError, KeyError, RuntimeError, ValueError)
 #: Ranges per HDF5 read: building a union of hyperslabs costs time quadratic in
 #: the number of ranges (~2 us per range at 256, ~500 us at 16k), so a huge
 #: batch is read in slices of this many ranges.
@@ -124,21 +128,22 @@ class HDF5Reader(Reader):
             raise ManifestError("no such HDF5 file", path=self.path)
         try:
             file = h5py.File(self.path, "r")
-        except OSError as exc:
+        except H5_ERRORS as exc:
             raise self._open_error(exc) from None
         payload = None
-        if PAYLOAD in file:
-            try:
+        try:
+            if PAYLOAD in file:
                 dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
                 dapl.set_chunk_cache(521, self.rdcc_nbytes, 0.75)
                 payload = _dataset(h5py.h5d.open(file.id, PAYLOAD.encode(), dapl=dapl))
-            except (OSError, KeyError, TypeError) as exc:
-                file.close()
-                raise CorruptDataError(f"cannot open dataset {PAYLOAD!r} ({exc}); re-pack it",
-                                       path=self.path, key=PAYLOAD) from None
+        except (*H5_ERRORS, TypeError) as exc:
+            file.close()
+            raise CorruptDataError(f"cannot open dataset {PAYLOAD!r} ({_h5_message(exc)}); the "
+                                   f"file is damaged, re-pack it", path=self.path,
+                                   key=PAYLOAD) from None
         return file, payload
 
-    def _open_error(self, exc: OSError) -> FastDataError:
+    def _open_error(self, exc: Exception) -> FastDataError:
         if isinstance(exc, PermissionError):
             return FastDataError(f"cannot open ({exc.strerror or exc})", path=self.path)
         try:
@@ -161,9 +166,9 @@ class HDF5Reader(Reader):
         try:
             try:
                 self._load_from(f)
-            except OSError as exc:
-                raise CorruptDataError(f"HDF5 metadata cannot be read ({exc}); the file is "
-                                       f"damaged, re-pack it", path=self.path) from None
+            except H5_ERRORS as exc:
+                raise CorruptDataError(f"HDF5 metadata cannot be read ({_h5_message(exc)}); "
+                                       f"the file is damaged, re-pack it", path=self.path) from None
         except FastDataError:
             # Do not keep a refused file open (the error's traceback holds this reader).
             self._close_handles()
@@ -179,7 +184,9 @@ class HDF5Reader(Reader):
         if not isinstance(raw, (bytes, str)):  # an array or a number: not ours
             raise ManifestError(f"dataset {MANIFEST!r} is not a scalar string", path=self.path)
         manifest = self._accept_manifest(raw, self.path)
-        _check_schema(f.attrs.get(SCHEMA_ATTR), self.path)
+        # Not attrs.get(): reading a variable-length string can loop forever in
+        # HDF5 on a damaged heap; this checks the heap first.
+        _check_schema(read_root_attribute(f, SCHEMA_ATTR, self.path), self.path)
         n = manifest.count
         payload = self._payload
         if payload is None:
@@ -218,19 +225,21 @@ class HDF5Reader(Reader):
 
     def _load_keys(self) -> list[str]:
         f = self._get_file()
-        if KEYS not in f:
-            check_sha256(self.manifest, KEYS, None, path=self.path,
-                         what=f"the keys (dataset {KEYS!r})")
-            return None
         try:
+            if KEYS not in f:
+                check_sha256(self.manifest, KEYS, None, path=self.path,
+                             what=f"the keys (dataset {KEYS!r})")
+                return None
             dset = f[KEYS]
             if dset.shape != (len(self),):
                 raise CorruptDataError(f"dataset {KEYS!r} has shape {dset.shape}, expected "
                                        f"({len(self)},); re-pack it", path=self.path, key=KEYS)
+            check_vlen_dataset(f, dset, self.path, KEYS)  # before HDF5 walks the heap
             keys = dset.asstr()[()]
-        except OSError as exc:
-            raise CorruptDataError(f"dataset {KEYS!r} cannot be read ({exc})",
-                                   path=self.path, key=KEYS) from None
+        except H5_ERRORS as exc:
+            raise CorruptDataError(f"dataset {KEYS!r} cannot be read ({_h5_message(exc)}); the "
+                                   f"file is damaged, re-pack it", path=self.path,
+                                   key=KEYS) from None
         keys = keys.tolist()
         check_sha256(self.manifest, KEYS, keys_json(keys), path=self.path,
                      what=f"the keys (dataset {KEYS!r})")
@@ -254,7 +263,7 @@ class HDF5Reader(Reader):
             a, b = int(offsets[i]), int(offsets[i + 1])
             try:
                 return [self._payload[a:b].tobytes()]
-            except OSError as exc:
+            except H5_ERRORS as exc:
                 raise self._read_error(exc, [a], [b], [i]) from None
         idx = np.asarray(indices, dtype=np.int64)
         starts = offsets[idx]
@@ -301,18 +310,18 @@ class HDF5Reader(Reader):
                 for a, b in group:
                     space.select_hyperslab((a,), (b - a,), op=h5py.h5s.SELECT_OR)
                 dset.id.read(h5py.h5s.create_simple((size,)), space, buf[pos:pos + size])
-            except OSError as exc:
+            except H5_ERRORS as exc:
                 raise self._read_error(exc, run_start, run_end, first_records) from None
             pos += size
         return buf
 
-    def _read_error(self, exc: OSError, run_start, run_end, first_records) -> CorruptDataError:
+    def _read_error(self, exc: Exception, run_start, run_end, first_records) -> CorruptDataError:
         # Name the first range that fails on its own, so the message points at a record.
         bad = 0
         for k, (a, b) in enumerate(zip(run_start, run_end)):
             try:
                 self._payload[a:b]
-            except OSError:
+            except H5_ERRORS:
                 bad = k
                 break
         index = int(first_records[bad])
@@ -334,7 +343,7 @@ class HDF5Reader(Reader):
             end = int(offsets[j])
             try:
                 view = memoryview(self._payload[start:end])
-            except OSError as exc:
+            except H5_ERRORS as exc:
                 raise self._read_error(exc, [start], [end], [i]) from None
             for k in range(i, j):
                 yield k, view[int(offsets[k]) - start:int(offsets[k + 1]) - start].tobytes()
@@ -349,6 +358,11 @@ def _dataset(dsid):
         return h5py.Dataset(dsid, readonly=True)
     except TypeError:  # h5py without the keyword
         return h5py.Dataset(dsid)
+
+
+def _h5_message(exc: Exception) -> str:
+    # h5py's KeyError repr adds quotes; the text alone reads better in one line.
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 def _check_schema(value, path: str) -> None:

@@ -131,8 +131,8 @@ class LMDBReader(Reader):
         if not os.path.isdir(self.path) and not os.path.isfile(self.path):
             raise ManifestError("no such LMDB dataset", path=self.path)
         env = self._get_env()
-        self._check_size(env)
         try:
+            self._check_size(env)
             with env.begin() as txn:
                 raw = txn.get(MANIFEST_KEY)
                 labels = txn.get(LABELS_KEY)
@@ -178,10 +178,27 @@ class LMDBReader(Reader):
                 path=data_file)
 
     def _load_keys(self) -> list[str]:
-        with self._get_env().begin() as txn:
-            raw = txn.get(KEYS_KEY)
+        import lmdb
+
+        try:
+            with self._get_env().begin() as txn:
+                raw = txn.get(KEYS_KEY)
+        except lmdb.Error as exc:
+            raise CorruptDataError(f"the stored keys cannot be read ({type(exc).__name__}: "
+                                   f"{exc}); the LMDB file is damaged, re-pack it",
+                                   path=self.path, key=KEYS_KEY.decode()) from None
         self._check_value(self.manifest, KEYS_KEY, raw, "the keys")
-        return None if raw is None else json.loads(raw)
+        try:
+            keys = None if raw is None else json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptDataError(f"the stored keys cannot be read ({type(exc).__name__}: "
+                                   f"{exc}); the LMDB file is damaged, re-pack it",
+                                   path=self.path, key=KEYS_KEY.decode()) from None
+        if keys is not None and not (isinstance(keys, list) and len(keys) == len(self)
+                                     and all(isinstance(k, str) for k in keys)):
+            raise CorruptDataError(f"the stored keys are not a list of {len(self)} strings; "
+                                   f"re-pack it", path=self.path, key=KEYS_KEY.decode())
+        return keys
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         import lmdb

@@ -20,7 +20,9 @@ from fastdata.formats.integrity import check_file_sha256, check_sha256, expected
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.registry import MANIFEST_SUFFIX
+from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
+from fastdata.formats.sparse import MIN_CHECKED, check_stored
 from fastdata.records import MANIFEST_VERSION, Manifest
 
 
@@ -105,28 +107,23 @@ class ShardedReader(Reader):
         # Checked before parsing: a damaged header never reaches np.load.
         check_file_sha256(manifest, manifest.extra.get("index", ""), index_path,
                           what="the dataset index rows")
-        try:
-            index = np.load(index_path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise CorruptDataError(f"cannot read the dataset index ({exc}); re-pack it",
-                                   path=index_path) from None
-        if index.dtype != INDEX_DTYPE or len(index) != manifest.count:
-            raise CorruptDataError(
-                f"dataset index has {len(index)} rows of {index.dtype}, expected "
-                f"{manifest.count}", path=index_path)
+        index = load_index(index_path, manifest.count)
         self._manifest = manifest
         self._index = index
         self._labels = index["label"].astype(np.int64)
         self._crcs = index["crc32"]
         self._shard_paths = [os.path.join(layout.directory, s["path"]) for s in manifest.shards]
         self._keys_path = os.path.join(layout.directory, manifest.extra.get("keys", ""))
+        sizes = []
         for p, s in zip(self._shard_paths, manifest.shards):
             if not os.path.exists(p):
                 raise CorruptDataError("shard file is missing", path=p)
-            if os.path.getsize(p) < s.get("bytes", 0):
+            sizes.append(os.path.getsize(p))
+            if sizes[-1] < s.get("bytes", 0):
                 raise CorruptDataError(
-                    f"shard is truncated ({os.path.getsize(p)} of {s['bytes']} bytes); re-pack "
+                    f"shard is truncated ({sizes[-1]} of {s['bytes']} bytes); re-pack "
                     f"it or restore the file", path=p)
+        check_rows(index, sizes, index_path)  # before any row sizes an allocation
 
     def _load_foreign(self, layout: ShardLayout) -> None:
         paths = self._explicit or expand_shards(self.path, layout)
@@ -249,6 +246,9 @@ class ShardedReader(Reader):
         # Plain ints: numpy scalar field access costs more than the pread itself.
         for i, shard, offset, size in zip(indices, rows["shard"].tolist(),
                                           rows["offset"].tolist(), rows["size"].tolist()):
+            if size >= MIN_CHECKED:  # a huge record over a hole is refused unread
+                check_stored(self._fd(shard), offset, size, path=self._shard_paths[shard],
+                             offset=offset, what=f"record {i}")
             raw = os.pread(self._fd(shard), size, offset)
             if len(raw) != size:
                 raise CorruptDataError(

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 
 from fastdata.errors import CorruptDataError, FastDataError
+from fastdata.formats.sparse import check_stored
 from fastdata.formats.tar.schema import BLOCK, IMAGE_EXTS, JSON_EXT, LABEL_EXT, padding
 
 _ZERO_BLOCK = bytes(BLOCK)
@@ -28,6 +29,13 @@ _NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")
 # Bytes read per window while scanning headers: large enough for many small
 # samples per read, small enough to seek over big images instead of reading them.
 _SCAN_WINDOW = 256 << 10
+# Label members (.cls, .json) larger than this are refused unread: a label is a
+# few bytes, and a damaged size field must not make the scan read gigabytes.
+_MAX_LABEL_MEMBER = 64 << 10
+# PAX and GNU long-name headers hold a name and a few fields: a larger one is damage.
+_MAX_EXT_HEADER = 1 << 20
+# Labels must fit the dataset index's int64 label column.
+_LABEL_RANGE = range(-(1 << 63), 1 << 63)
 
 
 class TarMember:
@@ -168,7 +176,14 @@ def iter_members(path: str, *, window: int = _SCAN_WINDOW) -> Iterator[TarMember
                 raise CorruptDataError(
                     f"tar member of {member_size} bytes runs past the end of the file "
                     f"({size} bytes): the file is truncated", path=path, offset=pos)
+            if has_data:  # a size the file only holds as a hole: refused unread
+                check_stored(f.fileno(), data_at, member_size, path=path, offset=pos,
+                             what="tar member")
             pos = data_at + (member_size + padding(member_size) if has_data else 0)
+            if typeflag in (b"x", b"L") and member_size > _MAX_EXT_HEADER:
+                raise CorruptDataError(f"tar extended header of {member_size:,} bytes (at most "
+                                       f"{_MAX_EXT_HEADER:,} are read): the shard is damaged",
+                                       path=path, offset=data_at - BLOCK)
             if typeflag == b"x":
                 pax = _pax_fields(win.get(data_at, member_size), path, data_at)
                 continue
@@ -252,7 +267,8 @@ def scan_samples(path: str) -> list[tuple[int, int, int, str]]:
     """(image data offset, size, label, key) of every sample of a tar shard.
 
     Raises:
-        CorruptDataError: the tar is damaged (see :func:`iter_members`).
+        CorruptDataError: the tar is damaged (see :func:`iter_members`), or a
+            label member is too large or holds no label that fits 64 bits.
         FastDataError: a sample has no image member, no label, or two members
             with one extension.
     """
@@ -272,23 +288,37 @@ def _sample(path: str, key: str, group: dict[str, TarMember], small: _Window
     return image.offset, image.size, label, key
 
 
+def _label_bytes(path: str, key: str, member: TarMember, ext: str, small: _Window) -> bytes:
+    if member.size > _MAX_LABEL_MEMBER:
+        raise CorruptDataError(f"{key}.{ext} is {member.size:,} bytes, too large for a label "
+                               f"(at most {_MAX_LABEL_MEMBER:,}): the shard is damaged",
+                               path=path, key=key, offset=member.offset)
+    return small.get(member.offset, member.size)
+
+
 def _label(path: str, key: str, group: dict[str, TarMember], small: _Window) -> int:
     cls = group.get(LABEL_EXT)
     if cls is not None:
-        text = small.get(cls.offset, cls.size)
+        text = _label_bytes(path, key, cls, LABEL_EXT, small)
         try:
-            return int(text.strip())
+            label = int(text.strip())
         except ValueError:
-            raise FastDataError(f"{key}.{LABEL_EXT} does not hold an integer label "
-                                f"({text[:20]!r})", path=path, key=key,
-                                offset=cls.offset) from None
+            label = None
+        if label is None or label not in _LABEL_RANGE:
+            raise CorruptDataError(f"{key}.{LABEL_EXT} does not hold an integer label that fits "
+                                   f"64 bits ({text[:24]!r})", path=path, key=key,
+                                   offset=cls.offset)
+        return label
     meta = group.get(JSON_EXT)
     if meta is not None:
         try:
-            label = json.loads(small.get(meta.offset, meta.size)).get("label")
-        except (ValueError, AttributeError):
+            label = json.loads(_label_bytes(path, key, meta, JSON_EXT, small)).get("label")
+        except (ValueError, AttributeError, RecursionError):
             label = None
         if isinstance(label, int) and not isinstance(label, bool):
+            if label not in _LABEL_RANGE:
+                raise CorruptDataError(f"{key}.{JSON_EXT} holds a label that does not fit 64 "
+                                       f"bits", path=path, key=key, offset=meta.offset)
             return label
     raise FastDataError(
         f"sample has no label: fastdata reads it from {key}.{LABEL_EXT} (ASCII decimal) or an "

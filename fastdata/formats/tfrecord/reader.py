@@ -23,6 +23,7 @@ import crc32c
 
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.sharded.reader import ShardedReader, shard_error
+from fastdata.formats.sparse import check_stored
 from fastdata.formats.tfrecord.example import (
     WireError,
     decode_feature,
@@ -250,6 +251,8 @@ class TFRecordReader(ShardedReader):
                         f"record of {length} bytes is cut short ({left} bytes left): the "
                         f"shard is truncated", path=path, offset=offset)
                 if len(buf) - pos < total:
+                    check_stored(fd, offset, total, path=path, offset=offset,
+                                 what="TFRecord record")  # a length over a hole: unread
                     buf, base, pos = self._refill(fd, offset, total, size, path), offset, 0
                 start, end = self._frame(buf, pos, pos + total, path, offset,
                                          length_checked=True)

@@ -1,0 +1,105 @@
+"""Reading the dataset index (``PREFIX.fastdata.index.npy``) without trusting it
+(no torch).
+
+``np.load`` believes the header: a damaged one raises tokenize.TokenError,
+IndexError or OverflowError, and a shape of 2**40 rows asks for terabytes
+before a byte is read. Here the header is parsed first, its errors become
+CorruptDataError naming the file, its dtype and row count are checked against
+the manifest and the file's size, and only then are the rows read. The rows
+themselves are checked against the shards (shard number in range, every
+record inside its shard file) before any of them is used to allocate a read.
+"""
+
+from __future__ import annotations
+
+import os
+import tokenize
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError
+from fastdata.formats.sharded.layout import INDEX_DTYPE
+
+#: What numpy's header parser raises on damaged bytes (SyntaxError and
+#: tokenize.TokenError from its literal parser; ValueError covers UnicodeError).
+_HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, IndexError, OverflowError,
+                  TypeError, KeyError, RecursionError)
+_ADVICE = "re-pack the dataset or restore the file"
+
+
+def load_index(path: str, count: int) -> np.ndarray:
+    """The ``count`` rows of the dataset index at ``path`` (``INDEX_DTYPE``).
+
+    Raises:
+        CorruptDataError: the file is missing, its header is damaged, or it does
+            not hold ``count`` rows of ``INDEX_DTYPE``.
+    """
+    try:
+        with open(path, "rb") as f:
+            shape, dtype = _read_header(f, path)
+            _check_header(shape, dtype, count, os.fstat(f.fileno()).st_size - f.tell(), path)
+            rows = np.fromfile(f, dtype=INDEX_DTYPE, count=count)
+    except OSError as exc:
+        raise CorruptDataError(f"cannot read the dataset index ({exc.strerror or exc}); "
+                               f"{_ADVICE}", path=path) from None
+    if len(rows) != count:
+        raise CorruptDataError(f"dataset index ends after {len(rows)} of its {count} rows; "
+                               f"{_ADVICE}", path=path)
+    return rows
+
+
+def _read_header(f, path: str) -> tuple[tuple, np.dtype]:
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(f)
+        else:
+            raise ValueError(f".npy format version {version} (fastdata writes 1.0)")
+    except _HEADER_ERRORS as exc:
+        raise CorruptDataError(f"dataset index has a damaged .npy header ({type(exc).__name__}: "
+                               f"{str(exc)[:120]}); {_ADVICE}", path=path) from None
+    if fortran and len(shape) > 1:
+        raise CorruptDataError(f"dataset index is a Fortran-order array; {_ADVICE}", path=path)
+    return shape, dtype
+
+
+def _check_header(shape: tuple, dtype: np.dtype, count: int, data_bytes: int,
+                  path: str) -> None:
+    if dtype != INDEX_DTYPE or shape != (count,):
+        raise CorruptDataError(f"dataset index holds {shape} of {dtype}, expected ({count},) "
+                               f"rows of {INDEX_DTYPE}; {_ADVICE}", path=path)
+    if count * INDEX_DTYPE.itemsize > data_bytes:
+        raise CorruptDataError(f"dataset index is truncated ({data_bytes} bytes of rows, "
+                               f"{count} rows need {count * INDEX_DTYPE.itemsize}); {_ADVICE}",
+                               path=path)
+
+
+def check_rows(index: np.ndarray, shard_sizes: list[int], path: str) -> None:
+    """Check that every row names an existing shard and lies inside that shard file.
+
+    Raises:
+        CorruptDataError: naming the index file and the first bad row.
+    """
+    if len(index) == 0:
+        return
+    shard = index["shard"].astype(np.int64)
+    bad = np.flatnonzero(shard >= len(shard_sizes))
+    if len(bad):
+        i = int(bad[0])
+        raise CorruptDataError(f"row {i} of the dataset index names shard {int(shard[i])}, but "
+                               f"the dataset has {len(shard_sizes)} shard(s); {_ADVICE}",
+                               path=path, offset=i)
+    limit = np.asarray(shard_sizes, dtype=np.uint64)[shard]
+    offset, size = index["offset"], index["size"]
+    # offset <= limit first, so limit - offset cannot wrap around.
+    outside = (offset > limit) | (size > limit - np.minimum(offset, limit))
+    bad = np.flatnonzero(outside)
+    if len(bad):
+        i = int(bad[0])
+        raise CorruptDataError(
+            f"row {i} of the dataset index puts record {i} at offset {int(offset[i])} with "
+            f"{int(size[i])} bytes, past the end of shard {int(shard[i])} ({int(limit[i])} "
+            f"bytes); {_ADVICE}", path=path, offset=i)
