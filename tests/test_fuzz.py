@@ -120,9 +120,6 @@ def test_children_that_hang_crash_or_exhaust_memory_are_caught(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 10: damaged index.npy/keys.json/HDF5/LMDB files "
-                   "still crash, exhaust memory or read wrong records; fixes are on other "
-                   "branches (remove this mark once they are merged)")
 def test_fuzz_fast_form(tmp_path):
     """Every file kind of every format, damaged FAST['trials'] times: each trial
     must raise a FastDataError or read back the original records."""

@@ -354,10 +354,20 @@ def tar_dataset(tmp_path, image_tree) -> Path:
 
 
 def _edit_index(manifest: Path, field: str, row: int, value: int) -> Path:
+    """Write a hostile index row and record the new file's SHA-256 in the manifest,
+    as a crafted dataset would: the row checks, not the checksum, must refuse it."""
+    import hashlib
+    import json
+
     path = manifest.with_name("out.fastdata.index.npy")
     index = np.load(path)
     index[field][row] = value
     np.save(path, index)
+    data = json.loads(manifest.read_text(encoding="utf-8"))
+    sums = data["checksums"].get("metadata_sha256", {})
+    if path.name in sums:
+        sums[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        manifest.write_text(json.dumps(data), encoding="utf-8")
     return path
 
 
@@ -585,7 +595,8 @@ def test_lmdb_damaged_keys_are_one_error(packed):
     with env.begin(write=True) as txn:
         txn.put(b"__keys__", b'["a", "\xff')
     env.close()
-    with pytest.raises(CorruptDataError, match="keys cannot be read"):
+    # The keys' checksum or their parser refuses them: one error either way.
+    with pytest.raises(CorruptDataError, match=r"keys cannot be read|keys .* fail the SHA-256"):
         _ = fastdata.open_dataset(out).keys
 
 
