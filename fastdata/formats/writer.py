@@ -1,8 +1,10 @@
 """The base of every container writer: record bookkeeping and atomic publishing.
 
-A writer writes into a temporary sibling of the output (``.NAME.partial-XXXX``)
-and renames it into place only after the manifest is written, so an
-interrupted pack never leaves something that looks like a complete dataset.
+A writer holds a lock on its output (``.NAME.fastdata.lock``, see ``output.py``),
+writes into a temporary sibling (``.NAME.partial-XXXX``), fsyncs it and renames
+it into place only after the manifest is written, so an interrupted pack never
+leaves something that looks like a complete dataset, and an interrupted
+overwrite keeps the old one. A failed write (a full disk) is one clear error.
 """
 
 from __future__ import annotations
@@ -14,8 +16,21 @@ import shutil
 import tempfile
 import zlib
 
-from fastdata.errors import OutputExistsError
+from fastdata.errors import FastDataError, OutputExistsError
+from fastdata.formats.output import (
+    OutputLock,
+    disk_full_error,
+    exchange_paths,
+    fsync_dir,
+    fsync_tree,
+    is_disk_full,
+    lock_path,
+)
 from fastdata.records import Manifest, Record
+
+#: What a failed write raises: OS errors, h5py's RuntimeError for a failed flush,
+#: and fastdata's own errors that wrap either (see ``Writer._failure``).
+_WRITE_ERRORS = (OSError, RuntimeError, FastDataError)
 
 
 class Writer:
@@ -38,34 +53,64 @@ class Writer:
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.overwrite = overwrite
-        if os.path.lexists(self.path) and not overwrite:
-            raise OutputExistsError("output already exists; pass overwrite=True to replace it",
-                                    path=self.path)
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
         base = os.path.basename(self.path)
+        self.temp_path = ""
+        self.payload_bytes = 0
+        try:
+            # Held until the output is published or dropped: a second pack to the
+            # same output fails here, before it scans or writes anything.
+            self._lock = OutputLock(lock_path(parent, base), self._output_name())
+        except OSError as exc:
+            raise self._failure(exc)  # an unwritable folder, a full disk
+        try:
+            self._check_existing()
+            self.temp_path = self._make_temp(parent, base)
+        except _WRITE_ERRORS as exc:
+            self._lock.release()
+            raise self._failure(exc)
+        except BaseException:
+            self._lock.release()
+            raise
+        self.count = 0
+        self.keys: list[str] = []
+        self.labels: list[int] = []
+        self.crcs: list[int] = []
+        self._sha = hashlib.sha256()
+        self._done = False
+        try:
+            self._open(self.temp_path)
+        except _WRITE_ERRORS as exc:
+            failure = self._failure(exc)  # measured before the temporary output goes
+            self._drop()  # nothing half-made stays behind
+            raise failure
+        except BaseException:
+            self._drop()
+            raise
+
+    def _make_temp(self, parent: str, base: str) -> str:
         if self.output_is_dir:
-            self.temp_path = tempfile.mkdtemp(prefix=f".{base}.partial-", dir=parent)
+            temp = tempfile.mkdtemp(prefix=f".{base}.partial-", dir=parent)
         else:
-            fd, self.temp_path = tempfile.mkstemp(prefix=f".{base}.partial-", dir=parent)
+            fd, temp = tempfile.mkstemp(prefix=f".{base}.partial-", dir=parent)
             os.close(fd)
         # mkdtemp/mkstemp create owner-only entries; give the output the
         # permissions any new file would get under the user's umask.
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(self.temp_path, (0o777 if self.output_is_dir else 0o666) & ~umask)
-        self.count = 0
-        self.keys: list[str] = []
-        self.labels: list[int] = []
-        self.crcs: list[int] = []
-        self.payload_bytes = 0
-        self._sha = hashlib.sha256()
-        self._done = False
-        try:
-            self._open(self.temp_path)
-        except BaseException:
-            remove_path(self.temp_path)  # nothing half-made stays behind
-            raise
+        os.chmod(temp, (0o777 if self.output_is_dir else 0o666) & ~umask)
+        return temp
+
+    def _output_name(self) -> str:
+        """The output as errors name it."""
+        return self.path
+
+    def _check_existing(self) -> None:
+        """Refuse an existing output unless overwriting (called with the lock held)."""
+        if os.path.lexists(self.path) and not self.overwrite:
+            raise OutputExistsError("output already exists; pass overwrite=True to replace it",
+                                    path=self.path)
 
     # -- subclass hooks -------------------------------------------------------
 
@@ -91,7 +136,10 @@ class Writer:
             raise ValueError(f"record index {record.index} out of order (expected {self.count})")
         crc = zlib.crc32(record.payload)
         self._sha.update(record.payload)
-        self._write(record, crc)
+        try:
+            self._write(record, crc)
+        except _WRITE_ERRORS as exc:
+            raise self._failure(exc)
         self.keys.append(record.key)
         self.labels.append(record.label)
         self.crcs.append(crc)
@@ -108,9 +156,13 @@ class Writer:
             manifest,
             checksums={"record": "crc32", "payload_sha256": self.payload_sha256},
         )
-        manifest = self._close(manifest)
-        self._publish()
+        try:
+            manifest = self._close(manifest)
+            self._publish()
+        except _WRITE_ERRORS as exc:
+            raise self._failure(exc)
         self._done = True
+        self._lock.release()
         return manifest
 
     def abort(self) -> None:
@@ -121,7 +173,29 @@ class Writer:
         try:
             self._discard()
         finally:
-            remove_path(self.temp_path)
+            self._drop()
+
+    def _drop(self) -> None:
+        """Remove the temporary output and let go of the output's lock."""
+        try:
+            if self.temp_path:
+                remove_path(self.temp_path)
+        finally:
+            self._lock.release()
+
+    def _failure(self, exc: Exception) -> Exception:
+        """What to raise for ``exc`` while writing: a full disk becomes one error
+        naming the output and the space, any other OS error one naming the output
+        (each caused by ``exc``); anything else stays as it is."""
+        if is_disk_full(exc):
+            error = disk_full_error(self._output_name(), self.temp_path, self.payload_bytes)
+        elif isinstance(exc, OSError):
+            error = FastDataError(f"cannot write the output ({exc.strerror or exc})",
+                                  path=self._output_name())
+        else:
+            return exc
+        error.__cause__ = exc
+        return error
 
     def __enter__(self):
         return self
@@ -132,17 +206,40 @@ class Writer:
         return False
 
     def _publish(self) -> None:
+        fsync_tree(self.temp_path)  # the bytes are on disk before the name is
         if os.path.lexists(self.path):
             if not self.overwrite:
                 raise OutputExistsError("output appeared while packing; nothing was replaced",
                                         path=self.path)
-            # Move the old output aside first so the new one lands in one rename.
-            trash = f"{self.temp_path}.old"
-            os.replace(self.path, trash)
-            os.replace(self.temp_path, self.path)
-            remove_path(trash)
+            if self.output_is_dir or _is_dir(self.path):
+                self._replace_dir()
+            else:
+                os.replace(self.temp_path, self.path)  # one atomic rename replaces a file
         else:
             os.replace(self.temp_path, self.path)
+        fsync_dir(os.path.dirname(self.path))
+
+    def _replace_dir(self) -> None:
+        """A folder cannot be renamed over another: swap the two in one step where
+        the system can; else move the old one aside, move the new one in, and put
+        the old one back if that fails (a crash between the two renames leaves
+        the old dataset at ``.NAME.partial-XXXX.old``)."""
+        if exchange_paths(self.temp_path, self.path):
+            remove_path(self.temp_path)  # the old output, now under the temporary name
+            return
+        trash = f"{self.temp_path}.old"
+        os.replace(self.path, trash)
+        try:
+            os.replace(self.temp_path, self.path)
+        except BaseException:
+            if not os.path.lexists(self.path):
+                os.replace(trash, self.path)
+            raise
+        remove_path(trash)
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
 def remove_path(path: str) -> None:

@@ -69,7 +69,10 @@ class HDF5Writer(Writer):
         import h5py
 
         try:
-            self._file = h5py.File(temp_path, "w")
+            # No chunk cache: whole chunks are written once anyway, and with one a
+            # full disk fails inside a later flush or close, after which HDF5
+            # crashes the process (segfault); without, the write itself fails.
+            self._file = h5py.File(temp_path, "w", rdcc_nbytes=0)
             self._file.attrs[SCHEMA_ATTR] = SCHEMA
         except OSError as exc:
             raise FastDataError(f"cannot create the HDF5 file ({exc})", path=temp_path) from exc
@@ -108,7 +111,7 @@ class HDF5Writer(Writer):
             block = np.frombuffer(self._pending, dtype=np.uint8, count=n)
             self._payload[start:start + n] = block
             del block  # release the buffer export before the bytearray shrinks
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             raise FastDataError(f"writing the payload failed ({exc})", path=self.path) from exc
         del self._pending[:n]
         self._written += n
@@ -149,7 +152,7 @@ class HDF5Writer(Writer):
             manifest = _with_layout(manifest, self, on_disk)
             dset[()] = _manifest_text(manifest).ljust(length)
             f.close()
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:  # h5py reports failed flushes as RuntimeError
             self._discard()
             raise FastDataError(f"writing the HDF5 file failed ({exc})", path=self.path) from exc
         self._file = None
@@ -157,13 +160,13 @@ class HDF5Writer(Writer):
         return manifest
 
     def _discard(self) -> None:
-        if self._file is not None:
+        # Forget the handles first, so a failed close is never retried.
+        file, self._file, self._payload = self._file, None, None
+        if file is not None:
             try:
-                self._file.close()
-            except OSError:
+                file.close()
+            except (OSError, RuntimeError):
                 pass  # the file is removed next; a failed close changes nothing
-            self._file = None
-            self._payload = None
 
 
 def _array_digests(offsets: np.ndarray, writer: HDF5Writer) -> dict[str, str]:

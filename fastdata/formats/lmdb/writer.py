@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -21,6 +22,7 @@ from fastdata.formats.lmdb.schema import (
     sample_key,
 )
 from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
+from fastdata.formats.output import free_bytes
 from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
 
@@ -49,8 +51,16 @@ class LMDBWriter(Writer):
     def _open(self, temp_path: str) -> None:
         import lmdb
 
-        self._env = lmdb.open(temp_path, map_size=self._map_size, subdir=True,
-                              metasync=False, sync=False, readahead=False, meminit=False)
+        free = free_bytes(temp_path)
+        if free is not None and free < _OPEN_HEADROOM:
+            # LMDB maps its lock file into memory: on a full disk, touching that
+            # mapping kills the process (SIGBUS) instead of failing a call.
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), temp_path)
+        try:
+            self._env = lmdb.open(temp_path, map_size=self._map_size, subdir=True,
+                                  metasync=False, sync=False, readahead=False, meminit=False)
+        except lmdb.Error as exc:
+            raise _as_os_error(exc, 0, temp_path) from exc
 
     def _write(self, record: Record, crc: int) -> None:
         self._pending.append((sample_key(record.index), record.payload))
@@ -77,8 +87,12 @@ class LMDBWriter(Writer):
                 # The transaction was aborted; grow the map and retry the batch.
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
+            except lmdb.Error as exc:
+                raise _as_os_error(exc, sum(len(v) for _, v in items), self.temp_path) from exc
 
     def _close(self, manifest: Manifest) -> Manifest:
+        import lmdb
+
         self._flush()
         info = self._env.info()
         stat = self._env.stat()
@@ -92,7 +106,10 @@ class LMDBWriter(Writer):
         manifest = with_metadata_sha256(_with_layout(manifest, on_disk),
                                         {key.decode(): sha256_hex(value) for key, value in meta})
         self._put_all([(MANIFEST_KEY, manifest.to_json().encode("utf-8"))])
-        self._env.sync(True)
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise _as_os_error(exc, 0, self.temp_path) from exc
         self._env.close()
         self._env = None
         size = os.path.getsize(os.path.join(self.temp_path, DATA_FILE))
@@ -104,6 +121,28 @@ class LMDBWriter(Writer):
         if self._env is not None:
             self._env.close()
             self._env = None
+
+
+def _as_os_error(exc: Exception, batch_bytes: int, folder: str) -> OSError:
+    """LMDB's failed commit as the OSError it stands for. A short write on a full
+    disk reaches LMDB as EIO ("Input/output error"): with too little room left
+    for the batch, that is a full disk."""
+    text = str(exc)
+    if "Input/output error" in text:
+        free = free_bytes(folder)
+        if free is not None and free < batch_bytes + _HEADROOM:
+            return OSError(errno.ENOSPC, f"No space left on device (LMDB: {text})")
+        return OSError(errno.EIO, f"Input/output error (LMDB: {text})")
+    if "No space left" in text or "Disk quota" in text:
+        return OSError(errno.ENOSPC, f"No space left on device (LMDB: {text})")
+    return OSError(errno.EIO, f"LMDB failed: {text}")
+
+
+#: Free bytes below which a failed commit is taken for a full disk (pages,
+#: the meta page and file-system reserve come on top of the batch itself).
+_HEADROOM = 16 << 20
+#: Free bytes an environment needs to be opened at all (its lock file, meta pages).
+_OPEN_HEADROOM = 1 << 20
 
 
 def _with_layout(manifest: Manifest, on_disk: int) -> Manifest:

@@ -35,6 +35,8 @@ INDEX_DTYPE = np.dtype([
 ])
 
 _PRINTF = re.compile(r"%0?(\d*)d")
+#: A shard number field of ``ShardLayout.pattern``.
+_FIELD = re.compile(r"\{(?:index|total):\d*d\}")
 BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
@@ -72,6 +74,20 @@ class ShardLayout:
         if self.pattern is None:
             return self.prefix + self.extension
         return self.pattern.format(index=index, total=total if total is not None else 0)
+
+    def owns(self, name: str, extensions: tuple[str, ...]) -> bool:
+        """Whether file name ``name`` is one of this output's shard names, for any
+        shard count: its pattern with any numbers, or the prefix alone or with a
+        shard number (the default names), ending in one of ``extensions``."""
+        if self.pattern is not None:
+            parts = _FIELD.split(self.pattern)
+            if re.fullmatch(r"\d+".join(re.escape(p) for p in parts), name):
+                return True
+        ext = next((e for e in extensions if name.lower().endswith(e.lower())), None)
+        if ext is None:
+            return False
+        numbered = re.escape(self.prefix) + r"(?:[-_.]\d+(?:-of-\d+)?)?"
+        return re.fullmatch(numbered, name[: len(name) - len(ext)]) is not None
 
 
 def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharded: bool,

@@ -6,13 +6,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 
 import numpy as np
 
 from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
+from fastdata.formats.sharded.publish import PublishPlan, publish
 from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
 
@@ -56,7 +56,8 @@ class ShardedWriter(Writer):
     Shards are written into a temporary folder beside the output and moved to
     their final names at the end (the final names may include the total shard
     count); the index, keys and finally the manifest follow, so a crash leaves
-    no manifest and nothing that looks complete.
+    no manifest and nothing that looks complete. An overwrite keeps the old
+    dataset whole until the manifest switches (see ``publish.py``).
 
     The base opens each shard as a :class:`ShardFile` (``self._shard``), which
     hashes and counts what is written. Subclasses implement
@@ -81,23 +82,29 @@ class ShardedWriter(Writer):
         sharded = self.max_records is not None or self.max_bytes is not None
         self.layout = parse_output(path, self.extensions, sharded=sharded,
                                    total_in_name=self.total_in_name)
-        if os.path.lexists(self.layout.manifest_path) and not overwrite:
-            raise OutputExistsError("a dataset with this name exists; pass overwrite=True to "
-                                    "replace it", path=self.layout.manifest_path)
-        single = self.layout.shard_name(0, 1)
-        if (self.layout.pattern is None and not overwrite
-                and os.path.lexists(os.path.join(self.layout.directory, single))):
-            raise OutputExistsError("output already exists; pass overwrite=True to replace it",
-                                    path=os.path.join(self.layout.directory, single))
+        self._given = os.path.abspath(os.fspath(path))
         self._shards: list[dict] = []
         self._rows: list[tuple] = []
         self._shard_count = 0
         self._shard: ShardFile | None = None
-        # The base class makes the temp folder next to "path"; use the prefix
-        # so patterns with "%" never reach the file system.
+        # The base class makes the temp folder and the lock next to "path"; use
+        # the prefix so patterns with "%" never reach the file system.
         super().__init__(os.path.join(self.layout.directory, self.layout.prefix),
-                         overwrite=True)
-        self.overwrite = overwrite
+                         overwrite=overwrite)
+
+    def _output_name(self) -> str:
+        return self._given
+
+    def _check_existing(self) -> None:
+        if self.overwrite:
+            return
+        if os.path.lexists(self.layout.manifest_path):
+            raise OutputExistsError("a dataset with this name exists; pass overwrite=True to "
+                                    "replace it", path=self.layout.manifest_path)
+        single = os.path.join(self.layout.directory, self.layout.shard_name(0, 1))
+        if self.layout.pattern is None and os.path.lexists(single):
+            raise OutputExistsError("output already exists; pass overwrite=True to replace it",
+                                    path=single)
 
     # -- hooks ----------------------------------------------------------------
 
@@ -203,40 +210,22 @@ class ShardedWriter(Writer):
 
     def _publish(self) -> None:
         layout = self.layout
-        old = self._existing_files() if self.overwrite else []
-        if os.path.lexists(layout.manifest_path):
-            os.remove(layout.manifest_path)  # the dataset stops looking complete first
         total = len(self._shards)
-        published = set()
+        moves = []
         for number, info in enumerate(self._shards):
             temp_name = os.path.basename(info["temp"])
             final_name = layout.shard_name(number, total)
-            for temp_file, final_file in zip(self._shard_files(temp_name),
-                                             self._shard_files(final_name)):
-                dest = os.path.join(layout.directory, final_file)
-                os.replace(os.path.join(self.temp_path, temp_file), dest)
-                published.add(dest)
-        os.replace(os.path.join(self.temp_path, "index.npy"), layout.index_path)
-        os.replace(os.path.join(self.temp_path, "keys.json"), layout.keys_path)
-        for path in old:
-            if path not in published and path not in (layout.index_path, layout.keys_path):
-                remove_path(path)
-        os.replace(os.path.join(self.temp_path, "manifest.json"), layout.manifest_path)
-        shutil.rmtree(self.temp_path, ignore_errors=True)
-
-    def _existing_files(self) -> list[str]:
-        """Shards (and their side files) of a dataset already at this layout."""
-        layout = self.layout
-        try:
-            with open(layout.manifest_path, encoding="utf-8") as f:
-                shards = json.load(f).get("shards", [])
-        except (OSError, ValueError):
-            return []
-        out = []
-        for s in shards:
-            out.extend(os.path.join(layout.directory, name)
-                       for name in self._shard_files(s.get("path", "")))
-        return [p for p in out if os.path.lexists(p)]
+            moves += zip(self._shard_files(temp_name), self._shard_files(final_name))
+        moves += [("index.npy", os.path.basename(layout.index_path)),
+                  ("keys.json", os.path.basename(layout.keys_path))]
+        publish(PublishPlan(
+            directory=layout.directory, temp_dir=self.temp_path, moves=tuple(moves),
+            manifest=("manifest.json", os.path.basename(layout.manifest_path)),
+            overwrite=self.overwrite, shard_files=self._shard_files,
+            owns_shard=lambda name: layout.owns(name, self.extensions),
+            sidecars=(os.path.basename(layout.index_path), os.path.basename(layout.keys_path)),
+        ))
+        remove_path(self.temp_path)
 
     @property
     def output_path(self) -> str:
