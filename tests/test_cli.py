@@ -578,3 +578,17 @@ def test_verify_decode_accepts_healthy_raw_records(image_tree, tmp_path):
     result = invoke("verify", out, "--decode")
     assert result.exit_code == 0, result.output
     assert f"{len(image_tree.samples)} records checked, 0 damaged (decoded)" in result.output
+
+
+def test_max_pixels_flag_skips_images_over_the_limit(tmp_path):
+    tree = build_tree(tmp_path / "src", ["a/big.png", "a/small.png", "b/x.png"],
+                      size=(20, 20))
+    out = tmp_path / "out.lmdb"
+    result = invoke("pack", tree.root, out, "--max-pixels", "100", "--json")
+    assert result.exit_code == 1, result.output  # every image is 400 px: none left
+    assert_clean_error(result, "none of the 3 image files")
+    result = invoke("pack", tree.root, out, "--max-pixels", "400")
+    assert result.exit_code == 0, result.output
+    result = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--max-pixels", "399",
+                    "--strict")
+    assert_clean_error(result, "pixels")

@@ -45,12 +45,16 @@ from fastdata.machine import human_bytes
 @click.option("--verify-decode", is_flag=True,
               help="Fully decode every image while packing (slower; catches damage inside the "
                    "compressed data, not only truncation and bad headers).")
+@click.option("--max-pixels", type=int, default=None, metavar="N",
+              help="Skip (or under --strict refuse) images whose header declares more than N "
+                   "pixels, before decoding them [default: 178956970, twice Pillow's "
+                   "decompression-bomb limit]; 0 lifts the limit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         workers, overwrite, strict, verify_decode, as_json, progress):
+         workers, overwrite, strict, verify_decode, max_pixels, as_json, progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -74,9 +78,10 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
 
     pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
                      encoding=encoding, quality=quality)
+    limit = {} if max_pixels is None else {"max_pixels": max_pixels or None}
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
                           verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
-                          workers=workers)
+                          workers=workers, **limit)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
