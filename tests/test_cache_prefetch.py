@@ -139,7 +139,8 @@ def test_prefetcher_on_cuda(packed):
 def test_loader_defaults(packed):
     ds = fastdata.open_dataset(packed)
     dl = fastdata.loader(ds, batch_size=8, num_workers=0, device="cpu")
-    assert isinstance(dl, torch.utils.data.DataLoader)
+    assert isinstance(dl, fastdata.CUDAPrefetcher)
+    assert isinstance(dl.loader, torch.utils.data.DataLoader)
     a = [b[1].tolist() for b in fastdata.loader(ds, batch_size=8, num_workers=0, seed=3,
                                                 device="cpu")]
     b = [b[1].tolist() for b in fastdata.loader(ds, batch_size=8, num_workers=2, seed=3,
@@ -216,3 +217,21 @@ def test_ram_cache_with_skip_leaves_out_a_corrupt_record(image_tree, tmp_path, f
     assert [(bytes(img), label) for img, label in batch] == want
     assert (bytes(got[bad][0]), got[bad][1]) == want[bad]  # ds[3] moves to the next record
     assert ds.skipped >= 2
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_loader_gives_the_same_kind_of_batch_on_every_machine(packed, device, recwarn):
+    # Without a GPU, the call a training script makes still returns normalised
+    # float16 batches (on the CPU), with no warning about CUDA.
+    ds = fastdata.open_dataset(packed, size=(16, 16))
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    images, labels = next(iter(fastdata.loader(ds, batch_size=8, num_workers=0, shuffle=False,
+                                               device=device, mean=mean, std=std,
+                                               dtype=torch.float16)))
+    raw = torch.stack([ds[i][0] for i in range(8)]).float()
+    expected = (raw - torch.tensor(mean).view(1, 3, 1, 1) * 255) / (
+        torch.tensor(std).view(1, 3, 1, 1) * 255)
+    assert images.dtype == torch.float16 and images.shape == (8, 3, 16, 16)
+    assert torch.allclose(images.float().cpu(), expected, atol=2e-2)
+    if not torch.cuda.is_available():
+        assert not [w for w in recwarn if "CUDA" in str(w.message)]

@@ -196,14 +196,15 @@ def loader(
             (which shuffle themselves).
         num_workers: default: the usable cores, at most 8.
         device: "cuda", "cuda:1", "cpu"; default: "cuda" when available, else
-            no prefetcher (plain DataLoader batches).
-        mean, std, channels_last, dtype: passed to the prefetcher (when used).
+            "cpu". Either way batches come out the same kind: float ``dtype``,
+            normalised with ``mean``/``std`` (on the CPU when there is no GPU).
+        mean, std, channels_last, dtype: passed to the prefetcher.
         drop_last: drop a partial last batch.
         seed: seeds the shuffle (same seed, same order for any ``num_workers``).
         **dataloader_options: anything else DataLoader takes; overrides ours.
 
     Returns:
-        The prefetcher (on a device) or the DataLoader.
+        A :class:`CUDAPrefetcher` over the DataLoader (``.loader``), on ``device``.
     """
     from torch.utils.data import IterableDataset
 
@@ -214,9 +215,10 @@ def loader(
         shuffle = not iterable
     if num_workers is None:
         num_workers = min(8, usable_cores())
-    if device is None and torch.cuda.is_available():
-        device = "cuda"
-    on_gpu = device is not None and torch.device(device).type == "cuda"
+    if device is None:
+        # The same call gives the same kind of batch on every machine.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_gpu = torch.device(device).type == "cuda"
     options: dict[str, Any] = dict(
         batch_size=batch_size,
         shuffle=shuffle if not iterable else False,
@@ -239,7 +241,5 @@ def loader(
         options["generator"] = generator
     options.update(dataloader_options)
     data_loader = DataLoader(dataset, **options)
-    if device is None or (not on_gpu and mean is None and std is None):
-        return data_loader
     return CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                           channels_last=channels_last, dtype=dtype)
