@@ -176,3 +176,22 @@ def test_streaming_dataset_reads_raw_and_resizes(tmp_path, fmt):
         assert bool((image == mapped[i][0]).all())
     small = fastdata.ShardedIterableDataset(summary.output, size=(5, 6))
     assert tuple(next(iter(small))[0].shape) == (3, 5, 6)
+
+
+def test_pack_workers_start_after_the_parent_used_opencv_threads(tmp_path):
+    # OpenCV's thread pool does not survive fork: a worker that reconfigured it
+    # waited forever for threads that exist only in the parent.
+    from conftest import build_tree, run_python
+
+    tree = build_tree(tmp_path / "src", [f"c{i % 2}/{i:03d}.png" for i in range(64)])
+    code = """
+        import sys
+        import numpy as np, cv2, fastdata
+        from fastdata.packers.preprocess import Preprocess
+        cv2.resize(np.zeros((2000, 2000, 3), np.uint8), (1000, 1000))  # starts OpenCV's pool
+        options = fastdata.PackOptions(workers=2, preprocess=Preprocess(resize=8))
+        print(fastdata.pack(sys.argv[1], sys.argv[2], options=options, progress=False).records)
+        """
+    proc = run_python(code, str(tree.root), str(tmp_path / "out.lmdb"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "64"

@@ -7,6 +7,7 @@ picklable and holds the bytes to store.
 from __future__ import annotations
 
 import signal
+import sys
 from dataclasses import dataclass
 
 from fastdata.errors import BadImageError
@@ -110,6 +111,11 @@ def _worker_init() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _HAS_SIGMASK:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    if "cv2" in sys.modules:
+        # Forked from a parent that loaded OpenCV: its thread pool's threads do
+        # not exist here, and setNumThreads would wait for them forever
+        # (OpenCV's parallel calls themselves work after fork).
+        return
     try:
         import cv2
 
