@@ -21,9 +21,11 @@ classes nor samples, at any depth.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -412,3 +414,30 @@ def packed(tmp_path, request):
 def pack_to(packed):
     """Alias of ``packed``."""
     return packed
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 20):
+    """Fail (instead of hanging the suite) if the block runs too long."""
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"no result within {seconds}s: the reader hangs")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def lmdb_put(path, items: dict[bytes, bytes]) -> None:
+    """Rewrite keys with the plain lmdb module (nothing of fastdata involved)."""
+    import lmdb
+
+    env = lmdb.open(os.fspath(path), subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            for key, value in items.items():
+                txn.put(key, value)
+    finally:
+        env.close()

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_tree, run_python, uniform_spec
+from conftest import build_tree, lmdb_put, run_python, uniform_spec
 
 import fastdata
 from fastdata.cli import main
@@ -73,18 +73,6 @@ def lmdb_get(path, key: bytes) -> bytes:
     try:
         with env.begin() as txn:
             return bytes(txn.get(key))
-    finally:
-        env.close()
-
-
-def lmdb_put(path, items: dict[bytes, bytes]) -> None:
-    import lmdb
-
-    env = lmdb.open(os.fspath(path), subdir=True)
-    try:
-        with env.begin(write=True) as txn:
-            for key, value in items.items():
-                txn.put(key, value)
     finally:
         env.close()
 

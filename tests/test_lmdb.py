@@ -19,6 +19,7 @@ from conftest import (
     DEFAULT_CLASSES,
     assert_pixels,
     build_tree,
+    lmdb_put,
     run_python,
     uniform_spec,
 )
@@ -50,15 +51,7 @@ def _encoding_of(data: bytes) -> str:
                 "TIFF": "tiff", "GIF": "gif"}[img.format]
 
 
-def _plain_put(path, items: dict[bytes, bytes]) -> None:
-    """Rewrite keys with the plain lmdb module (nothing of fastdata involved)."""
-    env = lmdb.open(os.fspath(path), subdir=True)
-    try:
-        with env.begin(write=True) as txn:
-            for k, v in items.items():
-                txn.put(k, v)
-    finally:
-        env.close()
+
 
 
 def _plain_get(path, key: bytes) -> bytes:
@@ -370,7 +363,7 @@ def test_manifest_from_newer_version(packed):
     out = packed(".lmdb")
     manifest = json.loads(_plain_get(out, b"__manifest__"))
     manifest["version"] = 999
-    _plain_put(out, {b"__manifest__": json.dumps(manifest).encode()})
+    lmdb_put(out, {b"__manifest__": json.dumps(manifest).encode()})
     with pytest.raises(ManifestError, match="newer") as info:
         fastdata.open_dataset(out)
     assert str(out) in str(info.value)
@@ -379,7 +372,7 @@ def test_manifest_from_newer_version(packed):
 
 def test_manifest_not_json(packed):
     out = packed(".lmdb")
-    _plain_put(out, {b"__manifest__": b"{not json"})
+    lmdb_put(out, {b"__manifest__": b"{not json"})
     with pytest.raises(ManifestError, match="JSON"):
         fastdata.open_dataset(out)
 
@@ -389,7 +382,7 @@ def test_corrupted_record_fails_crc(packed, image_tree):
     bad = 2
     value = bytearray(image_tree.samples[bad].data)
     value[len(value) // 2] ^= 0xFF
-    _plain_put(out, {f"{bad:010d}".encode(): bytes(value)})
+    lmdb_put(out, {f"{bad:010d}".encode(): bytes(value)})
 
     ds = LMDBDataset(out)
     assert ds[bad - 1][1] == image_tree.samples[bad - 1].label
@@ -433,7 +426,7 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     manifest = json.loads(_plain_get(out, b"__manifest__"))
     manifest["checksums"]["metadata_sha256"]["__crc32__"] = hashlib.sha256(
         crcs.tobytes()).hexdigest()
-    _plain_put(out, {f"{bad:010d}".encode(): garbage, b"__crc32__": crcs.tobytes(),
+    lmdb_put(out, {f"{bad:010d}".encode(): garbage, b"__crc32__": crcs.tobytes(),
                      b"__manifest__": json.dumps(manifest).encode()})
 
     ds = LMDBDataset(out)
@@ -539,7 +532,7 @@ def test_verify_dataset(packed, image_tree):
     bad = 7
     value = bytearray(image_tree.samples[bad].data)
     value[-3] ^= 0x55
-    _plain_put(out, {f"{bad:010d}".encode(): bytes(value)})
+    lmdb_put(out, {f"{bad:010d}".encode(): bytes(value)})
     result = verify_dataset(out, progress=False)
     assert not result.ok
     assert result.checked == len(image_tree.samples)

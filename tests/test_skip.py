@@ -3,32 +3,16 @@ exactly the records it could not read (tar and TFRecord)."""
 
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from conftest import build_tree, uniform_spec
+from conftest import build_tree, no_hang, uniform_spec
 
 import fastdata
 from fastdata.errors import CorruptDataError
 
 N = 24  # records, in one shard unless a test says otherwise
 BAD = 9  # the damaged record: in the middle of its shard
-
-
-@contextmanager
-def no_hang(seconds: int = 20):
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture

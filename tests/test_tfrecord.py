@@ -3,11 +3,9 @@ the ``tfrecord`` package both ways, CRC checks, streaming with DataLoader worker
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import io
 import os
-import signal
 import struct
 from collections import Counter
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_pixels, build_tree, uniform_spec
+from conftest import assert_pixels, build_tree, no_hang, uniform_spec
 from PIL import Image
 
 import fastdata
@@ -40,20 +38,6 @@ from tfrecord.torch.dataset import TFRecordDataset as PkgTFRecordDataset  # noqa
 
 # 18 images, 3 classes, mixed encodings; shard_size=3 gives 6 shards of 3.
 SPEC = uniform_spec(per_class=6, exts=(".png", ".jpg", ".bmp"))
-
-
-@contextlib.contextmanager
-def no_hang(seconds: int = 20):
-    """Fail (instead of hanging the suite) if the block runs too long."""
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"no result within {seconds}s: the reader hangs")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture
