@@ -25,6 +25,7 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
     DecodeError,
     FastDataError,
     ManifestError,
+    MixedSizeWarning,
     OutputExistsError,
     SourceError,
     UnknownFormatError,
@@ -50,7 +51,7 @@ _LAZY = {
 
 __all__ = sorted([
     "__version__", "FastDataError", "BadImageError", "CorruptDataError", "DecodeError",
-    "ManifestError", "OutputExistsError", "SourceError", "UnknownFormatError", *_LAZY,
+    "ManifestError", "MixedSizeWarning", "OutputExistsError", "SourceError", "UnknownFormatError", *_LAZY,
 ])
 
 

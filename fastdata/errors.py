@@ -78,3 +78,9 @@ class CorruptDataError(FastDataError):
 
 class DecodeError(FastDataError):
     """A stored record could not be decoded into pixels."""
+
+
+class MixedSizeWarning(UserWarning):
+    """Images of one batch (or one stream) differ in size, so a collate that
+    stacks them will fail. Silence it where a collate keeps a list on purpose:
+    ``warnings.filterwarnings("ignore", category=fastdata.MixedSizeWarning)``."""

@@ -55,7 +55,8 @@ def test_same_size_batch_is_stacked_once(tree, tmp_path, variant):
 
 def test_mixed_sizes_fall_back_to_samples(tree, tmp_path):
     ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
-    batch = ds.__getitems__([0, 1, 2])
+    with pytest.warns(fastdata.MixedSizeWarning):
+        batch = ds.__getitems__([0, 1, 2])
     assert isinstance(batch, list) and {tuple(b[0].shape) for b in batch} == \
         {(3, 16, 16), (3, 12, 20)}
     assert isinstance(fastdata.open_dataset(ds.path, size=(8, 8)).__getitems__([0, 1, 2]), Batch)
@@ -73,3 +74,53 @@ def test_dataloader_with_fastdata_collate(tree, tmp_path):
     loader = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=fastdata.collate)
     labels = torch.cat([y for _, y in loader]).tolist()
     assert labels == ds.targets
+
+
+def test_mixed_sizes_get_an_error_that_says_what_to_do(tree, tmp_path):
+    ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
+    with pytest.warns(fastdata.MixedSizeWarning, match=r"size=\(h, w\)") as caught:
+        # torch's own collate fails with a message that does not say why; the
+        # warning before it does, once per process.
+        with pytest.raises(RuntimeError):
+            for _ in DataLoader(ds, batch_size=6):
+                pass
+        with pytest.raises(RuntimeError):
+            for _ in DataLoader(ds, batch_size=6):
+                pass
+    assert len([w for w in caught if w.category is fastdata.MixedSizeWarning]) == 1
+    assert "3x16x16" in str(caught[0].message) and "3x12x20" in str(caught[0].message)
+    with pytest.raises(fastdata.FastDataError, match=r"differ in size .*size=\(h, w\).*"
+                                                     r"collate_fn that keeps a list"):
+        for _ in DataLoader(ds, batch_size=6, collate_fn=fastdata.collate):
+            pass
+    with pytest.raises(fastdata.FastDataError, match="differ in size"):
+        for _ in fastdata.loader(ds, batch_size=6, num_workers=0):
+            pass
+
+
+def test_mixed_sizes_are_fine_where_nothing_stacks_them(tree, tmp_path):
+    import warnings
+
+    ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastdata.MixedSizeWarning)
+        batches = list(DataLoader(ds, batch_size=6, collate_fn=lambda b: tuple(zip(*b))))
+    assert sum(len(images) for images, _ in batches) == len(ds)
+    # One size: no warning, stacked.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastdata.MixedSizeWarning)
+        sized = fastdata.open_dataset(ds.path, size=(16, 16))
+        images, _ = next(iter(DataLoader(sized, batch_size=6)))
+    assert images.shape == (6, 3, 16, 16)
+
+
+def test_streamed_mixed_sizes_warn(tree, tmp_path):
+    out = str(tmp_path / "mixed.tar")
+    fastdata.pack(str(tree), out, options=PackOptions(workers=1), progress=False)
+    ds = fastdata.ShardedIterableDataset(out)
+    with pytest.warns(fastdata.MixedSizeWarning, match="differ in size"):
+        with pytest.raises(RuntimeError):
+            for _ in DataLoader(ds, batch_size=6):
+                pass
+    sized = fastdata.ShardedIterableDataset(out, size=(16, 16))
+    assert sum(len(y) for _, y in DataLoader(sized, batch_size=6)) == 20

@@ -44,7 +44,31 @@ class Batch(Sequence):
 
 def collate(batch):
     """DataLoader ``collate_fn``: a :class:`Batch` becomes ``[images, labels]``
-    without another copy; anything else goes to torch's ``default_collate``."""
+    without another copy; anything else goes to torch's ``default_collate``.
+
+    Raises:
+        FastDataError: the batch's images differ in size (the message says
+            how to get one size, or to keep a list).
+    """
     if isinstance(batch, Batch):
         return [batch.images, batch.labels]
+    shapes = _image_shapes(batch)
+    if len(set(shapes)) > 1:
+        from fastdata.errors import FastDataError
+        from fastdata.loaders.sizes import mixed_size_message
+
+        raise FastDataError(mixed_size_message(shapes, "this batch"))
     return default_collate(batch)
+
+
+def _image_shapes(batch) -> list[tuple]:
+    """Shapes of the first element of each ``(image, ...)`` sample that is a
+    tensor or an array; empty when the samples are something else."""
+    shapes = []
+    for sample in batch:
+        image = sample[0] if isinstance(sample, (tuple, list)) and sample else None
+        shape = getattr(image, "shape", None)
+        if shape is None:
+            return []
+        shapes.append(tuple(shape))
+    return shapes

@@ -195,11 +195,12 @@ class PackedDataset(SamplePipeline, Dataset):
         if self.output in ("bytes", "pil"):
             return self._samples(indices, self._convert_all(payloads, self._convert))
         arrays = self._convert_all(payloads, self.decode)
-        if stack and not any(isinstance(a, Failed) for a in arrays) \
-                and len({a.shape for a in arrays}) == 1:
-            images = _batch_tensor((len(arrays), *arrays[0].shape))
-            np.stack(arrays, out=images.numpy())
-            return self._batch(images, indices)
+        if stack and not any(isinstance(a, Failed) for a in arrays):
+            if len({a.shape for a in arrays}) == 1:
+                images = _batch_tensor((len(arrays), *arrays[0].shape))
+                np.stack(arrays, out=images.numpy())
+                return self._batch(images, indices)
+            self.mixed_sizes.batch([(a.shape[2], *a.shape[:2]) for a in arrays], self.path)
         return self._samples(indices, [a if isinstance(a, Failed)
                                        else array_to_output(a, self.output) for a in arrays])
 

@@ -167,9 +167,12 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             rng = random.Random(_seed("samples", self.seed, self.epoch, g))
             records = _buffer_shuffle(records, self.shuffle_buffer, rng)
         labels = self.reader.labels
+        watch_sizes = self.output in ("tensor", "numpy") and self.transform is None
         for index, data in records:
             sample = self._sample(index, self._try_convert(data), int(labels[index]))
             if sample is not None:
+                if watch_sizes:
+                    self.mixed_sizes.sample(tuple(sample[0].shape), self.path)
                 yield sample
 
     def _records(self, shards: list[int], stride: int | None, g: int

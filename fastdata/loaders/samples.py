@@ -19,6 +19,7 @@ from fastdata.errors import CorruptDataError, DecodeError
 from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.decode import DecoderChain, decode_pil
+from fastdata.loaders.sizes import MixedSizeNotice
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
 ON_ERROR = ("raise", "skip")
@@ -85,6 +86,7 @@ class SamplePipeline:
         self.output = output
         self.on_error = on_error
         self.skipped = 0
+        self.mixed_sizes = MixedSizeNotice()
 
     # -- torchvision-style metadata --------------------------------------------
 

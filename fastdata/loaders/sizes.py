@@ -1,0 +1,66 @@
+"""Images of different sizes meeting a collate that stacks them.
+
+torch's ``default_collate`` fails on such a batch with errors that do not say
+why ("Trying to resize storage that is not resizable" inside a worker, "stack
+expects each tensor to be equal size"). fastdata raises its own error where it
+collates (``fastdata.collate``, ``fastdata.loader``) and, where a DataLoader
+collates with torch's default, warns once per process before the batch reaches
+it, with what to do.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+from fastdata.errors import MixedSizeWarning
+
+ADVICE = ("decode to one size with size=(h, w) (or size=S plus a crop in transform=), "
+          "resize in a transform, or pass a collate_fn that keeps a list, "
+          "e.g. collate_fn=lambda batch: tuple(zip(*batch))")
+
+
+def describe_shapes(shapes: Iterable[tuple]) -> str:
+    """'3x480x640, 3x300x400 and 2 more' for the distinct shapes seen."""
+    distinct = list(dict.fromkeys(tuple(int(d) for d in s) for s in shapes))
+    named = ", ".join("x".join(map(str, s)) for s in distinct[:2])
+    more = len(distinct) - 2
+    return named + (f" and {more} more" if more > 0 else "")
+
+
+def mixed_size_message(shapes: Iterable[tuple], where: str) -> str:
+    return f"images of {where} differ in size ({describe_shapes(shapes)}), so they cannot be stacked: {ADVICE}"
+
+
+class MixedSizeNotice:
+    """Warns once per process when a Dataset hands differently sized images to
+    a DataLoader that may stack them (tensor output, no transform)."""
+
+    __slots__ = ("warned_pid", "first")
+
+    def __init__(self) -> None:
+        self.warned_pid = None
+        self.first = None
+
+    def batch(self, shapes: list[tuple], path: str) -> None:
+        """Shapes of one batch's images."""
+        if len(set(shapes)) > 1:
+            self._warn(shapes, path, "one batch")
+
+    def sample(self, shape: tuple, path: str) -> None:
+        """One streamed sample's shape: warns when it differs from the first."""
+        if self.first is None:
+            self.first = shape
+        elif shape != self.first:
+            self._warn([self.first, shape], path, "this stream")
+
+    def _warn(self, shapes: list[tuple], path: str, where: str) -> None:
+        import os
+
+        pid = os.getpid()
+        if self.warned_pid == pid:
+            return
+        self.warned_pid = pid
+        warnings.warn(f"{path}: {mixed_size_message(shapes, where)} "
+                      f"(torch's default collate fails on them; ignore this warning if "
+                      f"nothing stacks them: a collate_fn that keeps a list, batch_size=None)", MixedSizeWarning, stacklevel=4)
