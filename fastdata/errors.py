@@ -78,3 +78,9 @@ class CorruptDataError(FastDataError):
 
 class DecodeError(FastDataError):
     """A stored record could not be decoded into pixels."""
+
+
+class DamagedImageError(DecodeError):
+    """An image decodes only because the decoder papers over damage in its
+    compressed data (libjpeg's "Corrupt JPEG data: ..." warnings); raised by
+    the strict checks of ``pack --verify-decode`` and ``verify --decode``."""

@@ -44,7 +44,8 @@ from fastdata.machine import human_bytes
                    "in the summary and in OUTPUT.report.json).")
 @click.option("--verify-decode", is_flag=True,
               help="Fully decode every image while packing (slower; catches damage inside the "
-                   "compressed data, not only truncation and bad headers).")
+                   "compressed data, not only truncation and bad headers; JPEGs that libjpeg "
+                   "decodes only with a corrupt-data warning are skipped too).")
 @click.option("--max-pixels", type=int, default=None, metavar="N",
               help="Skip (or under --strict refuse) images whose header declares more than N "
                    "pixels, before decoding them [default: 178956970, twice Pillow's "

@@ -43,7 +43,8 @@ class PackOptions:
         format: container format name, or None to choose from the output extension.
         overwrite: replace an existing output.
         strict: stop at the first bad image instead of skipping it.
-        verify_decode: decode every image fully at pack time.
+        verify_decode: decode every image fully at pack time (JPEGs strictly:
+            one that decodes only with libjpeg's corrupt-data warning is bad).
         max_pixels: skip (or under ``strict`` refuse) an image whose header
             declares more pixels, before decoding it; None: no limit. Default
             178,956,970, where Pillow refuses decompression bombs. Not recorded
