@@ -53,7 +53,8 @@ class PackOptions:
             or bytes per shard ("256MB"); None writes one file.
         preprocess: pack-time resize/crop/re-encode (default: store original bytes).
         workers: processes reading, checking and preprocessing images; None uses
-            the usable cores. The output is byte-identical for any value.
+            the usable cores. Every value gives the same files byte for byte,
+            except the manifest's ``created_at`` (and LMDB's ``lock.mdb``).
         writer_options: further format options passed to the writer.
     """
 
