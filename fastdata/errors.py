@@ -80,6 +80,12 @@ class DecodeError(FastDataError):
     """A stored record could not be decoded into pixels."""
 
 
+class DamagedImageError(DecodeError):
+    """An image decodes only because the decoder papers over damage in its
+    compressed data (libjpeg's "Corrupt JPEG data: ..." warnings); raised by
+    the strict checks of ``pack --verify-decode`` and ``verify --decode``."""
+
+
 class MixedSizeWarning(UserWarning):
     """Images of one batch (or one stream) differ in size, so a collate that
     stacks them will fail. Silence it where a collate keeps a list on purpose:

@@ -53,7 +53,9 @@ def info(path, as_json):
 
 @main.command()
 @click.argument("path", type=click.Path(path_type=str))
-@click.option("--decode", is_flag=True, help="Also decode every image.")
+@click.option("--decode", is_flag=True,
+              help="Also decode every image; a JPEG that decodes only with libjpeg's "
+                   "corrupt-data warning counts as damaged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @_handle_errors

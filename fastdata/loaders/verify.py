@@ -7,9 +7,10 @@ What is checked, in order:
    checked with a damaged index or label array; see fastdata.formats.integrity);
 2. the tables that locate records (sharded formats: the index rows in order,
    without overlap, inside their shards) and the keys' SHA-256;
-3. every record's CRC32 (and with ``decode`` its decoding); damage that stops
-   a sequential read is reported for that record, and the records after it
-   are read one at a time;
+3. every record's CRC32 (and with ``decode`` its decoding, JPEGs strictly:
+   libjpeg's corrupt-data warnings count as damage, see
+   ``fastdata.loaders.strict``); damage that stops a sequential read is
+   reported for that record, and the records after it are read one at a time;
 4. whole files against the manifest: the SHA-256 and size of every tar and
    TFRecord shard (headers, padding, ``.cls`` members and framing included;
    a shard of another pack shows up here) and each TFRecord ``.idx`` file
@@ -26,9 +27,9 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from fastdata.errors import CorruptDataError
+from fastdata.errors import CorruptDataError, DamagedImageError
 from fastdata.formats import open_reader
-from fastdata.loaders.decode import DecoderChain
+from fastdata.loaders.strict import StrictDecoder
 from fastdata.progress import progress_bar
 
 #: Unreadable records in a row after which the rest of a file is not tried
@@ -71,7 +72,8 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
 
     Args:
         path: a packed dataset.
-        decode: also decode every image.
+        decode: also decode every image (JPEGs strictly: a JPEG that decodes
+            only with libjpeg's corrupt-data warning is reported as damaged).
         progress: show a progress bar (None: only on a terminal).
 
     Returns:
@@ -134,7 +136,7 @@ def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
 
 def _check_records(reader, decode: bool, on_problem, on_progress) -> int:
     # Raw records are pixels of the manifest's shape, not an encoded image.
-    decode_one = DecoderChain(raw_shape=reader.manifest.raw_shape) if decode else None
+    decode_one = StrictDecoder(raw_shape=reader.manifest.raw_shape) if decode else None
     checked = 0
     next_index = 0
     try:
@@ -178,7 +180,7 @@ def _check_one(reader, index: int, data, decode_one, on_problem) -> None:
         reader.check(index, data)
         if decode_one is not None:
             decode_one(data)
-    except CorruptDataError as exc:
+    except (CorruptDataError, DamagedImageError) as exc:
         on_problem(_problem(reader, index, exc.message))
     except Exception as exc:  # any decoder failure is a finding, not a crash
         on_problem(_problem(reader, index, f"cannot be decoded: {exc}"))

@@ -3,7 +3,9 @@
 The cheap check (always on) reads the header with Pillow and looks for the end
 marker of JPEG and PNG streams, which catches empty, foreign and truncated
 files without decoding pixels. The full check (``verify_decode``) decodes the
-whole image.
+whole image, JPEGs strictly: libjpeg's warnings about damaged data, which
+every decoder otherwise passes over, make the image bad (see
+``fastdata.loaders.strict``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 
 from fastdata.encodings import sniff_encoding
-from fastdata.errors import BadImageError
+from fastdata.errors import BadImageError, DamagedImageError
 from fastdata.image_header import DEFAULT_MAX_PIXELS, image_size, pixel_limit_error
 
 
@@ -35,7 +37,7 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
         data: the file's bytes.
         key: the file's key, for error messages.
         verify_decode: also decode every pixel (slower, catches damage inside
-            the compressed data).
+            the compressed data, including JPEG damage that libjpeg only warns about).
         max_pixels: refuse an image whose header declares more pixels (read
             from the header, before anything is decoded); None: no limit of
             fastdata's (Pillow's own decompression-bomb limit still applies).
@@ -64,7 +66,7 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
             with Image.open(io.BytesIO(data)) as img:
                 info = ImageInfo(encoding, img.width, img.height, img.mode)
                 if verify_decode:
-                    img.load()
+                    _decode_all(img, data, encoding, key)
     except BadImageError:
         raise
     except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
@@ -73,6 +75,18 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
     if info.width <= 0 or info.height <= 0:
         raise BadImageError(f"image has no pixels ({info.width}x{info.height})", key=key)
     return info
+
+
+def _decode_all(img, data: bytes, encoding: str, key: str) -> None:
+    if encoding == "jpeg":
+        from fastdata.loaders.strict import decode_jpeg_strictly
+
+        try:
+            if decode_jpeg_strictly(data):
+                return
+        except DamagedImageError as exc:
+            raise BadImageError(exc.message, key=key) from None
+    img.load()  # everything else, and JPEGs the strict decode could not check
 
 
 def _check_pixels(data: bytes, encoding: str, max_pixels: int | None, key: str) -> None:

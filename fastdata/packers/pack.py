@@ -43,7 +43,8 @@ class PackOptions:
         format: container format name, or None to choose from the output extension.
         overwrite: replace an existing output.
         strict: stop at the first bad image instead of skipping it.
-        verify_decode: decode every image fully at pack time.
+        verify_decode: decode every image fully at pack time (JPEGs strictly:
+            one that decodes only with libjpeg's corrupt-data warning is bad).
         max_pixels: skip (or under ``strict`` refuse) an image whose header
             declares more pixels, before decoding it; None: no limit. Default
             178,956,970, where Pillow refuses decompression bombs. Not recorded
@@ -52,7 +53,8 @@ class PackOptions:
             or bytes per shard ("256MB"); None writes one file.
         preprocess: pack-time resize/crop/re-encode (default: store original bytes).
         workers: processes reading, checking and preprocessing images; None uses
-            the usable cores. The output is byte-identical for any value.
+            the usable cores. Every value gives the same files byte for byte,
+            except the manifest's ``created_at`` (and LMDB's ``lock.mdb``).
         writer_options: further format options passed to the writer.
     """
 

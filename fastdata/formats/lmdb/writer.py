@@ -57,8 +57,11 @@ class LMDBWriter(Writer):
             # mapping kills the process (SIGBUS) instead of failing a call.
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), temp_path)
         try:
+            # meminit: zero the unused part of each page before it is written;
+            # otherwise stale heap bytes land in data.mdb and two packs of the
+            # same source differ byte for byte.
             self._env = lmdb.open(temp_path, map_size=self._map_size, subdir=True,
-                                  metasync=False, sync=False, readahead=False, meminit=False)
+                                  metasync=False, sync=False, readahead=False, meminit=True)
         except lmdb.Error as exc:
             raise _as_os_error(exc, 0, temp_path) from exc
 
