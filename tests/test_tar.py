@@ -471,9 +471,9 @@ def test_iterable_dataloader_two_workers_exactly_once(sharded, small_tree, shuff
     seen = _keys_seen(ds, small_tree)
     assert sorted(seen) == sorted(small_tree.keys)
     if not shuffle:
-        # Worker 0 reads shards 0 and 2, worker 1 shards 1 and 3; the DataLoader
-        # alternates between them one sample at a time.
-        assert seen[:4] == [small_tree.keys[i] for i in (0, 3, 1, 4)]
+        # Workers take the samples of the stored order in turn and the DataLoader
+        # takes them from its workers in turn: the stored order comes out.
+        assert seen == small_tree.keys
 
 
 def test_iterable_tensor_batches(sharded, small_tree):
@@ -512,23 +512,31 @@ def test_fewer_shards_than_workers(small_tree, tmp_path):
     assert sorted(_keys_seen(ds, small_tree)) == sorted(small_tree.keys)
 
 
-@pytest.mark.parametrize("shard_size, world, expected_counts", [
-    (3, 4, [3, 3, 3, 3]),   # 4 shards, 4 ranks: whole shards, even
-    (2, 4, [4, 4, 2, 2]),   # 6 shards, 4 ranks: exactly once, uneven (2, 2, 1, 1 shards)
-    (4, 4, [3, 3, 3, 3]),   # 3 shards < 4 ranks: records strided, i mod 4
-    (5, 2, [7, 5]),         # 3 shards (5, 5, 2), 2 ranks: shards 0+2 vs 1
+@pytest.mark.parametrize("shard_size, world, drop_last, per_rank, repeats", [
+    (3, 4, False, 3, 0),   # 4 shards, 4 ranks
+    (2, 4, False, 3, 0),   # 6 shards, 4 ranks: samples are split, not shards
+    (4, 4, False, 3, 0),   # 3 shards < 4 ranks
+    (5, 5, False, 3, 3),   # 12 over 5 ranks: padded to 15 with 3 repeats
+    (5, 5, True, 2, 0),    # ... or 2 dropped
+    (12, 7, False, 2, 2),  # one shard, 7 ranks
 ])
-def test_split_across_ranks_exactly_once(small_tree, tmp_path, shard_size, world,
-                                         expected_counts):
+def test_split_across_ranks_equal_work(small_tree, tmp_path, shard_size, world, drop_last,
+                                       per_rank, repeats):
     out = pack(small_tree.root, tmp_path / "s" / "ds.tar", shard_size=shard_size).output
     counts, seen = [], Counter()
     for rank in range(world):
-        ds = fastdata.ShardedIterableDataset(out, output="bytes", rank=rank, world_size=world)
+        ds = fastdata.ShardedIterableDataset(out, output="bytes", rank=rank, world_size=world,
+                                             drop_last=drop_last)
+        assert len(ds) == per_rank and ds.plan().repeats == repeats
         got = [d for d, _ in ds]
         counts.append(len(got))
         seen.update(got)
-    assert counts == expected_counts
-    assert seen == Counter(small_tree.payloads)
+    assert counts == [per_rank] * world
+    if drop_last:
+        assert sum(seen.values()) == 12 - ds.plan().dropped and max(seen.values()) == 1
+    else:
+        assert set(seen) == set(small_tree.payloads)
+        assert sum(seen.values()) - 12 == repeats < world and max(seen.values()) <= 2
 
 
 def test_iterable_pickles_with_rank(sharded):

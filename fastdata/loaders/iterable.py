@@ -1,14 +1,13 @@
 """Streaming IterableDataset over sharded formats (tar, TFRecord).
 
-See :class:`ShardedIterableDataset` for how shards are split across
-torch.distributed ranks and DataLoader workers, and how shuffling is seeded.
+See :class:`ShardedIterableDataset` for how an epoch is split across
+torch.distributed ranks and DataLoader workers, how it is shuffled, and how
+it resumes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import random
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,68 +17,73 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format
 from fastdata.image_header import DEFAULT_MAX_PIXELS
+from fastdata.loaders.epoch_plan import Shuffle, Slice, epoch_order
 from fastdata.loaders.samples import SamplePipeline
+from fastdata.loaders.stream_state import (DEFAULT_BLOCK, DEFAULT_WINDOW, StreamPoint,
+                                           WorkerPosition, parse_state, worker_positions)
 from fastdata.machine import rank_and_world
 
-#: Records read per random-access batch after a shard's stream broke.
+#: Records read per random-access batch (and per retry batch after damage).
 _REST_BATCH = 64
-
-
-def _seed(*parts: int | str) -> int:
-    """A 64-bit seed from ints and tags: the same in every process and Python run
-    (unlike ``hash()``), and unrelated for neighbouring inputs."""
-    # int() first: a numpy integer's repr differs from the equal Python int's.
-    text = repr(tuple(p if isinstance(p, str) else int(p) for p in parts))
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+#: Positions of a worker's sequence read (and decoded) at a time.
+_READ_CHUNK = 64
 
 
 class ShardedIterableDataset(SamplePipeline, IterableDataset):
-    """Streams ``(image, label)`` from tar or TFRecord shards.
+    """Streams ``(image, label)`` from tar or TFRecord shards, with the same work
+    on every rank, one order for the whole job, and exact resume.
 
-    **Splitting.** With R ranks (torch.distributed, or ``rank``/``world_size``)
-    of K DataLoader workers each there are W = R x K global workers; worker
-    ``id`` of rank ``r`` is number g = r x K + id. The S shards (in the shuffled
-    order when ``shuffle``, which depends on (seed, epoch) only, so every
-    worker agrees on it) are split like this:
+    **One order per epoch.** For a seed and an epoch, the whole job reads the
+    records in one fixed order (see :mod:`fastdata.loaders.epoch_plan`):
+    without ``shuffle`` the stored order, with it a block shuffle that mixes
+    ``shuffle_window`` records at a time (blocks of ``shuffle_block``
+    consecutive records move together, so reads stay near each other). Ranks
+    and workers take slices of that order: with ``batch_size`` equal to the
+    DataLoader's, the job consumes the same batches in the same order with
+    any number of workers, and after t steps of every rank exactly the first
+    t x ranks x batch_size samples of the order are done.
 
-    - S >= W: worker g reads whole shards g, g+W, g+2W, ... of that order.
-      Every record is read exactly once per epoch across all ranks and
-      workers. When W divides S and shards hold equal counts, every worker
-      (and rank) gets the same number of samples; otherwise the split stays
-      exactly-once but uneven: the first S mod W workers get one shard more.
-      DistributedDataParallel needs the same number of steps on every rank, so
-      choose S a multiple of W (or stop each rank after the same step count).
-    - S < W: every worker reads every shard and keeps the records whose index
-      i satisfies i mod W == g: still exactly once, counts within one of each
-      other, but each worker reads all the bytes, so prefer S >= W.
+    **Equal work per rank.** Every rank yields the same number of samples,
+    ``len(ds)``, so every rank takes the same number of steps and
+    DistributedDataParallel never waits for a rank that ran out, for any
+    number of shards, ranks and workers. ``drop_last=False`` (the default)
+    pads: the last ranks repeat the first samples of the order, fewer than
+    one sample per rank (``ds.plan().repeats``); ``drop_last=True`` leaves
+    the last ``< ranks`` samples of the order out instead. Every record is
+    read at least once per epoch when padding, exactly once when the ranks
+    divide the count.
 
-    Within a worker, records come in shard order; a DataLoader then
-    interleaves its workers' batches.
-
-    **Shuffling** (``shuffle=True``): the shard order is shuffled with a seed
-    made from (seed, epoch), then each worker passes its records through a
-    buffer of ``shuffle_buffer`` samples seeded by (seed, epoch, g); records are
-    decoded after leaving the buffer, so it holds encoded bytes, not pixels.
-    The order is reproducible for the same seed, epoch, world size and number
-    of workers per rank, and changes with :meth:`set_epoch`.
+    **Resume.** ``state_dict()`` / ``load_state_dict()`` follow the protocol of
+    ``torchdata.stateful_dataloader.StatefulDataLoader``: a loader state taken
+    after any step and loaded into a new StatefulDataLoader (same ranks and
+    workers) continues the epoch exactly, without reading what was skipped.
+    ``ds.load_state_dict(loader_state)`` with a loader's whole state (or
+    :meth:`resume_point`) resumes with any number of ranks and workers: the
+    samples not yet consumed, each once. Without torchdata, save
+    ``ds.resume_point(batches=steps_done_this_epoch)`` and load it.
 
     The rank and world size are read in each worker; a DataLoader with spawned
     workers gets them from the parent (they are resolved when the dataset is
-    pickled), since a spawned worker has no process group. ``skipped`` counts
-    in the process that iterates (a worker's count stays in the worker).
+    pickled). ``skipped`` counts in the process that iterates.
 
     Args:
-        path: the dataset's ``.fastdata.json`` manifest, a shard, a shard pattern,
-            or a list of shard files.
+        path: the dataset's manifest, a shard, a shard pattern, or a list of shard files.
         transform: applied to each image.
         target_transform: applied to each label.
         output: "tensor", "numpy", "pil" or "bytes" (as for map-style datasets).
-        shuffle: shuffle shard order and samples (seeded).
-        shuffle_buffer: samples held per worker for shuffling.
-        seed: base seed; the epoch is mixed in (see ``set_epoch``).
+        shuffle: read each epoch in a seeded random order (see ``set_epoch``).
+        seed: the shuffle's seed; the epoch is mixed in.
+        batch_size: the DataLoader's batch size: workers then take whole batches
+            in turn, so the order does not depend on the number of workers and
+            a resume may change the number of ranks or workers. None: workers
+            take single samples in turn (equal work and exact resume with the
+            same workers still hold).
+        drop_last: drop the last samples of the order (fewer than one per rank)
+            instead of padding with repeats.
+        shuffle_window: records permuted together (whole blocks).
+        shuffle_block: consecutive records that stay together in the order.
         on_error: "raise" or "skip": a record that cannot be read is left out and
-            counted in ``skipped`` (each one: when a shard's stream breaks, the
-            records after the damage are read through the dataset index).
+            counted in ``skipped`` (a skipped record shortens its rank's epoch).
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
         decoder, size, keep_gray, max_pixels: decoding options, as for map-style datasets.
@@ -95,8 +99,12 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         target_transform: Callable | None = None,
         output: str = "tensor",
         shuffle: bool = False,
-        shuffle_buffer: int = 1000,
         seed: int = 0,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        shuffle_window: int = DEFAULT_WINDOW,
+        shuffle_block: int = DEFAULT_BLOCK,
+        shuffle_buffer: int | None = None,
         on_error: str = "raise",
         verify: bool = True,
         rank: int | None = None,
@@ -116,21 +124,61 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
                            keep_gray=keep_gray, max_pixels=max_pixels)
-        self.shuffle = shuffle
-        self.shuffle_buffer = max(1, int(shuffle_buffer))
-        self.seed = seed
+        if shuffle_buffer is not None:  # the name of the window before block shuffling
+            shuffle_window = shuffle_buffer
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        for name, value in (("shuffle_window", shuffle_window), ("shuffle_block", shuffle_block)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.shuffle_window = int(shuffle_window)
+        self.shuffle_block = int(shuffle_block)
         self.epoch = 0
         self._rank = rank
         self._world = world_size
+        self._resume: StreamPoint | WorkerPosition | None = None
+        self._position: WorkerPosition | None = None
+
+    # -- the plan ---------------------------------------------------------------
+
+    @property
+    def order(self) -> Shuffle:
+        return Shuffle(self.shuffle, self.seed, self.shuffle_block, self.shuffle_window)
+
+    def _rank_world(self) -> tuple[int, int]:
+        rank, world = rank_and_world()
+        rank = rank if self._rank is None else self._rank
+        world = world if self._world is None else self._world
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside a world of size {world}")
+        return rank, world
+
+    def plan(self) -> Slice:
+        """This rank's share of the current epoch (from a loaded resume point on):
+        ``per_rank`` samples, ``batches()``, ``repeats``, ``dropped``."""
+        rank, world = self._rank_world()
+        start = self._resume.consumed if isinstance(self._resume, StreamPoint) \
+            and self._resume.epoch == self.epoch else 0
+        return Slice(len(self.reader), start, world, rank, self.batch_size or 1,
+                     "drop" if self.drop_last else "pad")
 
     def __len__(self) -> int:
-        """Records in the whole dataset (all ranks and workers together)."""
-        return len(self.reader)
+        """Samples this rank yields this epoch (the same on every rank)."""
+        return self.plan().per_rank
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch mixed into the shuffle seed; call before iterating each
-        epoch (with ``persistent_workers=False``, workers pick it up at start)."""
+        epoch (with ``persistent_workers=False``, workers pick it up at start).
+        A resume point for another epoch is dropped."""
         self.epoch = int(epoch)
+        if self._resume is not None and self._resume.epoch != self.epoch:
+            self._resume = None
+        if self._position is not None and self._position.epoch != self.epoch:
+            self._position = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -141,79 +189,99 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             state["_world"] = world if state.get("_world") is None else state["_world"]
         return state
 
-    def _assignment(self) -> tuple[list[int], int | None, int]:
-        """(shards to read, record stride or None, global worker number g)."""
-        rank, world = rank_and_world()
-        if self._rank is not None:
-            rank = self._rank
-        if self._world is not None:
-            world = self._world
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is outside a world of size {world}")
-        g, total = rank * workers + worker, world * workers
-        shards = list(range(len(self.reader.shard_paths)))
-        if self.shuffle:
-            random.Random(_seed("shards", self.seed, self.epoch)).shuffle(shards)
-        if len(shards) >= total:
-            return shards[g::total], None, g
-        return shards, total, g
+    # -- resume -----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where this process's iteration stands (StatefulDataLoader calls it in
+        each worker after each batch, and in the main process without workers)."""
+        if self._position is None or self._position.epoch != self.epoch:
+            info = get_worker_info()
+            worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+            return self._start_position(worker, workers).to_dict()
+        return self._position.to_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from ``state``: one worker's state (as StatefulDataLoader
+        passes it back), a whole StatefulDataLoader ``state_dict()``, or a
+        :meth:`resume_point`. The last two resume with any number of ranks
+        and workers.
+
+        Raises:
+            ValueError: the state belongs to another dataset, order or layout.
+        """
+        self._resume = parse_state(state, records=len(self.reader), order=self.order)
+        self.epoch = self._resume.epoch
+        self._position = None
+
+    def resume_point(self, loader_state: dict | None = None, *, batches: int | None = None
+                     ) -> dict:
+        """The point the job has reached in the current epoch, as a small dict
+        for a checkpoint: from a StatefulDataLoader's ``state_dict()`` (of any
+        rank: every rank has taken the same steps), or from ``batches``, the
+        steps every rank has taken this epoch. Load it with
+        :meth:`load_state_dict`, with any number of ranks and workers."""
+        if (loader_state is None) == (batches is None):
+            raise ValueError("pass a StatefulDataLoader state_dict() or batches=, not both")
+        if loader_state is not None:
+            return parse_state(loader_state, records=len(self.reader),
+                               order=self.order).to_dict()
+        plan = self.plan()
+        return StreamPoint(self.epoch, plan.consumed_after(int(batches))).to_dict()
+
+    # -- iteration --------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
-        shards, stride, g = self._assignment()
-        records = self._records(shards, stride, g)
-        if self.shuffle:
-            rng = random.Random(_seed("samples", self.seed, self.epoch, g))
-            records = _buffer_shuffle(records, self.shuffle_buffer, rng)
+        # Not a generator itself: the position is set when iteration is asked
+        # for, so a state_dict() taken before the first sample is this epoch's.
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._position = self._start_position(worker, workers)
+        return self._iterate(self._position, in_main=info is None)
+
+    def _iterate(self, position: WorkerPosition, in_main: bool) -> Iterator[tuple[Any, int]]:
+        plan = position.slice()
+        order = epoch_order(plan.n, self.order, position.epoch)
         labels = self.reader.labels
         watch_sizes = self.output in ("tensor", "numpy") and self.transform is None
-        for index, data in records:
+        for index, data in self._records(plan, order, position):
             sample = self._sample(index, self._try_convert(data), int(labels[index]))
             if sample is not None:
                 if watch_sizes:
                     self.mixed_sizes.sample(tuple(sample[0].shape), self.path)
                 yield sample
+        if in_main and self._resume is not None and self._position is position:
+            self._resume = None  # a finished epoch: the next iteration starts afresh
 
-    def _records(self, shards: list[int], stride: int | None, g: int
+    def _start_position(self, worker: int, workers: int) -> WorkerPosition:
+        """This worker's starting point: a loaded worker state, a resume point,
+        or the start of the epoch."""
+        rank, world = self._rank_world()
+        resume = self._resume
+        if isinstance(resume, WorkerPosition):
+            resume.check_layout(rank=rank, world=world, worker=worker, workers=workers,
+                                batch_size=self.batch_size or 0, drop_last=self.drop_last)
+            return WorkerPosition(**{**vars(resume)})
+        plan = self.plan()
+        return WorkerPosition(epoch=self.epoch, start=plan.start, records=plan.n,
+                              order=self.order.describe(), world=world, rank=rank,
+                              workers=workers, worker=worker, batch_size=self.batch_size or 0,
+                              drop_last=self.drop_last, taken=0)
+
+    def _records(self, plan: Slice, order, position: WorkerPosition
                  ) -> Iterator[tuple[int, bytes]]:
-        """(index, payload) of this worker's records, checksums verified."""
-        for shard in shards:
-            yield from self._shard_records(shard, stride, g)
-
-    def _shard_records(self, shard: int, stride: int | None, g: int
-                       ) -> Iterator[tuple[int, bytes]]:
-        """One shard's records, streamed. A damaged record is skipped alone under
-        ``on_error="skip"``: when the stream itself breaks (a bad frame, a data
-        CRC failure inside it, a cut-short file), the records it had not reached
-        are read by random access through the dataset index, which knows where
-        each one starts, and only those that cannot be read are skipped, each
-        one counted."""
-        reader = self.reader
-        first, count = reader.shard_ranges()[shard]
-        reached = first  # records before this one came through the stream
-        stream = reader.iter_shard(shard)
-        while True:
-            try:
-                index, data = next(stream)
-            except StopIteration:
-                return
-            except CorruptDataError:
-                if self.on_error == "raise":
-                    raise
-                break  # the records not reached are read by random access below
-            reached = index + 1
-            if stride is not None and index % stride != g:
-                continue
-            if reader.verify:
-                try:
-                    reader.check(index, data)
-                except CorruptDataError as exc:
-                    self._corrupt(exc, index)
-                    continue
-            yield index, data
-        rest = [i for i in range(reached, first + count) if stride is None or i % stride == g]
-        yield from self._read_rest(rest)
+        """(index, payload) of this worker's positions from ``position.taken``
+        on, read in chunks; ``position.taken`` counts each one as it is handed on."""
+        positions = worker_positions(plan, position.worker, position.workers)
+        todo = positions[position.taken:]
+        base = position.taken
+        for start in range(0, len(todo), _READ_CHUNK):
+            indices = plan.record_indices(order, todo[start:start + _READ_CHUNK]).tolist()
+            # A rank's positions never repeat a record, so an index names its place.
+            place = {index: k for k, index in enumerate(indices)}
+            for index, data in self._read_rest(indices):
+                position.taken = base + start + place[index] + 1  # skipped ones count too
+                yield index, data
+            position.taken = base + start + len(indices)
 
     def _read_rest(self, indices: list[int]) -> Iterator[tuple[int, bytes]]:
         """Records by random access, in batches; a batch that fails is read again
@@ -234,6 +302,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                     try:
                         data = reader.read(index)
                     except CorruptDataError as exc:
+                        if self.on_error == "raise":
+                            raise
                         lost.append((index, exc))
                         continue
                 self._report_lost(lost)
@@ -249,17 +319,3 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             warnings.warn(f"{self.path}: skipping {len(lost)} corrupt records {lost[0][0]} to "
                           f"{lost[-1][0]}; {self.skipped} skipped so far; the first: "
                           f"{lost[0][1]}", RuntimeWarning, stacklevel=3)
-
-
-def _buffer_shuffle(items: Iterator, size: int, rng: random.Random) -> Iterator:
-    """Yield ``items`` in a random order, holding at most ``size`` of them."""
-    buffer: list = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = rng.randrange(size)
-        buffer[j], item = item, buffer[j]
-        yield item
-    rng.shuffle(buffer)
-    yield from buffer

@@ -1,0 +1,185 @@
+"""Where a streaming epoch stands: checkpoints of ``ShardedIterableDataset``.
+
+Two kinds of state, both plain JSON-able dicts tagged ``"fastdata_stream"``:
+
+- a worker's position (``"worker"``): the layout it reads in (ranks, workers,
+  batch size, the epoch's order) and how many of its positions it has handed
+  on. ``StatefulDataLoader`` stores one per worker and gives it back to the
+  same worker on resume: exact, for the same ranks and workers.
+- a resume point (``"point"``): the epoch and how many samples of the epoch's
+  order the whole job has consumed, which is a prefix (see
+  :mod:`fastdata.loaders.epoch_plan`). It is computed from the worker
+  positions of any one rank and resumes with any number of ranks and workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from fastdata.loaders.epoch_plan import (Shuffle, Slice, batches_delivered,
+                                         worker_batches)
+
+TAG = "fastdata_stream"
+VERSION = 1
+#: Records that stay together in a shuffled order, and records mixed at once.
+DEFAULT_BLOCK = 16
+DEFAULT_WINDOW = 8192
+
+
+@dataclass
+class StreamPoint:
+    """The job has consumed the first ``consumed`` samples of epoch ``epoch``'s order."""
+
+    epoch: int
+    consumed: int
+    records: int = 0
+    order: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {TAG: "point", "version": VERSION, **asdict(self)}
+
+
+@dataclass
+class WorkerPosition:
+    """One worker's place in its share of an epoch."""
+
+    epoch: int
+    start: int          # the resume point this epoch's slicing began at
+    records: int
+    order: dict
+    world: int
+    rank: int
+    workers: int
+    worker: int
+    batch_size: int     # the dataset's batch_size (0: None, workers take single samples)
+    drop_last: bool
+    taken: int          # positions of this worker's sequence handed on
+
+    def to_dict(self) -> dict:
+        return {TAG: "worker", "version": VERSION, **asdict(self)}
+
+    def slice(self) -> Slice:
+        return Slice(self.records, self.start, self.world, self.rank, max(1, self.batch_size),
+                     "drop" if self.drop_last else "pad")
+
+    def check_layout(self, *, rank: int, world: int, worker: int, workers: int,
+                     batch_size: int, drop_last: bool) -> None:
+        here = dict(rank=rank, world=world, worker=worker, workers=workers,
+                    batch_size=batch_size, drop_last=drop_last)
+        saved = {k: getattr(self, k) for k in here}
+        if saved != here:
+            diff = ", ".join(f"{k} {saved[k]} now {here[k]}" for k in here if saved[k] != here[k])
+            raise ValueError(
+                f"this worker state was saved with another layout ({diff}); to resume with "
+                f"other ranks or workers, load the loader's whole state_dict() into the "
+                f"dataset, ds.load_state_dict(state), and iterate a new DataLoader")
+
+    def batches_done(self) -> int:
+        """This worker's batches handed on completely."""
+        plan = self.slice()
+        done, left = 0, self.taken
+        for t in worker_batches(plan.batches(), self.worker, self.workers):
+            size = len(plan.batch_positions(t))
+            if left < size:
+                break
+            left -= size
+            done += 1
+        return done
+
+
+def worker_positions(plan: Slice, worker: int, workers: int) -> np.ndarray:
+    """Positions (counted from ``plan.start`` in the padded order) that one
+    worker reads, batch by batch."""
+    parts = [np.arange(r.start, r.stop, dtype=np.int64)
+             for r in map(plan.batch_positions, worker_batches(plan.batches(), worker, workers))]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _found(state, out: list) -> list:
+    """Every fastdata state dict nested anywhere in ``state`` (a loader's state
+    nests the workers' dataset states a few levels down)."""
+    if isinstance(state, dict):
+        if TAG in state:
+            out.append(state)
+            return out
+        for value in state.values():
+            _found(value, out)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            _found(value, out)
+    return out
+
+
+def _load(entry: dict):
+    if entry.get("version") != VERSION:
+        raise ValueError(f"stream state version {entry.get('version')!r} is not {VERSION}; "
+                         f"it was saved by another fastdata version")
+    fields = {k: v for k, v in entry.items() if k not in (TAG, "version")}
+    try:
+        return (StreamPoint if entry[TAG] == "point" else WorkerPosition)(**fields)
+    except TypeError as exc:
+        raise ValueError(f"not a fastdata stream state: {exc}") from None
+
+
+def parse_state(state: dict, *, records: int, order: Shuffle) -> StreamPoint | WorkerPosition:
+    """A worker position (given back to one worker) or a resume point (from a
+    point, or from a loader's whole state).
+
+    Raises:
+        ValueError: the state is of another dataset or order, incomplete, or
+            was taken in a way that does not define a resume point.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"a stream state is a dict, not {type(state).__name__}")
+    entries = [_load(e) for e in _found(state, [])]
+    if not entries:
+        raise ValueError("no fastdata stream state found in this state dict: was it saved "
+                         "from a ShardedIterableDataset or its DataLoader?")
+    for entry in entries:
+        _check_dataset(entry, records, order)
+    if TAG in state:
+        return entries[0]
+    return _point_of(entries, records)
+
+
+def _check_dataset(entry, records: int, order: Shuffle) -> None:
+    if entry.records and entry.records != records:
+        raise ValueError(f"this state was saved for a dataset of {entry.records} records; "
+                         f"this one has {records}")
+    if entry.order and entry.order != order.describe():
+        saved, now = entry.order, order.describe()
+        diff = ", ".join(f"{k} {saved.get(k)} now {now[k]}" for k in now if saved.get(k) != now[k])
+        raise ValueError(f"this state was saved with another order ({diff}): the rest of the "
+                         f"epoch would not be the samples not yet read; use the same options")
+
+
+def _point_of(entries: list, records: int) -> StreamPoint:
+    """The resume point of one rank's workers' positions (every rank has taken
+    the same steps, so one rank's positions tell the whole job's)."""
+    points = [e for e in entries if isinstance(e, StreamPoint)]
+    workers = [e for e in entries if isinstance(e, WorkerPosition)]
+    if not workers:
+        return points[0]
+    first = workers[0]
+    ranks = {w.rank for w in workers}
+    if len(ranks) > 1:
+        raise ValueError(f"this state holds positions of ranks {sorted(ranks)}; pass one "
+                         f"rank's loader state (every rank has taken the same steps)")
+    by_worker = {w.worker: w for w in workers}
+    if sorted(by_worker) != list(range(first.workers)) or \
+            any(w.epoch != first.epoch or w.start != first.start for w in workers):
+        raise ValueError(f"this state holds {len(by_worker)} of the {first.workers} workers' "
+                         f"positions of one epoch; it cannot be resumed")
+    if first.batch_size == 0 and first.workers > 1:
+        # Single-sample turns: a DataLoader batch comes from one worker, so the
+        # job did not consume a prefix of the order.
+        raise ValueError("this state was taken with batch_size=None and several workers: it "
+                         "resumes only with the same ranks and workers (StatefulDataLoader."
+                         "load_state_dict); pass batch_size= to ShardedIterableDataset for a "
+                         "resume with other ranks or workers")
+    plan = first.slice()
+    done = [by_worker[k].batches_done() for k in range(first.workers)]
+    n = batches_delivered(done, plan.batches(), first.workers)
+    return StreamPoint(first.epoch, plan.consumed_after(n), records, first.order)
