@@ -133,11 +133,27 @@ def _env() -> dict:
     # interpreter, the checkout importable even without an editable install.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # What torchrun sets, for the blocks that start a (one-rank) process group.
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()))
     return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _needs(block: Block) -> str | None:
     """Why a block cannot run here, or None."""
+    if "torchdata" in block.code:
+        try:
+            import torchdata  # noqa: F401
+        except ImportError:
+            return "torchdata is not installed (the test extra)"
     if "fastdata.dali" in block.code:
         try:
             import nvidia.dali  # noqa: F401
