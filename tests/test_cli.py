@@ -105,7 +105,8 @@ def test_pack_success_output(image_tree, tmp_path):
     n = len(image_tree.samples)
     assert f"packed {n} images in {len(DEFAULT_CLASSES)} classes" in result.stdout
     assert str(out) in result.stdout
-    assert "ignored 7" in result.stdout
+    assert "ignored 8" in result.stdout
+    assert "extensions not packed: .db 1, .gif 1, .txt 1" in result.stdout
     # The empty class is a warning on stderr, not an error.
     assert "warning:" in result.stderr and "z_empty" in result.stderr
     assert "Traceback" not in result.output
@@ -130,11 +131,11 @@ def test_pack_json_summary(image_tree, tmp_path):
     assert summary["bytes_out"] > 0
     assert summary["seconds"] >= 0
     assert summary["skipped"] == []
-    assert summary["ignored"] == 7
+    assert summary["ignored"] == 8
+    assert summary["ignored_extensions"] == {"db": 1, "gif": 1, "txt": 1}
     assert any("z_empty" in w for w in summary["warnings"])
     assert sum(summary["encodings"].values()) == len(image_tree.samples)
-    assert set(summary["encodings"]) == {"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm",
-                                         "gif"}
+    assert set(summary["encodings"]) == {"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm"}
     # Warnings go to the report too.
     assert summary["report"] == f"{out}.report.json"
     report = json.loads(Path(summary["report"]).read_text())
@@ -169,6 +170,59 @@ def test_bad_images_are_skipped_and_reported(bad_tree, tmp_path):
     for key in expected:
         assert key in human.stdout
     assert f"{out2}.report.json" in human.stdout
+
+
+def test_renamed_tar_keys_in_summary_json_and_report(tmp_path):
+    dotted = [f"b/v{i}.final.png" for i in range(6)]
+    build_tree(tmp_path / "src", ["a/china.jpg", "a/china.bmp", "a/x.y.png", *dotted])
+    out = tmp_path / "out.tar"
+    human = invoke("pack", tmp_path / "src", out)
+    assert human.exit_code == 0, human.output
+    assert "renamed 8 tar member key(s)" in human.stdout
+    assert "    a/china.jpg -> a/china_1\n" in human.stdout
+    assert "    a/x.y.png -> a/x_y\n" in human.stdout
+    assert "... and 3 more" in human.stdout  # the first five, then a count
+    assert f"report: {tmp_path / 'out.report.json'}" in human.stdout
+
+    result = invoke("pack", tmp_path / "src", out, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    pairs = [(r["key"], r["stored_as"]) for r in summary["renamed"]]
+    assert pairs == [("a/china.jpg", "a/china_1"), ("a/x.y.png", "a/x_y"),
+                     *[(k, k[:-4].replace(".", "_")) for k in dotted]]
+    assert {r["file"] for r in summary["renamed"]} == {"out.tar"}
+    assert all(r["reason"] for r in summary["renamed"])
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    assert report["renamed"] == summary["renamed"]
+    ds = fastdata.open_dataset(tmp_path / "out.tar")
+    assert ds.keys == ["a/china.bmp", "a/china.jpg", "a/x.y.png", *dotted]  # unchanged
+
+
+def test_extensions_flag(tmp_path):
+    build_tree(tmp_path / "src", ["a/x.png", "a/y.gif", "b/z.jpg"])
+    default = invoke("pack", tmp_path / "src", tmp_path / "d.lmdb")
+    assert default.exit_code == 0, default.output
+    assert "packed 2 images" in default.stdout
+    assert "extensions not packed: .gif 1 (--extensions +EXT packs them too)" in default.stdout
+    result = invoke("pack", tmp_path / "src", tmp_path / "g.lmdb", "--extensions", "+gif",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["records"] == 3 and summary["ignored_extensions"] == {}
+    m = fastdata.formats.read_manifest(tmp_path / "g.lmdb")
+    assert fastdata.open_dataset(tmp_path / "g.lmdb").keys == ["a/x.png", "a/y.gif", "b/z.jpg"]
+    tv = ["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"]
+    assert m.source["extensions"] == m.pack_options["extensions"] == [*tv, "gif"]
+    only = invoke("pack", tmp_path / "src", tmp_path / "o.lmdb", "--extensions", "GIF,.Png")
+    assert only.exit_code == 0, only.output
+    assert fastdata.open_dataset(tmp_path / "o.lmdb").keys == ["a/x.png", "a/y.gif"]
+    assert_clean_error(invoke("pack", tmp_path / "src", tmp_path / "e.lmdb", "--extensions",
+                              "gif,,png"), "--extensions has an unusable entry ''")
+    assert not (tmp_path / "e.lmdb").exists()
+    assert_clean_error(invoke("pack", tmp_path / "src", tmp_path / "n.lmdb", "--extensions",
+                              "txt"), "no image files", "txt")
+    help_text = invoke("pack", "--help").stdout
+    assert "--extensions" in help_text and "+gif" in help_text
 
 
 @pytest.mark.skipif(IS_ROOT, reason="root can read a chmod 000 file")

@@ -300,7 +300,7 @@ def test_gif_records_are_transcoded_for_dali(ext, tmp_path, index_dir):
 
     src = make_tree(tmp_path / "src", classes=2, per_class=3, exts=(".gif", ".png"),
                     size=(44, 36))
-    path = pack(src, tmp_path / f"gif{ext}")
+    path = pack(src, tmp_path / f"gif{ext}", extensions="+gif")
     loader = DALILoader(path, batch_size=4, device="cpu")
     assert loader.plan.transcode and loader.plan.reader == "external"
     images, labels, _ = one_epoch(loader)

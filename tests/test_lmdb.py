@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import (
     DEFAULT_CLASSES,
+    IMG_EXTENSIONS,
     assert_pixels,
     build_tree,
     lmdb_put,
@@ -84,7 +85,8 @@ def test_pack_summary(shared):
     assert summary.bytes_in == sum(len(s.data) for s in tree.samples)
     assert summary.bytes_out > 0 and summary.seconds >= 0
     assert summary.skipped == []
-    assert summary.ignored == 7
+    assert summary.ignored == 8  # 5 hidden, 1 stray, notes.txt, thumbs.db and b3.gif
+    assert summary.ignored_extensions == {"db": 1, "gif": 1, "txt": 1}
     assert any("z_empty" in w for w in summary.warnings)
     assert summary.encodings == dict(Counter(_encoding_of(s.data) for s in tree.samples))
     assert os.path.isdir(out) and os.path.isfile(out / "data.mdb")
@@ -124,7 +126,7 @@ def test_manifest_fields(shared):
     assert m.version == MANIFEST_VERSION == 1
     assert m.count == len(tree.samples)
     assert m.classes == tree.classes
-    assert m.class_counts == tree.class_counts == [5, 6, 3, 3, 0]
+    assert m.class_counts == tree.class_counts == [5, 5, 3, 3, 0]
     assert m.class_to_idx == {c: i for i, c in enumerate(tree.classes)}
     assert m.encoding["storage"] == "keep"
     assert m.encoding["formats"] == dict(Counter(_encoding_of(s.data) for s in tree.samples))
@@ -146,7 +148,10 @@ def test_manifest_fields(shared):
     assert m.pack_options["verify_decode"] is False
     assert m.source["root"] == str(tree.root)
     assert m.source["files"] == len(tree.samples)
-    assert m.source["skipped"] == 0 and m.source["ignored"] == 7
+    assert m.source["skipped"] == 0 and m.source["ignored"] == 8
+    assert m.source["extensions"] == [e[1:] for e in IMG_EXTENSIONS]  # torchvision's
+    assert m.source["ignored_extensions"] == {"db": 1, "gif": 1, "txt": 1}
+    assert m.pack_options["extensions"] is None
     assert m.fastdata_version == fastdata.__version__
     d = m.to_dict()
     assert d["kind"] == "fastdata-manifest"
@@ -275,7 +280,7 @@ def test_transforms(shared):
 def test_getitems_equals_getitem(shared):
     tree, out, _ = shared
     ds = LMDBDataset(out)
-    idx = [5, 0, 16, 3, 3, 11]
+    idx = [5, 0, 15, 3, 3, 11]
     batch = ds.__getitems__(idx)
     assert len(batch) == len(idx)
     for i, (img, label) in zip(idx, batch):

@@ -82,7 +82,7 @@ def test_round_trip_several_shards(image_tree, tmp_path):
     assert summary.output == str(tmp_path / "out" / "ds.fastdata.json")
     assert summary.records == len(image_tree)
     shards = shard_files(summary)
-    assert [p.name for p in shards] == [f"ds-{i:06d}.tar" for i in range(6)]  # 17 records / 3
+    assert [p.name for p in shards] == [f"ds-{i:06d}.tar" for i in range(6)]  # 16 records / 3
     with TarReader(summary.output) as reader:
         assert len(reader) == len(image_tree)
         assert reader.keys == image_tree.keys
@@ -90,10 +90,10 @@ def test_round_trip_several_shards(image_tree, tmp_path):
         assert reader.classes == image_tree.classes
         for i, sample in enumerate(image_tree.samples):
             assert reader.read(i) == sample.data
-        assert reader.read_many([16, 0, 5]) == [image_tree.payloads[i] for i in (16, 0, 5)]
+        assert reader.read_many([15, 0, 5]) == [image_tree.payloads[i] for i in (15, 0, 5)]
         assert [(i, d, lab) for i, d, lab in reader] == [
             (i, s.data, s.label) for i, s in enumerate(image_tree.samples)]
-        assert [c for _, c in reader.shard_ranges()] == [3, 3, 3, 3, 3, 2]
+        assert [c for _, c in reader.shard_ranges()] == [3, 3, 3, 3, 3, 1]
     manifest = fastdata.formats.read_manifest(summary.output)
     assert manifest.format == "tar" and manifest.count == len(image_tree)
     assert sum(s["count"] for s in manifest.shards) == len(image_tree)
@@ -257,6 +257,40 @@ def test_colliding_stems_get_suffixes(tmp_path):
     with TarReader(summary.output) as reader:
         assert reader.keys == tree.keys
         assert [reader.read(i) for i in range(4)] == tree.payloads
+
+
+def test_renamed_member_keys_are_reported(tmp_path):
+    tree = build_tree(tmp_path / "src", ("a/china.jpg", "a/china.bmp", "a/x.y.png", "b/ok.png"))
+    summary = pack(tree.root, tmp_path / "out" / "ds.tar")
+    # "a/china.bmp" sorts first and keeps "a/china"; ".jpg" clashes with it.
+    expected = [("a/china.jpg", "a/china_1", "ds.tar"), ("a/x.y.png", "a/x_y", "ds.tar")]
+    assert [(r.key, r.stored_as, r.file) for r in summary.renamed] == expected
+    assert "'a/china' was taken by 'a/china.bmp'" in summary.renamed[0].reason
+    assert "'.' in the file name" in summary.renamed[1].reason
+    # The report file is written for the renames alone (no skips, no warnings).
+    assert summary.report == str(tmp_path / "out" / "ds.report.json")
+    report = json.loads(Path(summary.report).read_text())
+    assert [(r["key"], r["stored_as"], r["file"]) for r in report["renamed"]] == expected
+    assert report["skipped"] == [] and report["warnings"] == []
+    assert summary.to_dict()["renamed"] == report["renamed"]
+    with tarfile.open(shard_files(summary)[0]) as tar:
+        assert [n for n in tar.getnames() if not n.endswith(".cls")] == [
+            "a/china.bmp", "a/china_1.jpg", "a/x_y.png", "b/ok.png"]
+    # The dataset's keys stay the source's (keys.json).
+    ds = fastdata.open_dataset(summary.output, output="bytes")
+    assert ds.keys == tree.keys == ["a/china.bmp", "a/china.jpg", "a/x.y.png", "b/ok.png"]
+    assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
+
+
+def test_renames_name_their_shard_and_clashes_are_per_shard(tmp_path):
+    tree = build_tree(tmp_path / "src", ("a/china.jpg", "a/china.bmp", "a/x.y.png"))
+    summary = pack(tree.root, tmp_path / "out" / "ds-%06d.tar", shard_size=1)
+    # One record per shard: no clash, only the dotted name is stored otherwise.
+    assert [(r.key, r.stored_as, r.file) for r in summary.renamed] == [
+        ("a/x.y.png", "a/x_y", "ds-000002.tar")]
+    assert summary.report == str(tmp_path / "out" / "ds.report.json")
+    plain = pack(tree.root, tmp_path / "lmdb" / "ds.lmdb")
+    assert plain.renamed == [] and plain.report is None  # other formats keep keys as they are
 
 
 def test_long_keys_round_trip(tmp_path):

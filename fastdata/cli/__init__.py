@@ -24,7 +24,8 @@ _FLAG_PHRASES = (
     ("resize=N", "--resize N"),
     ("encoding='raw'", "--encoding raw"),
 )
-_FLAG_NAMES = re.compile(r"\b(shard_size|max_size|center_crop|quality|workers|resize|format)=\s?")
+_FLAG_NAMES = re.compile(
+    r"\b(shard_size|max_size|center_crop|quality|workers|resize|format|extensions)=\s?")
 
 
 def cli_terms(message: str) -> str:

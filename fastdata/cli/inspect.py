@@ -42,7 +42,9 @@ def info(path, as_json):
         ("checksums", f"{m.checksums.get('record')} per record; payload sha256 "
                       f"{m.checksums.get('payload_sha256', '')[:16]}..."),
         ("source", f"{m.source.get('root')} ({m.source.get('files')} files, "
-                   f"{m.source.get('skipped')} skipped, {m.source.get('ignored')} ignored)"),
+                   f"{m.source.get('skipped')} skipped, {m.source.get('ignored')} ignored"
+                   + (f"; extensions {' '.join(map(str, m.source['extensions']))}"
+                      if isinstance(m.source.get("extensions"), list) else "") + ")"),
         ("created", m.created_at),
         ("options", ", ".join(f"{k}={v}" for k, v in m.pack_options.items())),
     ]

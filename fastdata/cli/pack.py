@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.encodings import TORCHVISION_EXTENSIONS
 from fastdata.formats import FORMATS, known_extensions, sharded_formats
 from fastdata.machine import human_bytes
 
@@ -51,17 +52,26 @@ from fastdata.machine import human_bytes
               help="Skip (or under --strict refuse) images whose header declares more than N "
                    "pixels, before decoding them [default: 178956970, twice Pillow's "
                    "decompression-bomb limit]; 0 lifts the limit.")
+@click.option("--extensions", metavar="LIST", default=None,
+              help="Image file extensions to pack, comma-separated, any letter case "
+                   "(gif,jpg,png). Default: torchvision ImageFolder's, "
+                   + ",".join(e[1:] for e in TORCHVISION_EXTENSIONS)
+                   + ", so the samples and their indices are ImageFolder(SOURCE)'s. A "
+                   "leading + adds to that default instead of replacing it: --extensions "
+                   "+gif packs GIFs too. Files with other extensions are ignored and "
+                   "counted in the summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         workers, overwrite, strict, verify_decode, max_pixels, as_json, progress):
+         workers, overwrite, strict, verify_decode, max_pixels, extensions, as_json, progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
-    images are found recursively inside each class folder. Labels are the
-    indices of the sorted class names, as torchvision assigns them. By default
+    images are found recursively inside each class folder, with torchvision's
+    extensions unless --extensions says otherwise. Labels are the indices of
+    the sorted class names, as torchvision assigns them. By default
     the original file bytes are stored unchanged, with the label and the path
     relative to SOURCE; --resize/--encoding preprocess them once at pack time.
 
@@ -83,7 +93,7 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     limit = {} if max_pixels is None else {"max_pixels": max_pixels or None}
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
                           verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
-                          workers=workers, **limit)
+                          workers=workers, extensions=extensions, **limit)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
@@ -99,7 +109,9 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
                f"{human_bytes(summary.bytes_out)}; encodings "
                + ", ".join(f"{k} {v}" for k, v in summary.encodings.items()))
     if summary.ignored:
-        click.echo(f"  ignored {summary.ignored} hidden or non-image file(s)")
+        _echo_ignored(summary.ignored, summary.ignored_extensions)
+    if summary.renamed:
+        _echo_renamed(summary.renamed)
     if summary.skipped:
         click.echo(f"  skipped {len(summary.skipped)} bad image(s):")
         for item in summary.skipped[:10]:
@@ -108,3 +120,24 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
             click.echo(f"    ... and {len(summary.skipped) - 10} more")
     if summary.report:
         click.echo(f"  report: {summary.report}")
+
+
+def _echo_ignored(count: int, by_extension: dict[str, int]) -> None:
+    """The ignored count, with the extensions left out (they are what --extensions adds)."""
+    click.echo(f"  ignored {count} hidden, stray or other-extension file(s)")
+    if by_extension:
+        click.echo("    extensions not packed: "
+                   + ", ".join(f".{ext} {n}" if ext else f"(none) {n}"
+                               for ext, n in by_extension.items())
+                   + " (--extensions +EXT packs them too)")
+
+
+def _echo_renamed(renamed) -> None:
+    """Records stored under another tar member key than their own (the dataset keys
+    stay the originals); the full list is in --json and the report file."""
+    click.echo(f"  renamed {len(renamed)} tar member key(s) (dataset keys unchanged; all in "
+               f"the report):")
+    for item in renamed[:5]:
+        click.echo(f"    {item.key} -> {item.stored_as}")
+    if len(renamed) > 5:
+        click.echo(f"    ... and {len(renamed) - 5} more")

@@ -26,7 +26,7 @@ from fastdata.formats.output import (
     is_disk_full,
     lock_path,
 )
-from fastdata.records import Manifest, Record
+from fastdata.records import Manifest, Record, RenamedKey
 
 #: What a failed write raises: OS errors, h5py's RuntimeError for a failed flush,
 #: and fastdata's own errors that wrap either (see ``Writer._failure``).
@@ -127,6 +127,11 @@ class Writer:
 
     def _discard(self) -> None:
         """Release handles after a failure (files are removed by the base)."""
+
+    def renamed_keys(self) -> list[RenamedKey]:
+        """Records stored under another name than their key, after ``finish``
+        (none, unless the format restricts names: tar)."""
+        return []
 
     # -- public API -----------------------------------------------------------
 

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,7 +27,7 @@ from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.preprocess import Preprocess
-from fastdata.packers.source import ImageFolderSource, Source
+from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest, Record
@@ -56,6 +56,10 @@ class PackOptions:
             the usable cores. Every value gives the same files byte for byte,
             except the manifest's ``created_at`` (and LMDB's ``lock.mdb``).
         writer_options: further format options passed to the writer.
+        extensions: for a folder source: the file extensions to pack, as
+            ``ImageFolderSource(extensions=...)`` takes them (``"+gif"`` adds GIFs
+            to torchvision's); None: torchvision's ``IMG_EXTENSIONS``. Recorded
+            in ``pack_options``; the set used is in the manifest's ``source``.
     """
 
     format: str | None = None
@@ -67,6 +71,7 @@ class PackOptions:
     preprocess: Preprocess = field(default_factory=Preprocess)
     workers: int | None = None
     writer_options: dict[str, Any] = field(default_factory=dict)
+    extensions: Iterable[str] | str | None = None
 
 
 @dataclass
@@ -129,8 +134,9 @@ def pack(
         on_event: called with each warning as it happens (the CLI prints them).
 
     Returns:
-        The summary. Skipped files and warnings are also written to
-        ``OUTPUT.report.json`` when there are any.
+        The summary. Skipped files, warnings and records stored under another
+        name than their key (tar) are also written to ``OUTPUT.report.json``
+        when there are any.
 
     Raises:
         SourceError: the source is missing, has no classes or no usable images.
@@ -160,12 +166,13 @@ def pack(
     if workers < 1:
         raise FastDataError(f"workers={workers} is not allowed: give at least 1")
     writer_options = _writer_options(spec, options, output)
+    extensions = _folder_extensions(src, options)
 
     # The writer first: it refuses an existing output before any scanning.
     with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
                                               **writer_options) as writer:
         if src is None:
-            src = ImageFolderSource(source_root)
+            src = ImageFolderSource(source_root, extensions=extensions)
         tally = _Tally(len(src.classes), on_event)
         for msg in src.warnings():
             tally.warn(msg)
@@ -194,11 +201,12 @@ def pack(
             items.close()
         _check_written(src, tally, writer.count, source_root)
         manifest = writer.finish(_manifest(spec, src, tally, writer, options, writer_options))
+        renamed = writer.renamed_keys()
 
     output = getattr(writer, "output_path", output)
     report = None
-    if tally.skipped or tally.warnings:
-        report = write_report(output, tally.skipped, tally.warnings)
+    if tally.skipped or tally.warnings or renamed:
+        report = write_report(output, tally.skipped, tally.warnings, renamed)
     else:
         remove_stale_report(output)
     return PackSummary(
@@ -208,7 +216,20 @@ def pack(
         seconds=time.perf_counter() - started, skipped=tally.skipped,
         ignored=int(manifest.source.get("ignored", 0)), warnings=tally.warnings,
         report=report, encodings=dict(manifest.encoding["formats"]),
+        ignored_extensions=dict(manifest.source.get("ignored_extensions") or {}),
+        renamed=renamed,
     )
+
+
+def _folder_extensions(src: Source | None, options: PackOptions) -> tuple[str, ...] | None:
+    """``options.extensions``, checked before anything is written; refused with a
+    Source, which chose its files already."""
+    if options.extensions is None:
+        return None
+    if src is not None:
+        raise FastDataError("extensions= applies to a folder source; give the Source "
+                            "itself the extensions (ImageFolderSource(root, extensions=...))")
+    return parse_extensions(options.extensions)
 
 
 def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict[str, Any]:
@@ -342,7 +363,10 @@ def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: Pac
                    if k not in ("root", "files", "ignored")}},
         pack_options={"format": spec.name, "strict": options.strict,
                       "verify_decode": options.verify_decode,
-                      "preprocess": pre.to_dict(), **writer_options},
+                      "preprocess": pre.to_dict(),
+                      "extensions": None if options.extensions is None
+                      else [e[1:] for e in parse_extensions(options.extensions)],
+                      **writer_options},
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         fastdata_version=__version__,
     )
