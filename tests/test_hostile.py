@@ -171,8 +171,11 @@ def test_max_pixels_option(tmp_path):
     data = make_image_bytes(".png", size=(40, 30))
     assert DecoderChain(max_pixels=None)(data).shape[:2] == (30, 40)
     assert DecoderChain(max_pixels=1200)(data).shape[:2] == (30, 40)
-    with pytest.raises(DecodeError, match="40x30 = 1,200 pixels, above the limit of 1,199"):
+    with pytest.raises(DecodeError, match="40x30 = 1,200 pixels, above the limit of 1,199"
+                       ) as info:
         DecoderChain(max_pixels=1199)(data)
+    message = str(info.value)
+    assert "(max_pixels=1199)" in message and "max_pixels=None for no limit" in message
     assert DecoderChain().max_pixels == DEFAULT_MAX_PIXELS == 2 * Image.MAX_IMAGE_PIXELS
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(ValueError, match="max_pixels"):

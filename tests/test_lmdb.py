@@ -395,15 +395,17 @@ def test_corrupted_record_fails_crc(packed, image_tree):
         ds[bad]
     err = info.value
     assert err.key == image_tree.samples[bad].key
-    assert err.offset == bad
+    assert (err.record, err.offset) == (bad, None)  # a record index, not a byte offset
     assert err.path == str(out)
     assert image_tree.samples[bad].key in str(err) and f"record {bad}" in str(err)
+    # The record is named once, as a record: not "offset 2: record 2".
+    assert str(err).count(f"record {bad}") == 1 and "offset" not in str(err)
     with pytest.raises(CorruptDataError):
         ds.__getitems__(list(range(len(ds))))
     # The errors survive pickling (they cross DataLoader worker boundaries).
     again = pickle.loads(pickle.dumps(err))
-    assert (type(again), again.key, again.offset, str(again)) == (
-        CorruptDataError, err.key, err.offset, str(err))
+    assert (type(again), again.key, again.record, again.offset, str(again)) == (
+        CorruptDataError, err.key, err.record, err.offset, str(err))
 
     # Without verification the damaged bytes come through unchecked.
     raw = LMDBDataset(out, output="bytes", verify=False)
@@ -438,8 +440,11 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     with pytest.raises(DecodeError) as info:
         ds[bad]
     assert info.value.key == image_tree.samples[bad].key
-    assert info.value.offset == bad
+    assert info.value.record == bad
     assert str(out) in str(info.value)
+    # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" in words.
+    assert "not an image Pillow can identify" in str(info.value)
+    assert " at 0x" not in str(info.value) and "BytesIO" not in str(info.value)
     assert LMDBDataset(out, output="bytes")[bad] == (garbage, image_tree.samples[bad].label)
     with pytest.raises(DecodeError):
         LMDBDataset(out, output="pil")[bad]
@@ -455,6 +460,7 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     assert not result.ok
     assert [(p["index"], p["key"]) for p in result.problems] == [
         (bad, image_tree.samples[bad].key)]
+    assert result.problems[0]["reason"] == "cannot be decoded: not an image Pillow can identify"
     assert verify_dataset(out, progress=False).ok  # the CRC alone is fine
 
 
@@ -556,7 +562,7 @@ def test_missing_record_key(packed, image_tree):
     ds = LMDBDataset(out, output="bytes")
     with pytest.raises(CorruptDataError, match="missing") as info:
         ds[3]
-    assert info.value.offset == 3
+    assert info.value.record == 3
     assert ds[4] == (image_tree.samples[4].data, image_tree.samples[4].label)
     result = verify_dataset(out, progress=False)
     assert not result.ok and result.problems[0]["index"] == 3

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import fastdata
+from fastdata.cli import main
 from fastdata.packers.pack import PackSummary
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.tar.members import iter_members, split_key
@@ -389,6 +391,23 @@ def test_sample_without_label_is_an_error(tmp_path):
     assert ".cls" in str(err.value)
 
 
+def test_tar_of_an_image_folder_says_to_pack_the_folder(tmp_path):
+    # `tar cf images.tar images/`: class folders of images, no .cls members.
+    tree = build_tree(tmp_path / "images", uniform_spec(("cat", "dog"), per_class=2))
+    path = tmp_path / "images.tar"
+    with tarfile.open(path, "w") as tar:
+        tar.add(tree.root, arcname="images")
+    for open_it in (fastdata.open_dataset, fastdata.TarDataset):
+        with pytest.raises(FastDataError, match="no label") as err:
+            open_it(path)
+        message = str(err.value)
+        assert ".cls" in message and "fastdata pack FOLDER out.tar" in message, message
+        assert "convert" not in message and "\n" not in message
+    result = CliRunner().invoke(main, ["info", str(path)])
+    assert result.exit_code == 1
+    assert "fastdata pack FOLDER out.tar" in result.stderr, result.stderr
+
+
 def test_sample_without_image_is_an_error(tmp_path):
     path = tmp_path / "noimg.tar"
     with tarfile.open(path, "w") as tar:
@@ -445,6 +464,7 @@ def test_corrupted_header_names_shard_and_offset(tmp_path):
     with pytest.raises(CorruptDataError, match="checksum") as err:
         TarReader([path])
     assert (err.value.path, err.value.offset) == (str(path), header_at)
+    assert str(err.value).startswith(f"{path}: byte offset {header_at}: tar header fails")
 
 
 def test_garbage_file_is_not_a_hang(tmp_path):

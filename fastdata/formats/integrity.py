@@ -139,7 +139,7 @@ def check_labels(labels: np.ndarray, manifest: Manifest, *, path: str) -> None:
         raise CorruptDataError(
             f"record {i} has label {int(labels[i])}, not a class index (0..{n_classes - 1} for "
             f"{n_classes} classes){more}: the labels are damaged (fastdata does not read "
-            f"negative labels as unlabelled records); re-pack it", path=path, offset=i)
+            f"negative labels as unlabelled records); re-pack it", path=path, record=i)
     counts = manifest.class_counts
     if (isinstance(counts, list) and len(counts) == n_classes and len(labels)
             and all(type(c) is int for c in counts)):

@@ -252,9 +252,9 @@ class ShardedReader(Reader):
             raw = os.pread(self._fd(shard), size, offset)
             if len(raw) != size:
                 raise CorruptDataError(
-                    f"record {i} is cut short: {len(raw)} of {size} bytes at offset {offset} "
+                    f"record {i} is cut short: {len(raw)} of {size} bytes at byte offset {offset} "
                     f"(the shard is truncated)", path=self._shard_paths[shard],
-                    key=self.key_of(i), offset=offset)
+                    key=self.key_of(i), record=i, offset=offset)
             out.append(self._extract(raw, shard, offset))
         return out
 

@@ -67,9 +67,9 @@ class TarReader(ShardedReader):
                 start = offset
                 if filled < size:
                     raise CorruptDataError(
-                        f"record {i} is cut short: {filled} of {size} bytes at offset "
+                        f"record {i} is cut short: {filled} of {size} bytes at byte offset "
                         f"{offset} (the shard is truncated)", path=self._shard_paths[shard],
-                        key=self.key_of(i), offset=offset)
+                        key=self.key_of(i), record=i, offset=offset)
             yield i, bytes(buf[offset - start:end - start])
 
 

@@ -302,7 +302,7 @@ class TFRecordReader(ShardedReader):
                     f"({sizes[n]} bytes), but in the shard it is at byte offset {offset} "
                     f"({framed} bytes): the shard does not match its index (damaged, or from "
                     f"another pack); re-pack it", path=path, key=self.key_of(first + n),
-                    offset=offset)
+                    record=first + n, offset=offset)
             yield first + n, self._image(buf, start, end, path, offset)
             n += 1
         if n < count:
