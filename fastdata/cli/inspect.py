@@ -97,7 +97,13 @@ def _source_text(source: dict) -> str:
     """``ROOT (N files, N skipped, N ignored)``, with what else the source recorded."""
     parts = [f"{source[k]:,} {k}" for k in ("files", "skipped", "ignored")
              if isinstance(source.get(k), int)]
-    known = {"root", "fingerprint", "files", "skipped", "ignored", "note"}
+    known = {"root", "fingerprint", "files", "skipped", "ignored", "note", "extensions",
+             "ignored_extensions"}
+    if isinstance(source.get("extensions"), list):
+        parts.append("extensions " + " ".join(map(str, source["extensions"])))
+    if isinstance(source.get("ignored_extensions"), dict) and source["ignored_extensions"]:
+        parts.append("not packed: " + ", ".join(
+            f"{ext} {n}" for ext, n in source["ignored_extensions"].items()))
     parts += [f"{k}={_plain(v)}" for k, v in source.items() if k not in known]
     if source.get("note"):
         parts.append(_plain(source["note"]))
