@@ -79,7 +79,7 @@ def webdataset_shards(folder: Path, n: int = 10, per_shard: int = 4, *, cls: boo
 def test_round_trip_several_shards(image_tree, tmp_path):
     summary = pack(image_tree.root, tmp_path / "out" / "ds.tar", shard_size=3)
     assert summary.format == "tar"
-    assert summary.output == str(tmp_path / "out" / "ds.fastdata.json")
+    assert summary.output == str(tmp_path / "out" / "ds.tar.fastdata.json")
     assert summary.records == len(image_tree)
     shards = shard_files(summary)
     assert [p.name for p in shards] == [f"ds-{i:06d}.tar" for i in range(6)]  # 17 records / 3

@@ -26,7 +26,7 @@ with the directories kept and every "." of the file name replaced by "_"
 first dot of its base name, so a dot there would cut the key short. When two
 records of one shard would get the same KEY (``a.jpg`` and ``a.png``, or
 ``a.b.jpg`` and ``a_b.jpg``), the later one gets ``_1``, ``_2``, ... appended.
-The original keys are kept in ``PREFIX.fastdata.keys.json``.
+The original keys are kept in ``NAME.fastdata.keys.json``.
 
 Headers are plain USTAR (one 512-byte block per member): mode 0o444, uid/gid
 0, no user/group names, mtime 0, so equal input gives byte-identical shards.
@@ -35,7 +35,7 @@ at a "/"; only a name that still does not fit, or that is not ASCII, gets a
 POSIX PAX extended header (``path=...``, UTF-8) before its member. Each shard
 ends with two zero blocks.
 
-The dataset index (``PREFIX.fastdata.index.npy``, see fastdata.formats.sharded.layout)
+The dataset index (``NAME.fastdata.index.npy``, see fastdata.formats.sharded.layout)
 holds, per record, the offset and size of the image member's *data*, so a
 reader gets a record with one ``pread`` and no header parsing.
 """
