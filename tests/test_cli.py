@@ -183,7 +183,7 @@ def test_renamed_tar_keys_in_summary_json_and_report(tmp_path):
     assert "    a/china.jpg -> a/china_1\n" in human.stdout
     assert "    a/x.y.png -> a/x_y\n" in human.stdout
     assert "... and 3 more" in human.stdout  # the first five, then a count
-    assert f"report: {tmp_path / 'out.report.json'}" in human.stdout
+    assert f"report: {tmp_path / 'out.tar.report.json'}" in human.stdout
 
     result = invoke("pack", tmp_path / "src", out, "--overwrite", "--json")
     assert result.exit_code == 0, result.output
@@ -193,7 +193,7 @@ def test_renamed_tar_keys_in_summary_json_and_report(tmp_path):
                      *[(k, k[:-4].replace(".", "_")) for k in dotted]]
     assert {r["file"] for r in summary["renamed"]} == {"out.tar"}
     assert all(r["reason"] for r in summary["renamed"])
-    report = json.loads((tmp_path / "out.report.json").read_text())
+    report = json.loads((tmp_path / "out.tar.report.json").read_text())
     assert report["renamed"] == summary["renamed"]
     ds = fastdata.open_dataset(tmp_path / "out.tar")
     assert ds.keys == ["a/china.bmp", "a/china.jpg", "a/x.y.png", *dotted]  # unchanged

@@ -87,10 +87,8 @@ def make_tree(root: Path, *, classes: int = 3, per_class: int = 8, seed: int = 0
 
 
 def pack(src: Path, out: Path, **options) -> str:
-    fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
-    if options.get("shard_size"):
-        return str(out.parent / (out.name.rsplit(".", 1)[0] + ".fastdata.json"))
-    return str(out)
+    summary = fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
+    return summary.output if options.get("shard_size") else str(out)
 
 
 @pytest.fixture(scope="module")

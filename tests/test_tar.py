@@ -81,7 +81,7 @@ def webdataset_shards(folder: Path, n: int = 10, per_shard: int = 4, *, cls: boo
 def test_round_trip_several_shards(image_tree, tmp_path):
     summary = pack(image_tree.root, tmp_path / "out" / "ds.tar", shard_size=3)
     assert summary.format == "tar"
-    assert summary.output == str(tmp_path / "out" / "ds.fastdata.json")
+    assert summary.output == str(tmp_path / "out" / "ds.tar.fastdata.json")
     assert summary.records == len(image_tree)
     shards = shard_files(summary)
     assert [p.name for p in shards] == [f"ds-{i:06d}.tar" for i in range(6)]  # 16 records / 3
@@ -270,7 +270,7 @@ def test_renamed_member_keys_are_reported(tmp_path):
     assert "'a/china' was taken by 'a/china.bmp'" in summary.renamed[0].reason
     assert "'.' in the file name" in summary.renamed[1].reason
     # The report file is written for the renames alone (no skips, no warnings).
-    assert summary.report == str(tmp_path / "out" / "ds.report.json")
+    assert summary.report == str(tmp_path / "out" / "ds.tar.report.json")
     report = json.loads(Path(summary.report).read_text())
     assert [(r["key"], r["stored_as"], r["file"]) for r in report["renamed"]] == expected
     assert report["skipped"] == [] and report["warnings"] == []
@@ -290,7 +290,7 @@ def test_renames_name_their_shard_and_clashes_are_per_shard(tmp_path):
     # One record per shard: no clash, only the dotted name is stored otherwise.
     assert [(r.key, r.stored_as, r.file) for r in summary.renamed] == [
         ("a/x.y.png", "a/x_y", "ds-000002.tar")]
-    assert summary.report == str(tmp_path / "out" / "ds.report.json")
+    assert summary.report == str(tmp_path / "out" / "ds.tar.report.json")
     plain = pack(tree.root, tmp_path / "lmdb" / "ds.lmdb")
     assert plain.renamed == [] and plain.report is None  # other formats keep keys as they are
 

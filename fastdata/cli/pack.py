@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from fastdata.cli import _handle_errors, _print_json, main
@@ -16,7 +18,9 @@ from fastdata.machine import human_bytes
 @click.option("--format", "format_", metavar="NAME",
               help="Container format: " + "; ".join(f"{s.name}: {s.help}" for s in FORMATS.values())
                    + ". Default: chosen from OUTPUT's extension ("
-                   + ", ".join(known_extensions()) + ").")
+                   + ", ".join(known_extensions()) + "). Give it for an OUTPUT without one "
+                   "(tar and tfrecord then add theirs); an extension of another format is "
+                   "refused.")
 @click.option("--shard-size", metavar="N|SIZE", default=None,
               help="/".join(sharded_formats()) + " only: roll a new shard every N records (10000) "
                    "or SIZE bytes (256MB). OUTPUT may be a pattern: out-%06d.tar or "
@@ -43,7 +47,8 @@ from fastdata.machine import human_bytes
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--strict", is_flag=True,
               help="Stop at the first corrupt or unreadable image (default: skip it and list it "
-                   "in the summary and in OUTPUT.report.json).")
+                   "in the summary and in OUTPUT.report.json, for tar/tfrecord "
+                   "NAME.report.json beside NAME.fastdata.json).")
 @click.option("--verify-decode", is_flag=True,
               help="Fully decode every image while packing (slower; catches damage inside the "
                    "compressed data, not only truncation and bad headers; JPEGs that libjpeg "
@@ -108,6 +113,8 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     click.echo(f"  bytes in {human_bytes(summary.bytes_in)}, on disk "
                f"{human_bytes(summary.bytes_out)}; encodings "
                + ", ".join(f"{k} {v}" for k, v in summary.encodings.items()))
+    if summary.files and summary.files != [summary.output]:
+        click.echo(f"  {_files_line(summary.files)}")
     if summary.ignored:
         _echo_ignored(summary.ignored, summary.ignored_extensions)
     if summary.renamed:
@@ -141,3 +148,11 @@ def _echo_renamed(renamed) -> None:
         click.echo(f"    {item.key} -> {item.stored_as}")
     if len(renamed) > 5:
         click.echo(f"    ... and {len(renamed) - 5} more")
+
+
+def _files_line(files: list[str]) -> str:
+    """What a sharded pack wrote, by name (the first and last few of many)."""
+    names = [os.path.basename(f) for f in files]
+    if len(names) > 9:
+        names = names[:4] + ["..."] + names[-4:]
+    return f"wrote {len(files)} files in {os.path.dirname(files[0])}: {', '.join(names)}"

@@ -13,8 +13,8 @@ array, as the format stores it, to the SHA-256 of its bytes:
   ``offsets`` (int64 LE) as arrays of those types; ``keys`` as the UTF-8 JSON
   list of the keys (the bytes LMDB stores: variable-length HDF5 strings have
   no single byte form of their own);
-- tar and TFRecord: the whole files ``PREFIX.fastdata.index.npy`` and
-  ``PREFIX.fastdata.keys.json``, header included.
+- tar and TFRecord: the whole files ``NAME.fastdata.index.npy`` and
+  ``NAME.fastdata.keys.json``, header included.
 
 Readers check everything but the keys on open (a few milliseconds for a
 million records) and the keys when they are first loaded (they are loaded

@@ -106,6 +106,11 @@ class Writer:
         """The output as errors name it."""
         return self.path
 
+    @property
+    def files(self) -> list[str]:
+        """What a finished pack put in place: here the one file or folder."""
+        return [self.path]
+
     def _check_existing(self) -> None:
         """Refuse an existing output unless overwriting (called with the lock held)."""
         if os.path.lexists(self.path) and not self.overwrite:

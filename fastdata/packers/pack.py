@@ -40,7 +40,9 @@ class PackOptions:
     """Options of a pack, recorded in the manifest.
 
     Attributes:
-        format: container format name, or None to choose from the output extension.
+        format: container format name for an output without a known extension,
+            or None to choose from the output extension (an extension of
+            another format is refused).
         overwrite: replace an existing output.
         strict: stop at the first bad image instead of skipping it.
         verify_decode: decode every image fully at pack time (JPEGs strictly:
@@ -127,22 +129,27 @@ def pack(
     Args:
         source: a folder with one sub-folder per class (read as an
             :class:`ImageFolderSource`), or any :class:`Source`.
-        output: the dataset to write; its extension selects the format unless
-            ``options.format`` is set.
+        output: the dataset to write; its extension selects the format. Without
+            a known extension ``options.format`` chooses it (an extension that
+            contradicts ``options.format`` is refused): LMDB and HDF5 write
+            ``output`` itself, tar and TFRecord add their extension
+            (``output.tar``, sidecars ``output.tar.fastdata.json``, ...).
         options: pack options (defaults: keep bytes, skip bad images).
         progress: show a progress bar (None: only on a terminal).
         on_event: called with each warning as it happens (the CLI prints them).
 
     Returns:
-        The summary. Skipped files, warnings and records stored under another
-        name than their key (tar) are also written to ``OUTPUT.report.json``
-        when there are any.
+        The summary (``files`` lists what was written). Skipped files,
+        warnings and records stored under another name than their key (tar)
+        are also written to ``OUTPUT.report.json`` (sharded formats:
+        ``NAME.report.json`` beside ``NAME.fastdata.json``) when there are any.
 
     Raises:
         SourceError: the source is missing, has no classes or no usable images.
         BadImageError: a bad image under ``strict``.
         OutputExistsError: the output exists and ``overwrite`` is False.
-        UnknownFormatError: the format cannot be chosen.
+        UnknownFormatError: the format cannot be chosen, or the output's
+            extension contradicts ``options.format``.
         FastDataError: impossible options (for example raw storage of images of
             different sizes).
     """
@@ -204,6 +211,8 @@ def pack(
         renamed = writer.renamed_keys()
 
     output = getattr(writer, "output_path", output)
+    for replaced in getattr(writer, "replaced_legacy", ()):
+        remove_stale_report(replaced)  # the report of a dataset of the earlier naming
     report = None
     if tally.skipped or tally.warnings or renamed:
         report = write_report(output, tally.skipped, tally.warnings, renamed)
@@ -215,7 +224,7 @@ def pack(
         bytes_out=int(manifest.bytes.get("on_disk", 0)),
         seconds=time.perf_counter() - started, skipped=tally.skipped,
         ignored=int(manifest.source.get("ignored", 0)), warnings=tally.warnings,
-        report=report, encodings=dict(manifest.encoding["formats"]),
+        report=report, encodings=dict(manifest.encoding["formats"]), files=writer.files,
         ignored_extensions=dict(manifest.source.get("ignored_extensions") or {}),
         renamed=renamed,
     )

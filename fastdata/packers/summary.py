@@ -33,6 +33,9 @@ class PackSummary:
     ignored_extensions: dict[str, int] = field(default_factory=dict)
     #: Records the format stores under another name (tar member keys).
     renamed: list[RenamedKey] = field(default_factory=list)
+    #: What the pack put in place: the output file or folder, or for sharded
+    #: formats every shard (with its side files), the index, keys and manifest.
+    files: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -45,6 +48,8 @@ class PackSummary:
 
 
 def report_path(output: str) -> str:
+    """``OUTPUT.report.json``; for a sharded dataset, named by its manifest
+    ``NAME.fastdata.json``, ``NAME.report.json`` (``out.tar.report.json``)."""
     base = output[: -len(MANIFEST_SUFFIX)] if output.endswith(MANIFEST_SUFFIX) else output
     return f"{base}.report.json"
 

@@ -1,4 +1,4 @@
-"""Reading the dataset index (``PREFIX.fastdata.index.npy``) without trusting it
+"""Reading the dataset index (``NAME.fastdata.index.npy``) without trusting it
 (no torch).
 
 ``np.load`` believes the header: a damaged one raises tokenize.TokenError,

@@ -27,7 +27,7 @@ class TarReader(ShardedReader):
     other tool's (scanned on open).
 
     Args:
-        path: the ``PREFIX.fastdata.json`` manifest, a shard, a shard pattern
+        path: the ``NAME.fastdata.json`` manifest, a shard, a shard pattern
             (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list of shards.
         verify: check payload CRC32s on read (fastdata shards only: other tools
             store no checksums).

@@ -27,7 +27,7 @@ first dot of its base name, so a dot there would cut the key short. When two
 records of one shard would get the same KEY (``a.jpg`` and ``a.png``, or
 ``a.b.jpg`` and ``a_b.jpg``), the later one gets the first free of ``_1``,
 ``_2``, ... appended (``unique_stem``). The original keys are kept in
-``PREFIX.fastdata.keys.json``; the writer lists every record whose KEY is not its
+``NAME.fastdata.keys.json``; the writer lists every record whose KEY is not its
 key without the extension (``TarWriter.renamed_keys``), which the pack reports.
 
 Headers are plain USTAR (one 512-byte block per member): mode 0o444, uid/gid
@@ -37,7 +37,7 @@ at a "/"; only a name that still does not fit, or that is not ASCII, gets a
 POSIX PAX extended header (``path=...``, UTF-8) before its member. Each shard
 ends with two zero blocks.
 
-The dataset index (``PREFIX.fastdata.index.npy``, see fastdata.formats.sharded.layout)
+The dataset index (``NAME.fastdata.index.npy``, see fastdata.formats.sharded.layout)
 holds, per record, the offset and size of the image member's *data*, so a
 reader gets a record with one ``pread`` and no header parsing.
 """

@@ -53,7 +53,7 @@ class TFRecordReader(ShardedReader):
     """Reads TFRecord shards of tf.train.Example: fastdata's, or any others.
 
     Args:
-        path: the ``PREFIX.fastdata.json`` manifest, a shard, a shard pattern,
+        path: the ``NAME.fastdata.json`` manifest, a shard, a shard pattern,
             or a list of TFRecord files written by another tool (TensorFlow,
             the ``tfrecord`` package); those are scanned once on open.
         verify: check the data CRC32C of each record and the payload CRC32
