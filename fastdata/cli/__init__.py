@@ -26,7 +26,8 @@ _FLAG_PHRASES = (
     ("max_pixels=None", "--max-pixels 0"),
 )
 _FLAG_NAMES = re.compile(
-    r"\b(shard_size|max_size|max_pixels|center_crop|quality|workers|resize|format|extensions)=\s?")
+    r"\b(shard_size|max_size|max_pixels|center_crop|quality|workers|resize|format|extensions"
+    r"|shuffle)=\s?")
 
 
 def cli_terms(message: str) -> str:

@@ -49,6 +49,7 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
         ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")),
         ("checksums", _checksums_text(m.checksums or {})),
         ("source", _source_text(m.source or {})),
+        ("order", _order_text(m)),
         ("created", m.created_at or "not recorded"),
     ]
     scalars = {k: v for k, v in (m.pack_options or {}).items() if not isinstance(v, dict)}
@@ -56,6 +57,14 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     rows += [("", f"{k}: {_plain(v)}") for k, v in (m.pack_options or {}).items()
              if isinstance(v, dict)]
     return rows
+
+
+def _order_text(m) -> str:
+    """The record order: source order, or shuffled at pack time with its seed."""
+    seed = (m.pack_options or {}).get("shuffle")
+    if seed is not None:
+        return f"shuffled at pack time (seed {_plain(seed)})"
+    return "source order" if m.fastdata_version else "not recorded"
 
 
 def _plain(value) -> str:

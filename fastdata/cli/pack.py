@@ -65,12 +65,21 @@ from fastdata.machine import human_bytes
                    "leading + adds to that default instead of replacing it: --extensions "
                    "+gif packs GIFs too. Files with other extensions are ignored and "
                    "counted in the summary.")
+@click.option("--shuffle", metavar="SEED", default=None,
+              help="Write the records in a random order drawn from SEED (a whole number "
+                   ">= 0) instead of class by class; labels and keys travel with their "
+                   "records, and the same SEED gives the same files. Use it when the dataset "
+                   "is much larger than a streaming reader's shuffle window, or when other "
+                   "tools (webdataset, DALI) will read the shards with only a shuffle buffer: "
+                   "unshuffled, a window holds one or two classes. Map-style reading "
+                   "(DataLoader shuffle=True) does not need it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         workers, overwrite, strict, verify_decode, max_pixels, extensions, as_json, progress):
+         workers, overwrite, strict, verify_decode, max_pixels, extensions, shuffle, as_json,
+         progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -86,19 +95,22 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
       fastdata pack images/ train-%06d.tar --shard-size 256MB
       fastdata pack images/ train.h5 --resize 256 --encoding jpeg --quality 90
       fastdata pack cifar/ cifar.lmdb --encoding raw
+      fastdata pack imagenet/train train-%06d.tar --shard-size 1GB --shuffle 0
 
     Nothing is left half-written: the output appears only when complete.
     """
     from fastdata.packers.pack import PackOptions
     from fastdata.packers.pack import pack as run_pack
     from fastdata.packers.preprocess import Preprocess, parse_resize
+    from fastdata.packers.shuffle import parse_seed
 
     pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
                      encoding=encoding, quality=quality)
     limit = {} if max_pixels is None else {"max_pixels": max_pixels or None}
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
                           verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
-                          workers=workers, extensions=extensions, **limit)
+                          workers=workers, extensions=extensions, shuffle=parse_seed(shuffle),
+                          **limit)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
@@ -115,6 +127,8 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
                + ", ".join(f"{k} {v}" for k, v in summary.encodings.items()))
     if summary.files and summary.files != [summary.output]:
         click.echo(f"  {_files_line(summary.files)}")
+    if options.shuffle is not None:
+        click.echo(f"  order: shuffled with seed {options.shuffle}")
     if summary.ignored:
         _echo_ignored(summary.ignored, summary.ignored_extensions)
     if summary.renamed:

@@ -1,7 +1,8 @@
 """Packing a source into a container: the one entry point every format uses.
 
 The steps: resolve the format and the source, start the writer (which refuses
-an existing output before anything is scanned), prepare every image (in worker
+an existing output before anything is scanned), put the source in a seeded
+random order if asked (``shuffle=``), prepare every image (in worker
 processes, order kept), write the records, then the manifest; the writer
 publishes the output atomically.
 """
@@ -27,6 +28,7 @@ from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.preprocess import Preprocess
+from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.progress import progress_bar
@@ -62,6 +64,9 @@ class PackOptions:
             ``ImageFolderSource(extensions=...)`` takes them (``"+gif"`` adds GIFs
             to torchvision's); None: torchvision's ``IMG_EXTENSIONS``. Recorded
             in ``pack_options``; the set used is in the manifest's ``source``.
+        shuffle: a seed (a whole number >= 0): the records in the seeded random
+            order of :mod:`fastdata.packers.shuffle`, labels and keys with them;
+            None: source order. Recorded as ``pack_options.shuffle``.
     """
 
     format: str | None = None
@@ -74,6 +79,7 @@ class PackOptions:
     workers: int | None = None
     writer_options: dict[str, Any] = field(default_factory=dict)
     extensions: Iterable[str] | str | None = None
+    shuffle: int | None = None
 
 
 @dataclass
@@ -174,12 +180,15 @@ def pack(
         raise FastDataError(f"workers={workers} is not allowed: give at least 1")
     writer_options = _writer_options(spec, options, output)
     extensions = _folder_extensions(src, options)
+    seed = check_seed(options.shuffle)
 
     # The writer first: it refuses an existing output before any scanning.
     with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
                                               **writer_options) as writer:
         if src is None:
             src = ImageFolderSource(source_root, extensions=extensions)
+        if seed is not None:
+            src = shuffled(src, seed)
         tally = _Tally(len(src.classes), on_event)
         for msg in src.warnings():
             tally.warn(msg)
@@ -375,6 +384,7 @@ def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: Pac
                       "preprocess": pre.to_dict(),
                       "extensions": None if options.extensions is None
                       else [e[1:] for e in parse_extensions(options.extensions)],
+                      "shuffle": check_seed(options.shuffle),
                       **writer_options},
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         fastdata_version=__version__,
