@@ -7,8 +7,16 @@ loaders pick a decoder from it. Sniffing looks at magic bytes only, so a
 
 from __future__ import annotations
 
-# File extensions that the image-folder source accepts (lower case, with dot).
-# torchvision's ImageFolder list plus .gif.
+# torchvision's ImageFolder IMG_EXTENSIONS (lower case, with dot, its order): the
+# files an image-folder source packs by default, so that its samples and their
+# indices are those of ``torchvision.datasets.ImageFolder(root)``.
+TORCHVISION_EXTENSIONS: tuple[str, ...] = (
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+)
+
+# Every file extension of an image that fastdata decodes (lower case, with dot):
+# torchvision's plus .gif, which a source packs only when asked to
+# (``extensions=``). Readers take any of them (tar members, in this order of preference).
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".pgm", ".tif", ".tiff", ".gif",
 )
@@ -63,6 +71,8 @@ def sniff_encoding(data: bytes | memoryview) -> str | None:
     return None
 
 
-def has_image_extension(name: str) -> bool:
-    """True when ``name`` ends with one of IMAGE_EXTENSIONS, in any letter case."""
-    return name.lower().endswith(IMAGE_EXTENSIONS)
+def has_image_extension(name: str,
+                        extensions: tuple[str, ...] = TORCHVISION_EXTENSIONS) -> bool:
+    """True when ``name`` ends with one of ``extensions`` (lower case, with dot),
+    in any letter case."""
+    return name.lower().endswith(extensions)

@@ -7,6 +7,7 @@ message can say exactly which file or record is at fault and what to do.
 from __future__ import annotations
 
 import os
+import re
 
 
 class FastDataError(Exception):
@@ -16,7 +17,8 @@ class FastDataError(Exception):
         message: what went wrong and, where possible, what to do about it.
         path: the file or directory concerned.
         key: the record key (a source-relative path) concerned.
-        offset: a byte offset or record index inside ``path``.
+        offset: a byte offset inside ``path``.
+        record: a record index (0-based) of the dataset at ``path``.
     """
 
     def __init__(
@@ -26,11 +28,13 @@ class FastDataError(Exception):
         path: str | os.PathLike | None = None,
         key: str | None = None,
         offset: int | None = None,
+        record: int | None = None,
     ) -> None:
         self.message = message
         self.path = os.fspath(path) if path is not None else None
         self.key = key
         self.offset = offset
+        self.record = record
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -39,17 +43,53 @@ class FastDataError(Exception):
             where.append(self.path)
         if self.key is not None:
             where.append(f"key {self.key!r}")
-        if self.offset is not None:
-            where.append(f"offset {self.offset}")
+        # A record index reads "record N", a byte offset "byte offset N"; either is
+        # left out here when the message already says it (no "record 3: record 3").
+        if self.record is not None and not _says(self.message, f"record {self.record}"):
+            where.append(f"record {self.record}")
+        if self.offset is not None and not _says(self.message, f"byte offset {self.offset}"):
+            where.append(f"byte offset {self.offset}")
         return f"{': '.join(where)}: {self.message}" if where else self.message
 
     def __reduce__(self):
         # Keep the fields when an error crosses a DataLoader worker boundary.
-        return (_rebuild, (type(self), self.message, self.path, self.key, self.offset))
+        return (_rebuild, (type(self), self.message, self.path, self.key, self.offset,
+                           self.record))
 
 
-def _rebuild(cls, message, path, key, offset):
-    return cls(message, path=path, key=key, offset=offset)
+def _says(message: str, phrase: str) -> bool:
+    return re.search(rf"\b{re.escape(phrase)}\b", message) is not None
+
+
+def _rebuild(cls, message, path, key, offset, record):
+    return cls(message, path=path, key=key, offset=offset, record=record)
+
+
+# An object's default repr ("<_io.BytesIO object at 0x7f...>"): Pillow puts the
+# file object it was given into its messages, which means nothing to a user.
+_OBJECT_REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")
+
+
+def exception_text(exc: BaseException) -> str:
+    """Another library's exception (Pillow, a decoder) as text for a message:
+    no object reprs; Pillow's "cannot identify image file <...>" in words."""
+    if type(exc).__name__ == "UnidentifiedImageError":  # Pillow's; PIL is not imported here
+        return "not an image Pillow can identify"
+    text = _OBJECT_REPR.sub("the image data", str(exc)).strip()
+    return text or type(exc).__name__
+
+
+def shown_bytes(data: bytes, limit: int = 16) -> str:
+    """The first bytes of ``data`` for a message: quoted text when they are
+    printable ASCII (an HTML page saved as .jpg), otherwise hex."""
+    head = bytes(data[:limit])
+    more = "..." if len(data) > limit else ""
+    if not head:
+        return "nothing"
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        text = head.decode("ascii").encode("unicode_escape").decode("ascii")  # \n as \\n
+        return f'"{text}{more}"'
+    return f"bytes {head.hex(' ')}{more}"
 
 
 class SourceError(FastDataError):

@@ -152,8 +152,9 @@ def pixel_limit_error(size: tuple[int, int], max_pixels: int) -> str:
     """The reason an image of ``size`` (height, width) over ``max_pixels`` is refused."""
     height, width = size
     return (f"image declares {width}x{height} = {width * height:,} pixels, above the limit "
-            f"of {max_pixels:,} (max_pixels=): a decompression bomb or a damaged header; "
-            f"pass a larger max_pixels=, or None for no limit, to decode it anyway")
+            f"of {max_pixels:,} (max_pixels={max_pixels}): a decompression bomb or a damaged "
+            f"header; pass a larger max_pixels=N, or max_pixels=None for no limit, to decode "
+            f"it anyway")
 
 
 def check_pixels(data, max_pixels: int | None, encoding: str | None = None) -> None:

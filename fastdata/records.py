@@ -48,6 +48,25 @@ class Record:
     height: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class RenamedKey:
+    """A record whose key a format stores under another name (tar member names).
+    The dataset's keys (``ds.keys``) stay the original ones.
+
+    Attributes:
+        key: the record's key, as the source gave it.
+        stored_as: the name the format stores it under (for tar: the webdataset
+            sample key, the members' name without extension).
+        file: the data file it is in, relative to the output's folder.
+        reason: why the name differs.
+    """
+
+    key: str
+    stored_as: str
+    file: str
+    reason: str
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything a reader needs to know about a packed dataset.

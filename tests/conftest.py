@@ -12,7 +12,7 @@ needed), never with fastdata's own source scanner:
 
       for root, _, fnames in sorted(os.walk(class_dir, followlinks=True)):
           for fname in sorted(fnames):
-              keep it if its lower-cased extension is accepted
+              keep it if its lower-cased extension is in IMG_EXTENSIONS
 
 fastdata deliberately differs from torchvision in one way, which the
 re-implementation mirrors: hidden entries (names starting with ".") are never
@@ -45,10 +45,13 @@ from PIL import Image
 toyformat.register()
 TESTS_DIR = str(Path(__file__).parent)
 
-# torchvision's IMG_EXTENSIONS plus ".gif" (which fastdata also accepts).
-ACCEPTED_EXTENSIONS = (
-    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif",
-)
+# torchvision's IMG_EXTENSIONS, written out (torchvision is not installed): what
+# ImageFolder takes, and what fastdata packs by default.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+ACCEPTED_EXTENSIONS = IMG_EXTENSIONS
+# What make_image_bytes writes: torchvision's and ".gif" (a tree's GIFs are images,
+# ignored unless a pack asks for them with extensions="+gif").
+IMAGE_FILE_EXTENSIONS = IMG_EXTENSIONS + (".gif",)
 
 #: The default tree. Entries ending in "/" are (possibly empty) folders; every
 #: other entry is a file whose content follows from its extension (an image for
@@ -71,7 +74,7 @@ DEFAULT_SPEC: tuple[str, ...] = (
     "b_cls/b1.ppm",
     "b_cls/B4.TIFF",
     "b_cls/nested/b2.tif",
-    "b_cls/nested/b3.gif",
+    "b_cls/nested/b3.gif",  # an image, but not torchvision's: ignored by default
     "b_cls/nested/more/b5.pgm",
     # class c10 ("c10" sorts before "c2")
     "c10/a.jpeg",
@@ -106,7 +109,6 @@ DEFAULT_KEYS = [
     "b_cls/b0.Png",
     "b_cls/b1.ppm",
     "b_cls/nested/b2.tif",
-    "b_cls/nested/b3.gif",
     "b_cls/nested/more/b5.pgm",
     "c10/Z.jpg",
     "c10/_u.png",
@@ -238,7 +240,7 @@ def make_image_bytes(ext: str, *, size: tuple[int, int] | None = None, seed: int
 def _content_for(rel: str, *, size, seed) -> bytes:
     name = rel.rsplit("/", 1)[-1]
     ext = os.path.splitext(name)[1].lower()
-    if ext in ACCEPTED_EXTENSIONS:
+    if ext in IMAGE_FILE_EXTENSIONS:
         return make_image_bytes(ext, size=size, seed=seed, name=rel)
     if ext == ".txt":
         return f"not an image: {rel}\n".encode()
@@ -247,7 +249,8 @@ def _content_for(rel: str, *, size, seed) -> bytes:
 
 def make_image_tree(root: str | os.PathLike, spec=DEFAULT_SPEC, *,
                     size: tuple[int, int] | None = None, seed: int = 0,
-                    order: str = "reverse") -> list[Sample]:
+                    order: str = "reverse",
+                    extensions: tuple[str, ...] = ACCEPTED_EXTENSIONS) -> list[Sample]:
     """Build an ImageFolder tree under ``root`` and return its expected samples.
 
     Args:
@@ -259,6 +262,8 @@ def make_image_tree(root: str | os.PathLike, spec=DEFAULT_SPEC, *,
         seed: changes every image's pixels.
         order: "reverse", "sorted" or "random" (seeded): the order in which the
             entries are created, so tests can check it never matters.
+        extensions: the extensions the expected samples have (torchvision's by
+            default; IMAGE_FILE_EXTENSIONS for a pack with extensions="+gif").
 
     Returns:
         ``[(key, label, bytes), ...]`` in torchvision order (see module doc).
@@ -279,16 +284,17 @@ def make_image_tree(root: str | os.PathLike, spec=DEFAULT_SPEC, *,
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(_content_for(rel, size=size, seed=seed))
-    return torchvision_samples(root)
+    return torchvision_samples(root, extensions)
 
 
 def build_tree(root, spec=DEFAULT_SPEC, **kwargs) -> ImageTree:
+    """``make_image_tree`` (same arguments) as an ImageTree."""
     samples = make_image_tree(root, spec, **kwargs)
     return ImageTree(Path(root), torchvision_classes(root), samples)
 
 
 def uniform_spec(classes=("cat", "dog", "eel"), per_class: int = 6,
-                 exts=(".png", ".jpg", ".bmp", ".webp", ".ppm", ".gif")) -> tuple[str, ...]:
+                 exts=(".png", ".jpg", ".bmp", ".webp", ".ppm", ".tif")) -> tuple[str, ...]:
     """A flat spec with ``per_class`` images per class, cycling through ``exts``."""
     return tuple(f"{c}/img{i:03d}{exts[(i + j) % len(exts)]}"
                  for j, c in enumerate(classes) for i in range(per_class))

@@ -74,22 +74,21 @@ def build(work: str, names=tuple(DATASETS), *, count: int = 48, classes: int = 4
         output, shard_size = DATASETS[name]
         root = os.path.join(work, "pristine", name)
         options = fastdata.PackOptions(shard_size=shard_size, workers=1)
-        fastdata.pack(src, os.path.join(root, output), options=options, progress=False)
-        out[name] = _describe(name, root, output, src)
+        summary = fastdata.pack(src, os.path.join(root, output), options=options, progress=False)
+        out[name] = _describe(name, root, output, src, os.path.basename(summary.output))
     return out
 
 
-def _describe(name: str, root: str, output: str, src: str) -> Pristine:
+def _describe(name: str, root: str, output: str, src: str, opened: str) -> Pristine:
+    """``opened``: what the pack said opens it (a sharded dataset's manifest name)."""
     from fastdata.formats import open_reader
-    from fastdata.formats.registry import MANIFEST_SUFFIX
 
     if name == "lmdb":
         open_path, files = output, {"data.mdb": [os.path.join(output, "data.mdb")]}
     elif name == "hdf5":
         open_path, files = output, {"h5": [output]}
     else:
-        prefix = "x"
-        open_path = prefix + MANIFEST_SUFFIX
+        open_path = opened
         with open(os.path.join(root, open_path), encoding="utf-8") as f:
             manifest = json.load(f)
         shards = [s["path"] for s in manifest["shards"]]

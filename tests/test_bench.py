@@ -51,6 +51,7 @@ def test_demo_tiny_writes_every_figure(tmp_path):
                    "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "folder (PIL)" in result.stdout and "samples/s" in result.stdout
+    assert "generated 200 32x32 PNGs in 10 classes (" in result.stderr, result.stderr
 
     data = json.loads(out_json.read_text())
     assert data["cache"] in ("warm", "cold")
@@ -99,23 +100,39 @@ def test_existing_lmdb_and_limit(tiny_folder, tmp_path):
     assert row["pack_seconds"] is None and row["ratio"] is None  # no baseline in this run
 
 
-def test_existing_folder_is_the_baseline_and_junk_fails(tiny_folder, tmp_path):
-    junk = tmp_path / "junk.bin"
-    junk.write_bytes(b"nothing")
-    result = _run([str(tiny_folder), str(junk), "--epochs", "1", "--workers", "0", "--size", "8",
-                   "--json", "-", "--no-progress"])
+def test_existing_folder_is_the_baseline(tiny_folder, tmp_path):
+    lmdb_path = tmp_path / "t.lmdb"
+    fastdata.pack(tiny_folder, lmdb_path, progress=False)
+    result = _run([str(tiny_folder), str(lmdb_path), "--epochs", "1", "--workers", "0",
+                   "--size", "8", "--json", "-", "--no-progress"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["rows"]
     assert rows[0]["format"] == "folder" and rows[0]["status"] == "ok"
-    assert rows[1]["status"] == "failed" and "junk.bin" in rows[1]["error"]
+    assert rows[1]["format"] == "lmdb" and rows[1]["status"] == "ok"
 
 
-def test_nothing_measurable_exits_1(tmp_path):
-    junk = tmp_path / "junk.bin"
-    junk.write_bytes(b"nothing")
-    result = _run([str(junk), "--epochs", "1", "--workers", "0", "--no-progress"])
+def _not_a_target(tmp_path, case: str) -> str:
+    if case == "junk-file":
+        (tmp_path / "junk.bin").write_bytes(b"nothing")
+        return str(tmp_path / "junk.bin")
+    if case == "empty-folder":
+        (tmp_path / "empty").mkdir()
+        return str(tmp_path / "empty")
+    return str(tmp_path / {"missing": "nope", "missing-dataset": "nope.lmdb"}[case])
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["alone", "with-a-folder"])
+@pytest.mark.parametrize("case", ["missing", "missing-dataset", "junk-file", "empty-folder"])
+def test_a_target_bench_cannot_measure_is_refused_up_front(tiny_folder, tmp_path, case, alone):
+    target = _not_a_target(tmp_path, case)
+    paths = [target] if alone else [str(tiny_folder), target]
+    result = _run([*paths, "--epochs", "1", "--workers", "0", "--size", "8", "--no-progress"])
     assert result.exit_code == 1
-    assert "FAILED" in result.stdout
+    # One line naming the target and what bench takes: no header, no table of FAILED rows.
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {target}: "), result.output
+    assert "fastdata bench measures image folders" in lines[0] and ".lmdb" in lines[0]
+    assert "FAILED" not in result.output and result.stdout == ""
 
 
 @pytest.mark.parametrize("args", [["--workers", "two"], ["--variants", "shrink"],

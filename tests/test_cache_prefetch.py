@@ -217,6 +217,10 @@ def test_ram_cache_with_skip_leaves_out_a_corrupt_record(image_tree, tmp_path, f
     assert [(bytes(img), label) for img, label in batch] == want
     assert (bytes(got[bad][0]), got[bad][1]) == want[bad]  # ds[3] moves to the next record
     assert ds.skipped >= 2
+    with pytest.raises(CorruptDataError) as info:
+        ds.cache.read_many([bad])
+    assert f"record {bad} was left out of the RAM cache: it " in str(info.value)
+    assert str(info.value).count(f"record {bad}") == 1, str(info.value)
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])

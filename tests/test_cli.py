@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def test_pack_success_output(image_tree, tmp_path):
     n = len(image_tree.samples)
     assert f"packed {n} images in {len(DEFAULT_CLASSES)} classes" in result.stdout
     assert str(out) in result.stdout
-    assert "ignored 7" in result.stdout
+    assert "ignored 8" in result.stdout
+    assert "extensions not packed: .db 1, .gif 1, .txt 1" in result.stdout
     # The empty class is a warning on stderr, not an error.
     assert "warning:" in result.stderr and "z_empty" in result.stderr
     assert "Traceback" not in result.output
@@ -130,11 +132,11 @@ def test_pack_json_summary(image_tree, tmp_path):
     assert summary["bytes_out"] > 0
     assert summary["seconds"] >= 0
     assert summary["skipped"] == []
-    assert summary["ignored"] == 7
+    assert summary["ignored"] == 8
+    assert summary["ignored_extensions"] == {"db": 1, "gif": 1, "txt": 1}
     assert any("z_empty" in w for w in summary["warnings"])
     assert sum(summary["encodings"].values()) == len(image_tree.samples)
-    assert set(summary["encodings"]) == {"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm",
-                                         "gif"}
+    assert set(summary["encodings"]) == {"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm"}
     # Warnings go to the report too.
     assert summary["report"] == f"{out}.report.json"
     report = json.loads(Path(summary["report"]).read_text())
@@ -169,6 +171,59 @@ def test_bad_images_are_skipped_and_reported(bad_tree, tmp_path):
     for key in expected:
         assert key in human.stdout
     assert f"{out2}.report.json" in human.stdout
+
+
+def test_renamed_tar_keys_in_summary_json_and_report(tmp_path):
+    dotted = [f"b/v{i}.final.png" for i in range(6)]
+    build_tree(tmp_path / "src", ["a/china.jpg", "a/china.bmp", "a/x.y.png", *dotted])
+    out = tmp_path / "out.tar"
+    human = invoke("pack", tmp_path / "src", out)
+    assert human.exit_code == 0, human.output
+    assert "renamed 8 tar member key(s)" in human.stdout
+    assert "    a/china.jpg -> a/china_1\n" in human.stdout
+    assert "    a/x.y.png -> a/x_y\n" in human.stdout
+    assert "... and 3 more" in human.stdout  # the first five, then a count
+    assert f"report: {tmp_path / 'out.tar.report.json'}" in human.stdout
+
+    result = invoke("pack", tmp_path / "src", out, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    pairs = [(r["key"], r["stored_as"]) for r in summary["renamed"]]
+    assert pairs == [("a/china.jpg", "a/china_1"), ("a/x.y.png", "a/x_y"),
+                     *[(k, k[:-4].replace(".", "_")) for k in dotted]]
+    assert {r["file"] for r in summary["renamed"]} == {"out.tar"}
+    assert all(r["reason"] for r in summary["renamed"])
+    report = json.loads((tmp_path / "out.tar.report.json").read_text())
+    assert report["renamed"] == summary["renamed"]
+    ds = fastdata.open_dataset(tmp_path / "out.tar")
+    assert ds.keys == ["a/china.bmp", "a/china.jpg", "a/x.y.png", *dotted]  # unchanged
+
+
+def test_extensions_flag(tmp_path):
+    build_tree(tmp_path / "src", ["a/x.png", "a/y.gif", "b/z.jpg"])
+    default = invoke("pack", tmp_path / "src", tmp_path / "d.lmdb")
+    assert default.exit_code == 0, default.output
+    assert "packed 2 images" in default.stdout
+    assert "extensions not packed: .gif 1 (--extensions +EXT packs them too)" in default.stdout
+    result = invoke("pack", tmp_path / "src", tmp_path / "g.lmdb", "--extensions", "+gif",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["records"] == 3 and summary["ignored_extensions"] == {}
+    m = fastdata.formats.read_manifest(tmp_path / "g.lmdb")
+    assert fastdata.open_dataset(tmp_path / "g.lmdb").keys == ["a/x.png", "a/y.gif", "b/z.jpg"]
+    tv = ["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"]
+    assert m.source["extensions"] == m.pack_options["extensions"] == [*tv, "gif"]
+    only = invoke("pack", tmp_path / "src", tmp_path / "o.lmdb", "--extensions", "GIF,.Png")
+    assert only.exit_code == 0, only.output
+    assert fastdata.open_dataset(tmp_path / "o.lmdb").keys == ["a/x.png", "a/y.gif"]
+    assert_clean_error(invoke("pack", tmp_path / "src", tmp_path / "e.lmdb", "--extensions",
+                              "gif,,png"), "--extensions has an unusable entry ''")
+    assert not (tmp_path / "e.lmdb").exists()
+    assert_clean_error(invoke("pack", tmp_path / "src", tmp_path / "n.lmdb", "--extensions",
+                              "txt"), "no image files", "txt")
+    help_text = invoke("pack", "--help").stdout
+    assert "--extensions" in help_text and "+gif" in help_text
 
 
 @pytest.mark.skipif(IS_ROOT, reason="root can read a chmod 000 file")
@@ -214,6 +269,36 @@ def test_strict_stops_at_first_bad_image(bad_tree, tmp_path):
     assert not out.exists()
     assert not Path(f"{out}.report.json").exists()
     assert list_partials(tmp_path) == []
+
+
+@pytest.mark.parametrize("extra", [[], ["--verify-decode"], ["--resize", "8"]],
+                         ids=["header-check", "verify-decode", "preprocess"])
+def test_skip_reasons_are_words_not_python_reprs(tmp_path, extra):
+    tree = build_tree(tmp_path / "src", ["a/ok.png", "b/ok.jpg"])
+    (tree.root / "a" / "junk.webp").write_bytes(b"RIFF\0\0\0\0WEBPjunk, not an image")
+    (tree.root / "a" / "junk.tif").write_bytes(b"II*\0" + bytes(range(40)))
+    (tree.root / "b" / "page.jpg").write_bytes(b"<!DOCTYPE html><html>saved page</html>")
+    (tree.root / "b" / "bin.png").write_bytes(bytes(range(200, 256)))
+    ext, damaged = decode_only_damaged_image()
+    (tree.root / "b" / f"mid{ext}").write_bytes(damaged)
+    result = invoke("pack", tree.root, tmp_path / "out.lmdb", "--json", *extra)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    reasons = {s["key"]: s["reason"] for s in summary["skipped"]}
+    assert reasons["a/junk.webp"] == "webp image has an unreadable header: not an image " \
+                                     "Pillow can identify"
+    assert reasons["b/page.jpg"] == ('not a recognised image format (it starts with '
+                                     '"<!DOCTYPE html><...")')
+    assert reasons["b/bin.png"] == ("not a recognised image format (it starts with bytes "
+                                    "c8 c9 ca cb cc cd ce cf d0 d1 d2 d3 d4 d5 d6 d7...)")
+    if "--verify-decode" in extra:  # a full decode finds the damage inside the data
+        encoding = {".jpg": "jpeg", ".png": "png"}[ext]
+        assert reasons[f"b/mid{ext}"].startswith(f"{encoding} image cannot be decoded: ")
+    for key, reason in reasons.items():
+        # No "<_io.BytesIO object at 0x7f...>", no b'...' bytes literal.
+        assert not re.search(r" at 0x[0-9a-f]+|<_io|\bb'|\bb\"", reason), (key, reason)
+    report = json.loads(Path(summary["report"]).read_text())
+    assert {s["key"]: s["reason"] for s in report["skipped"]} == reasons
 
 
 def test_verify_decode_catches_damage_the_cheap_check_misses(tmp_path):
@@ -378,6 +463,51 @@ def test_info_human(packed_cli):
     assert "crc32" in text and "data.mdb" in text
 
 
+# What a Python repr would show in the human form: None/True/False, quotes, braces.
+_PYTHON_REPR = re.compile(r"\b(None|True|False)\b|[{}\[\]'\"]")
+
+
+@pytest.mark.parametrize("storage", ["keep", "raw"])
+@pytest.mark.parametrize("fmt", sorted(fastdata.formats.FORMATS))
+def test_info_human_has_no_python_reprs(image_tree, tmp_path, fmt, storage):
+    from fastdata.packers.pack import PackOptions
+    from fastdata.packers.preprocess import Preprocess
+
+    out = tmp_path / f"ds{fastdata.formats.get_format(fmt).extensions[0]}"
+    pre = Preprocess(resize=(8, 6), encoding="raw") if storage == "raw" else Preprocess()
+    fastdata.pack(image_tree.root, out, options=PackOptions(format=fmt, preprocess=pre),
+                  progress=False)
+    result = invoke("info", out)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert not _PYTHON_REPR.search(text), text
+    formats = fastdata.formats.read_manifest(out).encoding["formats"]
+    counts = ", ".join(f"{k} {v}" for k, v in formats.items())
+    assert re.search(rf"^  encoding +{storage} \({re.escape(counts)}\)", text, re.M), text
+    assert re.search(rf"^  options +format={fmt}, strict=false, verify_decode=false", text,
+                     re.M), text
+    resize = "8x6" if storage == "raw" else "none"
+    assert re.search(rf"^ +preprocess: resize={resize}, center_crop=false, max_size=none, "
+                     rf"encoding={storage}, quality=90$", text, re.M), text
+    if storage == "raw":
+        assert "shape 8x6x3" in text
+
+
+def test_info_human_on_shards_of_another_tool(tmp_path):
+    path = tmp_path / "theirs.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(3):
+            for name, data in ((f"s{i}.png", make_image_bytes(".png", name=str(i))),
+                               (f"s{i}.cls", str(i % 2).encode())):
+                member = tarfile.TarInfo(name)
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    result = invoke("info", path)
+    assert result.exit_code == 0, result.output
+    assert not _PYTHON_REPR.search(result.stdout), result.stdout
+    assert "no fastdata manifest" in result.stdout and "checksums  none stored" in result.stdout
+
+
 def test_info_json(packed_cli):
     tree, out = packed_cli
     result = invoke("info", out, "--json")
@@ -423,7 +553,8 @@ def test_verify_damaged(packed_cli):
     result = invoke("verify", out)
     assert result.exit_code == 1, result.output
     assert "1 damaged" in result.stdout
-    assert f"record {bad} ({tree.samples[bad].key})" in result.stdout
+    assert f"  record {bad} ({tree.samples[bad].key}) fails its CRC32 check" in result.stdout
+    assert result.stdout.count(f"record {bad}") == 1, result.stdout
     as_json = invoke("verify", out, "--json")
     assert as_json.exit_code == 1
     data = json.loads(as_json.stdout)
@@ -591,4 +722,7 @@ def test_max_pixels_flag_skips_images_over_the_limit(tmp_path):
     assert result.exit_code == 0, result.output
     result = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--max-pixels", "399",
                     "--strict")
-    assert_clean_error(result, "pixels")
+    # The limit and the way past it in the command line's own terms.
+    assert_clean_error(result, "above the limit of 399 (--max-pixels 399)",
+                       "pass a larger --max-pixels N, or --max-pixels 0 for no limit")
+    assert "max_pixels=" not in result.stderr

@@ -87,10 +87,8 @@ def make_tree(root: Path, *, classes: int = 3, per_class: int = 8, seed: int = 0
 
 
 def pack(src: Path, out: Path, **options) -> str:
-    fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
-    if options.get("shard_size"):
-        return str(out.parent / (out.name.rsplit(".", 1)[0] + ".fastdata.json"))
-    return str(out)
+    summary = fastdata.pack(src, out, options=fastdata.PackOptions(**options), progress=False)
+    return summary.output if options.get("shard_size") else str(out)
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +298,7 @@ def test_gif_records_are_transcoded_for_dali(ext, tmp_path, index_dir):
 
     src = make_tree(tmp_path / "src", classes=2, per_class=3, exts=(".gif", ".png"),
                     size=(44, 36))
-    path = pack(src, tmp_path / f"gif{ext}")
+    path = pack(src, tmp_path / f"gif{ext}", extensions="+gif")
     loader = DALILoader(path, batch_size=4, device="cpu")
     assert loader.plan.transcode and loader.plan.reader == "external"
     images, labels, _ = one_epoch(loader)

@@ -9,7 +9,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import build_tree, expected_rgb, pixel_digest, uniform_spec
+from conftest import (
+    IMAGE_FILE_EXTENSIONS,
+    build_tree,
+    expected_rgb,
+    pixel_digest,
+    uniform_spec,
+)
 from torch.utils.data import DataLoader
 
 import fastdata
@@ -27,9 +33,10 @@ def packed_equal(tmp_path_factory):
     # Lossless formats only, so decoded pixels identify each sample exactly.
     tree = build_tree(base / "src", uniform_spec(classes=("ant", "Bee", "cow"), per_class=7,
                                                  exts=(".png", ".bmp", ".ppm", ".gif", ".tif")),
-                      size=SIZE)
+                      size=SIZE, extensions=IMAGE_FILE_EXTENSIONS)
     out = base / "equal.lmdb"
-    fastdata.pack(tree.root, out, progress=False)
+    fastdata.pack(tree.root, out, options=fastdata.PackOptions(extensions="+gif"),
+                  progress=False)
     expected = Counter((s.label, pixel_digest(expected_rgb(s.data))) for s in tree.samples)
     assert len(expected) == len(tree.samples)  # every sample distinguishable
     return tree, out, expected

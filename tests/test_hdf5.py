@@ -169,7 +169,7 @@ def test_many_runs_read_in_slices(shared, monkeypatch):
     tree, _, chunked = shared
     monkeypatch.setattr(hdf5_loader, "RUNS_PER_READ", 3)
     reader = HDF5Reader(chunked, merge_gap=0)
-    idx = [16, 0, 3, 3, 9, 1, 12, 5, 7, 15, 2, 11]
+    idx = [15, 0, 3, 3, 9, 1, 12, 5, 7, 14, 2, 11]
     assert reader.read_many(idx) == [tree.samples[i].data for i in idx]
 
 
@@ -467,7 +467,7 @@ def test_corrupted_payload_byte(packed, image_tree, options):
     ds = HDF5Dataset(out, output="bytes")
     with pytest.raises(CorruptDataError, match="CRC32") as info:
         ds[bad]
-    assert info.value.offset == bad and info.value.key == image_tree.samples[bad].key
+    assert info.value.record == bad and info.value.key == image_tree.samples[bad].key
     assert info.value.path == str(out)
     with pytest.raises(CorruptDataError):
         ds.__getitems__([0, bad, 2])
@@ -509,11 +509,11 @@ def test_read_error_is_corrupt_data(shared, monkeypatch):
     monkeypatch.setattr(reader, "_handle", (reader._file, Failing()))
     with pytest.raises(CorruptDataError, match="simulated") as info:
         reader.read_many([4, 2])
-    assert info.value.offset == 2 and info.value.key == tree.samples[2].key
+    assert info.value.record == 2 and info.value.key == tree.samples[2].key
     assert info.value.path == str(chunked)
     with pytest.raises(CorruptDataError, match="record 4") as info:
         reader.read(4)
-    assert info.value.offset == 4
+    assert info.value.record == 4
     with pytest.raises(CorruptDataError):
         list(reader)
 

@@ -171,8 +171,11 @@ def test_max_pixels_option(tmp_path):
     data = make_image_bytes(".png", size=(40, 30))
     assert DecoderChain(max_pixels=None)(data).shape[:2] == (30, 40)
     assert DecoderChain(max_pixels=1200)(data).shape[:2] == (30, 40)
-    with pytest.raises(DecodeError, match="40x30 = 1,200 pixels, above the limit of 1,199"):
+    with pytest.raises(DecodeError, match="40x30 = 1,200 pixels, above the limit of 1,199"
+                       ) as info:
         DecoderChain(max_pixels=1199)(data)
+    message = str(info.value)
+    assert "(max_pixels=1199)" in message and "max_pixels=None for no limit" in message
     assert DecoderChain().max_pixels == DEFAULT_MAX_PIXELS == 2 * Image.MAX_IMAGE_PIXELS
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(ValueError, match="max_pixels"):
@@ -322,7 +325,7 @@ def test_tfrecord_length_past_the_file(tmp_path, image_tree):
     data = bytearray(shard.read_bytes())
     data[:12] = _tfrecord_frame(1 << 40)  # record 0 claims 1 TiB, length CRC valid
     shard.write_bytes(bytes(data))
-    for target in (str(out.with_name("t.fastdata.json")), str(shard)):
+    for target in (str(out.with_name("t.tfrecord.fastdata.json")), str(shard)):
         body = """
 from fastdata.formats.tfrecord.reader import TFRecordReader
 r = TFRecordReader([sys.argv[1]] if sys.argv[1].endswith(".tfrecord") else sys.argv[1])
@@ -350,7 +353,7 @@ TFRecordReader([sys.argv[1]])
 def tar_dataset(tmp_path, image_tree) -> Path:
     out = tmp_path / "packed" / "out.tar"
     fastdata.pack(image_tree.root, out, progress=False)
-    return out.with_name("out.fastdata.json")
+    return out.with_name("out.tar.fastdata.json")
 
 
 def _edit_index(manifest: Path, field: str, row: int, value: int) -> Path:
@@ -359,7 +362,7 @@ def _edit_index(manifest: Path, field: str, row: int, value: int) -> Path:
     import hashlib
     import json
 
-    path = manifest.with_name("out.fastdata.index.npy")
+    path = manifest.with_name("out.tar.fastdata.index.npy")
     index = np.load(path)
     index[field][row] = value
     np.save(path, index)
@@ -411,7 +414,7 @@ def _patch_npy_header(path: Path, old: bytes, new: bytes) -> None:
     (b"'fortran_order'", b"'fortran_order"),           # ValueError: cannot parse
 ], ids=["token", "overflow", "syntax", "descr", "huge-shape", "unparsable"])
 def test_damaged_index_header(tar_dataset, old, new):
-    index_path = tar_dataset.with_name("out.fastdata.index.npy")
+    index_path = tar_dataset.with_name("out.tar.fastdata.index.npy")
     _patch_npy_header(index_path, old, new)
     body = """
 from fastdata.formats.tar.reader import TarReader
@@ -454,7 +457,7 @@ def test_non_utf8_file_name_is_skipped_and_reported(ext, tmp_path):
     report = json.loads(Path(summary.report).read_text(encoding="utf-8"))
     assert report["skipped"] == [{"key": "a/bad\\xff.png", "reason": skip.reason}]
     ds = fastdata.open_dataset(summary.output if ext in (".lmdb", ".h5")
-                               else tmp_path / "out.fastdata.json")
+                               else tmp_path / f"out{ext}.fastdata.json")
     assert len(ds) == 4 and all("bad" not in k for k in ds.keys)
     with pytest.raises(BadImageError, match="not valid UTF-8"):
         fastdata.pack(tree.root, tmp_path / f"strict{ext}", progress=False,
@@ -505,8 +508,7 @@ def test_manifest_checks_accept_every_format(tmp_path, image_tree):
     for ext in FORMATS:
         name = ext[1:]
         summary = fastdata.pack(image_tree.root, tmp_path / f"{name}{ext}", progress=False)
-        text = fastdata.open_dataset(summary.output if ext in (".lmdb", ".h5")
-                                     else tmp_path / f"{name}.fastdata.json").manifest.to_json()
+        text = fastdata.open_dataset(summary.output).manifest.to_json()
         assert Manifest.from_json(text).count == len(image_tree.samples)
 
 

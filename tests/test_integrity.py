@@ -204,6 +204,19 @@ def test_damaged_keys_fail_when_loaded_and_in_verify(tree, tmp_path, fmt):
     assert "keys" in result.stdout and "SHA-256" in result.stdout
 
 
+def test_verify_lists_a_damaged_record_without_a_key_when_the_keys_are_damaged(tree, tmp_path):
+    path = packed(tree, tmp_path, "lmdb")
+    _damage_keys(path, "lmdb")
+    payload = bytearray(lmdb_get(path, b"%010d" % 3))
+    payload[len(payload) // 2] ^= 0xFF
+    lmdb_put(path, {b"%010d" % 3: bytes(payload)})
+    result = verify_cli(path)
+    assert result.exit_code == 1, result.output
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("  record 3")]
+    # The record named once ("record 3: record 3 fails" before), no "(None)" for its key.
+    assert line.startswith("  record 3 fails its CRC32 check (stored "), line
+
+
 @pytest.mark.parametrize("fmt", ["hdf5", "tar"])
 def test_missing_keys_are_damage_when_the_manifest_has_their_checksum(tree, tmp_path, fmt):
     path = packed(tree, tmp_path, fmt)
@@ -239,7 +252,7 @@ def test_a_label_outside_the_classes_is_refused_without_checksums(tree, tmp_path
     with pytest.raises(CorruptDataError, match="not a class index") as info:
         fastdata.open_dataset(path)
     assert f"record 3 has label {value}" in str(info.value)
-    assert info.value.offset == 3
+    assert info.value.record == 3
 
 
 def test_a_label_changed_within_the_classes_disagrees_with_the_class_counts(tree, tmp_path):

@@ -34,7 +34,7 @@ def datasets(tmp_path):
     for ext in (".tar", ".tfrecord"):
         fastdata.pack(tree.root, tmp_path / ext[1:] / f"x{ext}",
                       options=fastdata.PackOptions(shard_size=4, workers=1), progress=False)
-        out[ext[1:]] = str(tmp_path / ext[1:] / "x.fastdata.json")
+        out[ext[1:]] = str(tmp_path / ext[1:] / f"x{ext}.fastdata.json")
     return out
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import (
     DEFAULT_CLASSES,
+    IMG_EXTENSIONS,
     assert_pixels,
     build_tree,
     lmdb_put,
@@ -84,7 +85,8 @@ def test_pack_summary(shared):
     assert summary.bytes_in == sum(len(s.data) for s in tree.samples)
     assert summary.bytes_out > 0 and summary.seconds >= 0
     assert summary.skipped == []
-    assert summary.ignored == 7
+    assert summary.ignored == 8  # 5 hidden, 1 stray, notes.txt, thumbs.db and b3.gif
+    assert summary.ignored_extensions == {"db": 1, "gif": 1, "txt": 1}
     assert any("z_empty" in w for w in summary.warnings)
     assert summary.encodings == dict(Counter(_encoding_of(s.data) for s in tree.samples))
     assert os.path.isdir(out) and os.path.isfile(out / "data.mdb")
@@ -124,7 +126,7 @@ def test_manifest_fields(shared):
     assert m.version == MANIFEST_VERSION == 1
     assert m.count == len(tree.samples)
     assert m.classes == tree.classes
-    assert m.class_counts == tree.class_counts == [5, 6, 3, 3, 0]
+    assert m.class_counts == tree.class_counts == [5, 5, 3, 3, 0]
     assert m.class_to_idx == {c: i for i, c in enumerate(tree.classes)}
     assert m.encoding["storage"] == "keep"
     assert m.encoding["formats"] == dict(Counter(_encoding_of(s.data) for s in tree.samples))
@@ -146,7 +148,10 @@ def test_manifest_fields(shared):
     assert m.pack_options["verify_decode"] is False
     assert m.source["root"] == str(tree.root)
     assert m.source["files"] == len(tree.samples)
-    assert m.source["skipped"] == 0 and m.source["ignored"] == 7
+    assert m.source["skipped"] == 0 and m.source["ignored"] == 8
+    assert m.source["extensions"] == [e[1:] for e in IMG_EXTENSIONS]  # torchvision's
+    assert m.source["ignored_extensions"] == {"db": 1, "gif": 1, "txt": 1}
+    assert m.pack_options["extensions"] is None
     assert m.fastdata_version == fastdata.__version__
     d = m.to_dict()
     assert d["kind"] == "fastdata-manifest"
@@ -275,7 +280,7 @@ def test_transforms(shared):
 def test_getitems_equals_getitem(shared):
     tree, out, _ = shared
     ds = LMDBDataset(out)
-    idx = [5, 0, 16, 3, 3, 11]
+    idx = [5, 0, 15, 3, 3, 11]
     batch = ds.__getitems__(idx)
     assert len(batch) == len(idx)
     for i, (img, label) in zip(idx, batch):
@@ -390,15 +395,17 @@ def test_corrupted_record_fails_crc(packed, image_tree):
         ds[bad]
     err = info.value
     assert err.key == image_tree.samples[bad].key
-    assert err.offset == bad
+    assert (err.record, err.offset) == (bad, None)  # a record index, not a byte offset
     assert err.path == str(out)
     assert image_tree.samples[bad].key in str(err) and f"record {bad}" in str(err)
+    # The record is named once, as a record: not "offset 2: record 2".
+    assert str(err).count(f"record {bad}") == 1 and "offset" not in str(err)
     with pytest.raises(CorruptDataError):
         ds.__getitems__(list(range(len(ds))))
     # The errors survive pickling (they cross DataLoader worker boundaries).
     again = pickle.loads(pickle.dumps(err))
-    assert (type(again), again.key, again.offset, str(again)) == (
-        CorruptDataError, err.key, err.offset, str(err))
+    assert (type(again), again.key, again.record, again.offset, str(again)) == (
+        CorruptDataError, err.key, err.record, err.offset, str(err))
 
     # Without verification the damaged bytes come through unchecked.
     raw = LMDBDataset(out, output="bytes", verify=False)
@@ -433,8 +440,11 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     with pytest.raises(DecodeError) as info:
         ds[bad]
     assert info.value.key == image_tree.samples[bad].key
-    assert info.value.offset == bad
+    assert info.value.record == bad
     assert str(out) in str(info.value)
+    # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" in words.
+    assert "not an image Pillow can identify" in str(info.value)
+    assert " at 0x" not in str(info.value) and "BytesIO" not in str(info.value)
     assert LMDBDataset(out, output="bytes")[bad] == (garbage, image_tree.samples[bad].label)
     with pytest.raises(DecodeError):
         LMDBDataset(out, output="pil")[bad]
@@ -450,6 +460,7 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     assert not result.ok
     assert [(p["index"], p["key"]) for p in result.problems] == [
         (bad, image_tree.samples[bad].key)]
+    assert result.problems[0]["reason"] == "cannot be decoded: not an image Pillow can identify"
     assert verify_dataset(out, progress=False).ok  # the CRC alone is fine
 
 
@@ -551,7 +562,7 @@ def test_missing_record_key(packed, image_tree):
     ds = LMDBDataset(out, output="bytes")
     with pytest.raises(CorruptDataError, match="missing") as info:
         ds[3]
-    assert info.value.offset == 3
+    assert info.value.record == 3
     assert ds[4] == (image_tree.samples[4].data, image_tree.samples[4].label)
     result = verify_dataset(out, progress=False)
     assert not result.ok and result.problems[0]["index"] == 3

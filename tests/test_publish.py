@@ -111,7 +111,7 @@ def test_overwrite_never_removes_paths_an_old_manifest_names_outside(tmp_path, t
     link = out_dir / f"a-{8:06d}{ext}"
     link.symlink_to(victim / "important.txt")
     (out_dir / "notes.txt").write_text("mine")
-    manifest_path = out_dir / "a.fastdata.json"
+    manifest_path = out_dir / f"a{ext}.fastdata.json"
     m = json.loads(manifest_path.read_text(encoding="utf-8"))
     m["shards"] += [{"path": "../victim/important.txt"}, {"path": str(abs_dir)},
                     {"path": folder.name}, {"path": link.name}, {"path": "notes.txt"}]

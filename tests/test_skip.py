@@ -25,8 +25,8 @@ def _pack(tree, tmp_path, ext: str, shard_size=None) -> tuple[str, np.ndarray]:
     out = tmp_path / "out" / f"x{ext}"
     fastdata.pack(tree.root, out, options=fastdata.PackOptions(shard_size=shard_size, workers=1),
                   progress=False)
-    manifest = str(tmp_path / "out" / "x.fastdata.json")
-    return manifest, np.load(tmp_path / "out" / "x.fastdata.index.npy")
+    manifest = str(tmp_path / "out" / f"x{ext}.fastdata.json")
+    return manifest, np.load(tmp_path / "out" / f"x{ext}.fastdata.index.npy")
 
 
 def _shard(manifest: str, index: np.ndarray, record: int) -> str:

@@ -9,14 +9,21 @@ from conftest import (
     DEFAULT_CLASSES,
     DEFAULT_KEYS,
     DEFAULT_SPEC,
+    IMAGE_FILE_EXTENSIONS,
+    IMG_EXTENSIONS,
     build_tree,
     make_image_bytes,
     torchvision_classes,
     torchvision_samples,
 )
 
+from fastdata.encodings import TORCHVISION_EXTENSIONS
 from fastdata.errors import FastDataError, SourceError
-from fastdata.packers.source import ImageFolderSource
+from fastdata.packers.source import (
+    IGNORED_EXTENSION,
+    ImageFolderSource,
+    parse_extensions,
+)
 
 
 def _entries(src: ImageFolderSource) -> list[tuple[str, int]]:
@@ -34,6 +41,8 @@ def test_classes_and_labels_match_torchvision(image_tree):
     assert src.classes == torchvision_classes(image_tree.root) == DEFAULT_CLASSES
     assert src.class_to_idx == {c: i for i, c in enumerate(DEFAULT_CLASSES)}
     assert _entries(src) == [(s.key, s.label) for s in image_tree.samples]
+    assert (image_tree.root / "b_cls/nested/b3.gif").is_file()  # torchvision skips it
+    assert "b_cls/nested/b3.gif" not in {e.key for e in src}
     assert len(src) == len(image_tree.samples)
     for entry, sample in zip(src, image_tree.samples):
         assert os.path.isabs(entry.path)
@@ -65,13 +74,78 @@ def test_case_insensitive_extensions(image_tree):
         assert key in keys
 
 
-def test_every_accepted_extension_is_found(tmp_path):
+def test_reimplementation_uses_torchvisions_extensions():
+    # Written out in conftest, never taken from fastdata; fastdata's default is the same.
+    assert IMG_EXTENSIONS == (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff",
+                              ".webp")
+    assert set(TORCHVISION_EXTENSIONS) == set(IMG_EXTENSIONS)
+
+
+def test_every_torchvision_extension_is_found_and_gif_is_not(tmp_path):
     exts = [".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".pgm", ".tif", ".tiff", ".gif"]
     spec = [f"k/f{i}{e.upper() if i % 2 else e}" for i, e in enumerate(exts)]
     tree = build_tree(tmp_path / "src", spec)
     src = ImageFolderSource(tree.root)
-    assert len(src) == len(exts) == len(tree.samples)
+    assert len(src) == len(exts) - 1 == len(tree.samples)
     assert [e.key for e in src] == tree.keys
+    assert [(i.key, i.reason) for i in src.ignored] == [("k/f9.GIF", IGNORED_EXTENSION)]
+    assert src.describe()["ignored_extensions"] == {"gif": 1}
+
+
+def test_gif_among_images_keeps_torchvisions_samples_and_indices(tmp_path):
+    # 34 images and one GIF in the middle of a class: were the GIF a sample,
+    # every index after it would point at the next image.
+    spec = [f"a/img{i:02d}.png" for i in range(17)] + ["a/img08b.gif"] + [
+        f"b/img{i:02d}.jpg" for i in range(17)]
+    tree = build_tree(tmp_path / "src", spec)
+    assert len(tree.samples) == 34
+    src = ImageFolderSource(tree.root)
+    assert len(src) == 34
+    assert _entries(src) == [(s.key, s.label) for s in tree.samples]
+    assert src.class_to_idx == {"a": 0, "b": 1}
+    for i, (entry, sample) in enumerate(zip(src, tree.samples)):
+        with open(entry.path, "rb") as f:
+            assert f.read() == sample.data, i
+    # The packed dataset: the same samples at the same indices.
+    import fastdata
+
+    fastdata.pack(tree.root, tmp_path / "out.lmdb", progress=False)
+    ds = fastdata.open_dataset(tmp_path / "out.lmdb", output="bytes")
+    assert ds.keys == tree.keys
+    assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
+
+
+def test_extensions_add_gif(tmp_path):
+    spec = ["a/x.png", "a/y.gif", "a/z.GIF", "b/w.jpg", "b/v.txt"]
+    build_tree(tmp_path / "src", spec)
+    with_gif = torchvision_samples(tmp_path / "src", IMAGE_FILE_EXTENSIONS)
+    for extensions in ("+gif", "+.GIF", [*IMG_EXTENSIONS, "gif"]):
+        src = ImageFolderSource(tmp_path / "src", extensions=extensions)
+        assert _entries(src) == [(s.key, s.label) for s in with_gif], extensions
+        assert src.describe()["extensions"] == [e[1:] for e in IMAGE_FILE_EXTENSIONS]
+        assert src.describe()["ignored_extensions"] == {"txt": 1}
+    only = ImageFolderSource(tmp_path / "src", extensions="gif")
+    assert [e.key for e in only] == ["a/y.gif", "a/z.GIF"]
+    assert only.describe()["ignored_extensions"] == {"jpg": 1, "png": 1, "txt": 1}
+    sub = ImageFolderSource(tmp_path / "src", extensions="+gif").subset([3])
+    assert sub.extensions == IMAGE_FILE_EXTENSIONS and [e.key for e in sub] == ["b/w.jpg"]
+
+
+def test_parse_extensions():
+    assert parse_extensions(None) == TORCHVISION_EXTENSIONS
+    assert parse_extensions(" GIF, .jpg ,gif") == (".gif", ".jpg")
+    assert parse_extensions(["png"]) == (".png",)
+    assert parse_extensions("+gif,png") == TORCHVISION_EXTENSIONS + (".gif",)
+    for bad in ("", "+", "gif,,jpg", "a/b", ".", ["gif", 3], "x y"):
+        with pytest.raises(FastDataError, match="extensions="):
+            parse_extensions(bad)
+
+
+def test_no_image_error_names_the_extensions(tmp_path):
+    build_tree(tmp_path / "src", ["a/only.gif"])
+    with pytest.raises(SourceError, match=r"jpg jpeg png ppm bmp pgm tif tiff webp \(extensions="):
+        ImageFolderSource(tmp_path / "src")
+    assert len(ImageFolderSource(tmp_path / "src", extensions="+gif")) == 1
 
 
 def test_hidden_and_non_images_are_ignored_and_counted(image_tree):
@@ -87,8 +161,9 @@ def test_hidden_and_non_images_are_ignored_and_counted(image_tree):
         "README.txt": "file outside any class folder",
         "A_cls/.hid_dir": "hidden",
         "A_cls/.hidden.jpg": "hidden",
-        "A_cls/notes.txt": "not an image extension",
-        "c10/thumbs.db": "not an image extension",
+        "A_cls/notes.txt": IGNORED_EXTENSION,
+        "b_cls/nested/b3.gif": IGNORED_EXTENSION,
+        "c10/thumbs.db": IGNORED_EXTENSION,
     }
 
 
@@ -269,3 +344,22 @@ def test_a_subset_warns_only_about_classes_empty_in_the_tree(image_tree):
     sub = src.subset(first_class_only)
     assert sub.empty_classes == src.empty_classes == ["z_empty"]
     assert sub.warnings() == src.warnings()
+
+
+def test_pack_options_extensions(tmp_path):
+    import fastdata
+
+    build_tree(tmp_path / "src", ["a/x.png", "a/y.gif"])
+    summary = fastdata.pack(tmp_path / "src", tmp_path / "g.h5", progress=False,
+                            options=fastdata.PackOptions(extensions="+gif"))
+    assert summary.records == 2 and summary.ignored_extensions == {}
+    with pytest.raises(FastDataError, match="extensions= applies to a folder source"):
+        fastdata.pack(ImageFolderSource(tmp_path / "src"), tmp_path / "s.h5", progress=False,
+                      options=fastdata.PackOptions(extensions="gif"))
+    assert not (tmp_path / "s.h5").exists()
+    # A Source brings its own: recorded in the manifest's source, not pack_options.
+    fastdata.pack(ImageFolderSource(tmp_path / "src", extensions="gif"), tmp_path / "o.h5",
+                  progress=False)
+    m = fastdata.formats.read_manifest(tmp_path / "o.h5")
+    assert m.source["extensions"] == ["gif"] and m.pack_options["extensions"] is None
+    assert m.source["ignored_extensions"] == {"png": 1}

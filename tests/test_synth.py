@@ -206,3 +206,21 @@ def test_cli_bad_count_is_a_one_line_error(tmp_path, args):
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert "Traceback" not in result.output
     assert not root.exists()
+
+
+def test_summary_says_what_was_written_for_both_kinds(photos, tmp_path):
+    _, summary = photos
+    assert summary.describe() == "12 photo-like JPEGs in 5 classes"
+    one = synthesize(tmp_path / "one", kind="tiny", n=1, classes=1, progress=False)
+    assert one.describe() == "1 32x32 PNG in 1 class"
+
+
+@pytest.mark.parametrize("kind, what", [("tiny", "6 32x32 PNGs in 3 classes"),
+                                        ("photos", "3 photo-like JPEGs in 3 classes")])
+def test_cli_summary_line_reads_as_words(tmp_path, kind, what):
+    root = tmp_path / "out"
+    result = CliRunner().invoke(main, ["synth", str(root), "--kind", kind, "-n",
+                                       str(int(what.split()[0])), "--classes", "3",
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {what} to {root} ("), result.output

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import fastdata
+from fastdata.cli import main
 from fastdata.packers.pack import PackSummary
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.tar.members import iter_members, split_key
@@ -79,10 +81,10 @@ def webdataset_shards(folder: Path, n: int = 10, per_shard: int = 4, *, cls: boo
 def test_round_trip_several_shards(image_tree, tmp_path):
     summary = pack(image_tree.root, tmp_path / "out" / "ds.tar", shard_size=3)
     assert summary.format == "tar"
-    assert summary.output == str(tmp_path / "out" / "ds.fastdata.json")
+    assert summary.output == str(tmp_path / "out" / "ds.tar.fastdata.json")
     assert summary.records == len(image_tree)
     shards = shard_files(summary)
-    assert [p.name for p in shards] == [f"ds-{i:06d}.tar" for i in range(6)]  # 17 records / 3
+    assert [p.name for p in shards] == [f"ds-{i:06d}.tar" for i in range(6)]  # 16 records / 3
     with TarReader(summary.output) as reader:
         assert len(reader) == len(image_tree)
         assert reader.keys == image_tree.keys
@@ -90,10 +92,10 @@ def test_round_trip_several_shards(image_tree, tmp_path):
         assert reader.classes == image_tree.classes
         for i, sample in enumerate(image_tree.samples):
             assert reader.read(i) == sample.data
-        assert reader.read_many([16, 0, 5]) == [image_tree.payloads[i] for i in (16, 0, 5)]
+        assert reader.read_many([15, 0, 5]) == [image_tree.payloads[i] for i in (15, 0, 5)]
         assert [(i, d, lab) for i, d, lab in reader] == [
             (i, s.data, s.label) for i, s in enumerate(image_tree.samples)]
-        assert [c for _, c in reader.shard_ranges()] == [3, 3, 3, 3, 3, 2]
+        assert [c for _, c in reader.shard_ranges()] == [3, 3, 3, 3, 3, 1]
     manifest = fastdata.formats.read_manifest(summary.output)
     assert manifest.format == "tar" and manifest.count == len(image_tree)
     assert sum(s["count"] for s in manifest.shards) == len(image_tree)
@@ -259,6 +261,40 @@ def test_colliding_stems_get_suffixes(tmp_path):
         assert [reader.read(i) for i in range(4)] == tree.payloads
 
 
+def test_renamed_member_keys_are_reported(tmp_path):
+    tree = build_tree(tmp_path / "src", ("a/china.jpg", "a/china.bmp", "a/x.y.png", "b/ok.png"))
+    summary = pack(tree.root, tmp_path / "out" / "ds.tar")
+    # "a/china.bmp" sorts first and keeps "a/china"; ".jpg" clashes with it.
+    expected = [("a/china.jpg", "a/china_1", "ds.tar"), ("a/x.y.png", "a/x_y", "ds.tar")]
+    assert [(r.key, r.stored_as, r.file) for r in summary.renamed] == expected
+    assert "'a/china' was taken by 'a/china.bmp'" in summary.renamed[0].reason
+    assert "'.' in the file name" in summary.renamed[1].reason
+    # The report file is written for the renames alone (no skips, no warnings).
+    assert summary.report == str(tmp_path / "out" / "ds.tar.report.json")
+    report = json.loads(Path(summary.report).read_text())
+    assert [(r["key"], r["stored_as"], r["file"]) for r in report["renamed"]] == expected
+    assert report["skipped"] == [] and report["warnings"] == []
+    assert summary.to_dict()["renamed"] == report["renamed"]
+    with tarfile.open(shard_files(summary)[0]) as tar:
+        assert [n for n in tar.getnames() if not n.endswith(".cls")] == [
+            "a/china.bmp", "a/china_1.jpg", "a/x_y.png", "b/ok.png"]
+    # The dataset's keys stay the source's (keys.json).
+    ds = fastdata.open_dataset(summary.output, output="bytes")
+    assert ds.keys == tree.keys == ["a/china.bmp", "a/china.jpg", "a/x.y.png", "b/ok.png"]
+    assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
+
+
+def test_renames_name_their_shard_and_clashes_are_per_shard(tmp_path):
+    tree = build_tree(tmp_path / "src", ("a/china.jpg", "a/china.bmp", "a/x.y.png"))
+    summary = pack(tree.root, tmp_path / "out" / "ds-%06d.tar", shard_size=1)
+    # One record per shard: no clash, only the dotted name is stored otherwise.
+    assert [(r.key, r.stored_as, r.file) for r in summary.renamed] == [
+        ("a/x.y.png", "a/x_y", "ds-000002.tar")]
+    assert summary.report == str(tmp_path / "out" / "ds.tar.report.json")
+    plain = pack(tree.root, tmp_path / "lmdb" / "ds.lmdb")
+    assert plain.renamed == [] and plain.report is None  # other formats keep keys as they are
+
+
 def test_long_keys_round_trip(tmp_path):
     deep = "/".join(["d" * 50, "e" * 50, "f" * 40]) + "/img.png"  # > 100: prefix/name split
     flat = "g" * 150 + ".jpg"                                      # one 154-byte name: PAX
@@ -355,6 +391,23 @@ def test_sample_without_label_is_an_error(tmp_path):
     assert ".cls" in str(err.value)
 
 
+def test_tar_of_an_image_folder_says_to_pack_the_folder(tmp_path):
+    # `tar cf images.tar images/`: class folders of images, no .cls members.
+    tree = build_tree(tmp_path / "images", uniform_spec(("cat", "dog"), per_class=2))
+    path = tmp_path / "images.tar"
+    with tarfile.open(path, "w") as tar:
+        tar.add(tree.root, arcname="images")
+    for open_it in (fastdata.open_dataset, fastdata.TarDataset):
+        with pytest.raises(FastDataError, match="no label") as err:
+            open_it(path)
+        message = str(err.value)
+        assert ".cls" in message and "fastdata pack FOLDER out.tar" in message, message
+        assert "convert" not in message and "\n" not in message
+    result = CliRunner().invoke(main, ["info", str(path)])
+    assert result.exit_code == 1
+    assert "fastdata pack FOLDER out.tar" in result.stderr, result.stderr
+
+
 def test_sample_without_image_is_an_error(tmp_path):
     path = tmp_path / "noimg.tar"
     with tarfile.open(path, "w") as tar:
@@ -411,6 +464,7 @@ def test_corrupted_header_names_shard_and_offset(tmp_path):
     with pytest.raises(CorruptDataError, match="checksum") as err:
         TarReader([path])
     assert (err.value.path, err.value.offset) == (str(path), header_at)
+    assert str(err.value).startswith(f"{path}: byte offset {header_at}: tar header fails")
 
 
 def test_garbage_file_is_not_a_hang(tmp_path):

@@ -75,12 +75,13 @@ def _frames(path: str) -> list[tuple[int, int, bytes]]:
 def test_round_trip_bit_exact_sharded(sharded):
     summary, tree = sharded
     out_dir = os.path.dirname(summary.output)
-    assert summary.output.endswith("out.fastdata.json") and os.path.isfile(summary.output)
+    assert summary.output.endswith("out.tfrecord.fastdata.json") and os.path.isfile(summary.output)
     assert summary.format == "tfrecord" and summary.records == len(tree) == 18
     names = sorted(os.listdir(out_dir))
     shards = [f"out-{i:05d}-of-00006.tfrecord" for i in range(6)]
     assert names == sorted(shards + [s + ".idx" for s in shards] + [
-        "out.fastdata.json", "out.fastdata.index.npy", "out.fastdata.keys.json"])
+        "out.tfrecord.fastdata.json", "out.tfrecord.fastdata.index.npy",
+        "out.tfrecord.fastdata.keys.json"])
 
     for path in (summary.output, os.path.join(out_dir, "out.tfrecord"),
                  os.path.join(out_dir, "out-%05d.tfrecord"),
@@ -104,8 +105,8 @@ def test_round_trip_bit_exact_sharded(sharded):
 def test_single_file_by_default(tmp_path, tree):
     summary = fastdata.pack(tree.root, tmp_path / "one.tfrecord", progress=False)
     assert sorted(os.listdir(tmp_path)) == sorted([
-        "one.tfrecord", "one.tfrecord.idx", "one.fastdata.json", "one.fastdata.index.npy",
-        "one.fastdata.keys.json", "src"])
+        "one.tfrecord", "one.tfrecord.idx", "one.tfrecord.fastdata.json",
+        "one.tfrecord.fastdata.index.npy", "one.tfrecord.fastdata.keys.json", "src"])
     ds = fastdata.TFRecordDataset(tmp_path / "one.tfrecord")
     for i in range(len(ds)):
         image, label = ds[i]
@@ -350,7 +351,8 @@ def test_flipped_data_byte_fails_crc_with_file_and_offset(sharded):
     with pytest.raises(CorruptDataError) as info:
         reader.read(5)
     assert info.value.path == shard and info.value.offset == offset
-    assert os.path.basename(shard) in str(info.value) and f"offset {offset}" in str(info.value)
+    assert os.path.basename(shard) in str(info.value)
+    assert f"byte offset {offset}" in str(info.value)
     assert "CRC32C" in str(info.value)
 
     stream = fastdata.ShardedIterableDataset(summary.output, output="bytes")
@@ -460,7 +462,7 @@ def test_overwrite_replaces_shards_and_idx(sharded, tmp_path):
     fastdata.pack(tree.root, tmp_path / "out" / "out.tfrecord",
                   options=PackOptions(shard_size=10, overwrite=True), progress=False)
     names = sorted(os.listdir(tmp_path / "out"))
-    assert [n for n in names if ".tfrecord" in n] == [
+    assert [n for n in names if n.endswith((".tfrecord", ".idx"))] == [
         "out-00000-of-00002.tfrecord", "out-00000-of-00002.tfrecord.idx",
         "out-00001-of-00002.tfrecord", "out-00001-of-00002.tfrecord.idx"]
     assert TFRecordReader(summary.output).read_many(range(18)) == tree.payloads

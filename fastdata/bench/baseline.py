@@ -20,7 +20,10 @@ class ImageFolderBaseline(Dataset):
     with its default collate function, as it does for torchvision.
 
     Args:
-        samples: (path, label) pairs, in the source's order.
+        samples: (path, label) pairs, in the source's order: an
+            ``ImageFolderSource``'s, which by default takes torchvision's
+            extensions, so these are ``ImageFolder``'s samples and every packed
+            row (packed from the same source) holds the same ones.
         size: (height, width) of the output.
     """
 

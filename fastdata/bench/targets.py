@@ -61,6 +61,16 @@ class Target:
         return "original bytes"
 
 
+def _refused(path: str | os.PathLike, why: str) -> SourceError:
+    """The error for a bench target that is not something bench can measure."""
+    from fastdata.formats.registry import known_extensions
+
+    return SourceError(
+        f"{why}; fastdata bench measures image folders (one sub-folder of images per class) "
+        f"and packed datasets ({', '.join(known_extensions())} or PREFIX.fastdata.json)",
+        path=path)
+
+
 def select_indices(n: int, limit: int | None, seed: int) -> list[int] | None:
     """A seeded random selection of ``limit`` of ``n`` indices, sorted; None for all."""
     if limit is None or limit >= n:
@@ -115,13 +125,18 @@ def pack_targets(
     stopping the benchmark.
 
     Raises:
-        SourceError: ``source`` is not an image folder.
+        SourceError: ``source`` is not an image folder; the message says what
+            bench measures.
     """
     from fastdata.formats import get_format
 
+    try:
+        baseline, pack_source = _folder_rows(source, limit=limit, seed=seed,
+                                             name=BASELINE_NAME)
+    except SourceError as exc:
+        raise _refused(source, f"not an image folder ({exc.message})") from None
     work_dir = os.path.abspath(os.fspath(work_dir))
     os.makedirs(work_dir, exist_ok=True)
-    baseline, pack_source = _folder_rows(source, limit=limit, seed=seed, name=BASELINE_NAME)
     targets = [baseline]
     for variant in variants:
         for fmt in formats:
@@ -164,7 +179,12 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
                     seed: int = 0) -> Target:
     """A row for an existing packed dataset, or (as the baseline) an image folder.
 
-    Never raises: a path that is neither gives a row that carries the error.
+    A dataset that cannot be opened (damaged, half-written) gives a row that
+    carries the error, so that the other rows are still measured.
+
+    Raises:
+        SourceError: ``path`` does not exist, or is neither a packed dataset
+            nor an image folder; the message says what bench measures.
     """
     from fastdata.formats import detect_format
     from fastdata.formats import read_manifest
@@ -174,20 +194,23 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
     base = base.removesuffix(".fastdata.json")  # a sharded dataset named by its manifest
     try:
         spec = detect_format(path)
-    except UnknownFormatError as exc:
-        if os.path.isdir(path):
-            try:
-                return folder_target(path, limit=limit, seed=seed,
-                                     name=f"{BASELINE_NAME} {base}")
-            except SourceError as src_exc:
-                return Target(name=base, kind="packed", format="?", variant="existing",
-                              path=path, error=f"neither a packed dataset ({exc.message}) "
-                                               f"nor an image folder ({src_exc.message})")
-        return Target(name=base, kind="packed", format="?", variant="existing", path=path,
-                      error=error_text(exc))
+    except UnknownFormatError:
+        if not os.path.lexists(path):
+            raise _refused(path, "no such file or folder") from None
+        if not os.path.isdir(path):
+            raise _refused(path, "neither a packed dataset nor an image folder") from None
+        try:
+            return folder_target(path, limit=limit, seed=seed, name=f"{BASELINE_NAME} {base}")
+        except SourceError as exc:
+            raise _refused(path, f"neither a packed dataset nor an image folder "
+                                 f"({exc.message})") from None
     try:
         manifest = read_manifest(path)
     except Exception as exc:  # a damaged or half-written dataset is a failed row
+        # Named by its extension only and nothing is there (a shard pattern is
+        # not a file itself: its failure is a row like any damaged dataset's).
+        if not os.path.lexists(path) and not any(c in base for c in "%{"):
+            raise _refused(path, "no such file or folder") from None
         return Target(name=f"{spec.name} {base}", kind="packed", format=spec.name,
                       variant="existing", path=path, error=error_text(exc))
     raw = (manifest.encoding or {}).get("storage") == "raw"

@@ -23,8 +23,11 @@ _FLAG_PHRASES = (
     ("resize=(h, w)", "--resize HxW"),
     ("resize=N", "--resize N"),
     ("encoding='raw'", "--encoding raw"),
+    ("max_pixels=None", "--max-pixels 0"),
 )
-_FLAG_NAMES = re.compile(r"\b(shard_size|max_size|center_crop|quality|workers|resize|format)=\s?")
+_FLAG_NAMES = re.compile(
+    r"\b(shard_size|max_size|max_pixels|center_crop|quality|workers|resize|format|extensions"
+    r"|shuffle)=\s?")
 
 
 def cli_terms(message: str) -> str:

@@ -128,8 +128,8 @@ def _bench_demo(demo: str, work: str, limit: int | None, progress, log) -> str:
     except ValueError as exc:  # e.g. --limit below the demo's class count
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    log(f"generated {summary.images} {demo} images in {summary.classes} classes "
-        f"({summary.bytes / 1e6:.1f} MB) in {summary.seconds:.1f} s")
+    log(f"generated {summary.describe()} ({summary.bytes / 1e6:.1f} MB) in "
+        f"{summary.seconds:.1f} s")
     return src
 
 

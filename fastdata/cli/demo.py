@@ -35,8 +35,7 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
     if as_json:
         _print_json(summary.to_dict())
         return
-    what = "photo-like JPEG" if kind == "photos" else "32x32 PNG"
-    click.echo(f"wrote {summary.images} {what} images in {summary.classes} classes to "
-               f"{summary.root} ({human_bytes(summary.bytes)}, mean "
-               f"{summary.mean_width:.0f}x{summary.mean_height:.0f}, "
+    click.echo(f"wrote {summary.describe()} to {summary.root} "
+               f"({human_bytes(summary.bytes)}, mean {summary.mean_width:.0f}x"
+               f"{summary.mean_height:.0f}, "
                f"{human_bytes(summary.mean_bytes)} each) in {summary.seconds:.1f} s")

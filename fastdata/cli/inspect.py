@@ -23,32 +23,101 @@ def info(path, as_json):
     if as_json:
         _print_json(m.to_dict())
         return
-    classes = ", ".join(f"{c} ({n})" for c, n in zip(m.classes[:8], m.class_counts[:8]))
+    click.echo(os.path.abspath(path))
+    for name, value in _manifest_rows(m):
+        click.echo(f"  {name:<10} {value}")
+
+
+def _manifest_rows(m) -> list[tuple[str, str]]:
+    """The manifest for humans: (field, text) rows; a nested value gets a row of
+    its own under its field (name ""). Fields a foreign dataset lacks say so."""
+    classes = ", ".join(f"{c} ({n:,})" for c, n in zip(m.classes[:8], m.class_counts[:8]))
     if len(m.classes) > 8:
         classes += f", ... {len(m.classes) - 8} more"
-    enc = m.encoding
+    written = (f"manifest v{m.version}, written by fastdata {m.fastdata_version}"
+               if m.fastdata_version else "no fastdata manifest: written by another tool")
+    sizes = [f"{what} {human_bytes(m.bytes[key])}" for key, what in
+             (("payload", "payload"), ("on_disk", "on disk"), ("source", "source"))
+             if isinstance(m.bytes.get(key), int)]
+    shards = ", ".join(str(s.get("path")) for s in m.shards[:4])
     rows = [
-        ("format", f"{m.format} (manifest v{m.version}, written by fastdata {m.fastdata_version})"),
+        ("format", f"{m.format} ({written})"),
         ("records", f"{m.count:,}"),
         ("classes", f"{len(m.classes)}: {classes}"),
-        ("encoding", f"{enc.get('storage')}: "
-                     + ", ".join(f"{k} {v}" for k, v in enc.get("formats", {}).items())
-                     + (f", shape {enc['shape']}" if enc.get("shape") else "")),
-        ("size", f"payload {human_bytes(m.bytes.get('payload', 0))}, on disk "
-                 f"{human_bytes(m.bytes.get('on_disk', 0))} "
-                 f"(source {human_bytes(m.bytes.get('source', 0))})"),
-        ("shards", f"{len(m.shards)}: " + ", ".join(s["path"] for s in m.shards[:4])
-                   + (" ..." if len(m.shards) > 4 else "")),
-        ("checksums", f"{m.checksums.get('record')} per record; payload sha256 "
-                      f"{m.checksums.get('payload_sha256', '')[:16]}..."),
-        ("source", f"{m.source.get('root')} ({m.source.get('files')} files, "
-                   f"{m.source.get('skipped')} skipped, {m.source.get('ignored')} ignored)"),
-        ("created", m.created_at),
-        ("options", ", ".join(f"{k}={v}" for k, v in m.pack_options.items())),
+        ("encoding", _encoding_text(m.encoding or {})),
+        ("size", ", ".join(sizes) or "not recorded"),
+        ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")),
+        ("checksums", _checksums_text(m.checksums or {})),
+        ("source", _source_text(m.source or {})),
+        ("order", _order_text(m)),
+        ("created", m.created_at or "not recorded"),
     ]
-    click.echo(os.path.abspath(path))
-    for name, value in rows:
-        click.echo(f"  {name:<10} {value}")
+    scalars = {k: v for k, v in (m.pack_options or {}).items() if not isinstance(v, dict)}
+    rows.append(("options", _plain(scalars) or "not recorded"))
+    rows += [("", f"{k}: {_plain(v)}") for k, v in (m.pack_options or {}).items()
+             if isinstance(v, dict)]
+    return rows
+
+
+def _order_text(m) -> str:
+    """The record order: source order, or shuffled at pack time with its seed."""
+    seed = (m.pack_options or {}).get("shuffle")
+    if seed is not None:
+        return f"shuffled at pack time (seed {_plain(seed)})"
+    return "source order" if m.fastdata_version else "not recorded"
+
+
+def _plain(value) -> str:
+    """A manifest value in words, never a Python repr: none/true/false, a dict as
+    ``key=value, ...``, a list of ints as ``16x16x3``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        return ("x" if ints else ",").join(_plain(v) for v in value)
+    return str(value)
+
+
+def _encoding_text(enc: dict) -> str:
+    """``keep (jpeg 500, png 12)``; raw storage with its shape, dtype and layout."""
+    counts = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {_plain(v)}"
+                       for k, v in (enc.get("formats") or {}).items())
+    text = _plain(enc.get("storage") or "unknown") + (f" ({counts})" if counts else "")
+    for field in ("shape", "dtype", "layout"):
+        if enc.get(field):
+            text += f", {field} {_plain(enc[field])}"
+    return text
+
+
+def _checksums_text(checksums: dict) -> str:
+    if not checksums.get("record"):
+        return "none stored"
+    text = f"{_plain(checksums['record'])} per record"
+    if checksums.get("payload_sha256"):
+        text += f"; payload sha256 {str(checksums['payload_sha256'])[:16]}..."
+    return text
+
+
+def _source_text(source: dict) -> str:
+    """``ROOT (N files, N skipped, N ignored)``, with what else the source recorded."""
+    parts = [f"{source[k]:,} {k}" for k in ("files", "skipped", "ignored")
+             if isinstance(source.get(k), int)]
+    known = {"root", "fingerprint", "files", "skipped", "ignored", "note", "extensions",
+             "ignored_extensions"}
+    if isinstance(source.get("extensions"), list):
+        parts.append("extensions " + " ".join(map(str, source["extensions"])))
+    if isinstance(source.get("ignored_extensions"), dict) and source["ignored_extensions"]:
+        parts.append("not packed: " + ", ".join(
+            f"{ext} {n}" for ext, n in source["ignored_extensions"].items()))
+    parts += [f"{k}={_plain(v)}" for k, v in source.items() if k not in known]
+    if source.get("note"):
+        parts.append(_plain(source["note"]))
+    root = _plain(source["root"]) if source.get("root") else "not recorded"
+    return root + (f" ({', '.join(parts)})" if parts else "")
 
 
 @main.command()
@@ -81,8 +150,18 @@ def verify(path, decode, as_json, progress):
             if p["index"] is None:
                 click.echo(f"  {p['path']}: {p['reason']}")
             else:
-                click.echo(f"  record {p['index']} ({p['key']}): {p['reason']}")
+                click.echo(f"  {_record_problem(p)}")
         if len(result.problems) > 20:
             click.echo(f"  ... {len(result.problems) - 20} more (--json lists all)")
     if not result.ok:
         sys.exit(1)
+
+
+def _record_problem(problem: dict) -> str:
+    """``record 3 (KEY) fails its CRC32 check ...``: the record named once, even
+    when the reason starts with it; no key when the keys cannot be read."""
+    head = f"record {problem['index']}"
+    key = f" ({problem['key']})" if problem["key"] is not None else ""
+    reason = problem["reason"]
+    rest = reason[len(head):] if reason.startswith(head + " ") else f": {reason}"
+    return f"{head}{key}{rest}"

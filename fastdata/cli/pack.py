@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.encodings import TORCHVISION_EXTENSIONS
 from fastdata.formats import FORMATS, known_extensions, sharded_formats
 from fastdata.machine import human_bytes
 
@@ -15,7 +18,9 @@ from fastdata.machine import human_bytes
 @click.option("--format", "format_", metavar="NAME",
               help="Container format: " + "; ".join(f"{s.name}: {s.help}" for s in FORMATS.values())
                    + ". Default: chosen from OUTPUT's extension ("
-                   + ", ".join(known_extensions()) + ").")
+                   + ", ".join(known_extensions()) + "). Give it for an OUTPUT without one "
+                   "(tar and tfrecord then add theirs); an extension of another format is "
+                   "refused.")
 @click.option("--shard-size", metavar="N|SIZE", default=None,
               help="/".join(sharded_formats()) + " only: roll a new shard every N records (10000) "
                    "or SIZE bytes (256MB). OUTPUT may be a pattern: out-%06d.tar or "
@@ -42,7 +47,8 @@ from fastdata.machine import human_bytes
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--strict", is_flag=True,
               help="Stop at the first corrupt or unreadable image (default: skip it and list it "
-                   "in the summary and in OUTPUT.report.json).")
+                   "in the summary and in OUTPUT.report.json, for tar/tfrecord "
+                   "NAME.report.json beside NAME.fastdata.json).")
 @click.option("--verify-decode", is_flag=True,
               help="Fully decode every image while packing (slower; catches damage inside the "
                    "compressed data, not only truncation and bad headers; JPEGs that libjpeg "
@@ -51,17 +57,35 @@ from fastdata.machine import human_bytes
               help="Skip (or under --strict refuse) images whose header declares more than N "
                    "pixels, before decoding them [default: 178956970, twice Pillow's "
                    "decompression-bomb limit]; 0 lifts the limit.")
+@click.option("--extensions", metavar="LIST", default=None,
+              help="Image file extensions to pack, comma-separated, any letter case "
+                   "(gif,jpg,png). Default: torchvision ImageFolder's, "
+                   + ",".join(e[1:] for e in TORCHVISION_EXTENSIONS)
+                   + ", so the samples and their indices are ImageFolder(SOURCE)'s. A "
+                   "leading + adds to that default instead of replacing it: --extensions "
+                   "+gif packs GIFs too. Files with other extensions are ignored and "
+                   "counted in the summary.")
+@click.option("--shuffle", metavar="SEED", default=None,
+              help="Write the records in a random order drawn from SEED (a whole number "
+                   ">= 0) instead of class by class; labels and keys travel with their "
+                   "records, and the same SEED gives the same files. Use it when the dataset "
+                   "is much larger than a streaming reader's shuffle window, or when other "
+                   "tools (webdataset, DALI) will read the shards with only a shuffle buffer: "
+                   "unshuffled, a window holds one or two classes. Map-style reading "
+                   "(DataLoader shuffle=True) does not need it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         workers, overwrite, strict, verify_decode, max_pixels, as_json, progress):
+         workers, overwrite, strict, verify_decode, max_pixels, extensions, shuffle, as_json,
+         progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
-    images are found recursively inside each class folder. Labels are the
-    indices of the sorted class names, as torchvision assigns them. By default
+    images are found recursively inside each class folder, with torchvision's
+    extensions unless --extensions says otherwise. Labels are the indices of
+    the sorted class names, as torchvision assigns them. By default
     the original file bytes are stored unchanged, with the label and the path
     relative to SOURCE; --resize/--encoding preprocess them once at pack time.
 
@@ -71,19 +95,22 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
       fastdata pack images/ train-%06d.tar --shard-size 256MB
       fastdata pack images/ train.h5 --resize 256 --encoding jpeg --quality 90
       fastdata pack cifar/ cifar.lmdb --encoding raw
+      fastdata pack imagenet/train train-%06d.tar --shard-size 1GB --shuffle 0
 
     Nothing is left half-written: the output appears only when complete.
     """
     from fastdata.packers.pack import PackOptions
     from fastdata.packers.pack import pack as run_pack
     from fastdata.packers.preprocess import Preprocess, parse_resize
+    from fastdata.packers.shuffle import parse_seed
 
     pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
                      encoding=encoding, quality=quality)
     limit = {} if max_pixels is None else {"max_pixels": max_pixels or None}
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
                           verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
-                          workers=workers, **limit)
+                          workers=workers, extensions=extensions, shuffle=parse_seed(shuffle),
+                          **limit)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
@@ -98,8 +125,14 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     click.echo(f"  bytes in {human_bytes(summary.bytes_in)}, on disk "
                f"{human_bytes(summary.bytes_out)}; encodings "
                + ", ".join(f"{k} {v}" for k, v in summary.encodings.items()))
+    if summary.files and summary.files != [summary.output]:
+        click.echo(f"  {_files_line(summary.files)}")
+    if options.shuffle is not None:
+        click.echo(f"  order: shuffled with seed {options.shuffle}")
     if summary.ignored:
-        click.echo(f"  ignored {summary.ignored} hidden or non-image file(s)")
+        _echo_ignored(summary.ignored, summary.ignored_extensions)
+    if summary.renamed:
+        _echo_renamed(summary.renamed)
     if summary.skipped:
         click.echo(f"  skipped {len(summary.skipped)} bad image(s):")
         for item in summary.skipped[:10]:
@@ -108,3 +141,32 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
             click.echo(f"    ... and {len(summary.skipped) - 10} more")
     if summary.report:
         click.echo(f"  report: {summary.report}")
+
+
+def _echo_ignored(count: int, by_extension: dict[str, int]) -> None:
+    """The ignored count, with the extensions left out (they are what --extensions adds)."""
+    click.echo(f"  ignored {count} hidden, stray or other-extension file(s)")
+    if by_extension:
+        click.echo("    extensions not packed: "
+                   + ", ".join(f".{ext} {n}" if ext else f"(none) {n}"
+                               for ext, n in by_extension.items())
+                   + " (--extensions +EXT packs them too)")
+
+
+def _echo_renamed(renamed) -> None:
+    """Records stored under another tar member key than their own (the dataset keys
+    stay the originals); the full list is in --json and the report file."""
+    click.echo(f"  renamed {len(renamed)} tar member key(s) (dataset keys unchanged; all in "
+               f"the report):")
+    for item in renamed[:5]:
+        click.echo(f"    {item.key} -> {item.stored_as}")
+    if len(renamed) > 5:
+        click.echo(f"    ... and {len(renamed) - 5} more")
+
+
+def _files_line(files: list[str]) -> str:
+    """What a sharded pack wrote, by name (the first and last few of many)."""
+    names = [os.path.basename(f) for f in files]
+    if len(names) > 9:
+        names = names[:4] + ["..."] + names[-4:]
+    return f"wrote {len(files)} files in {os.path.dirname(files[0])}: {', '.join(names)}"

@@ -26,6 +26,12 @@ KINDS: dict[str, tuple[int, int, str]] = {
     "tiny": (2048, 10, ".png"),
 }
 
+# kind -> what one image is, in words (singular, plural)
+_NOUNS: dict[str, tuple[str, str]] = {
+    "photos": ("photo-like JPEG", "photo-like JPEGs"),
+    "tiny": ("32x32 PNG", "32x32 PNGs"),
+}
+
 _MAKERS: dict[str, Callable[[np.random.Generator, Palette], tuple[bytes, tuple[int, int]]]] = {
     "photos": make_photo,
     "tiny": make_tiny,
@@ -61,6 +67,13 @@ class SynthSummary:
     def to_dict(self) -> dict:
         """The summary as a plain, JSON-serialisable dict."""
         return asdict(self)
+
+    def describe(self) -> str:
+        """What was written, in words: "512 photo-like JPEGs in 8 classes"."""
+        one, many = _NOUNS.get(self.kind, ("image", "images"))
+        classes = "class" if self.classes == 1 else "classes"
+        return (f"{self.images:,} {one if self.images == 1 else many} in {self.classes} "
+                f"{classes}")
 
 
 def synthesize(

@@ -13,8 +13,8 @@ array, as the format stores it, to the SHA-256 of its bytes:
   ``offsets`` (int64 LE) as arrays of those types; ``keys`` as the UTF-8 JSON
   list of the keys (the bytes LMDB stores: variable-length HDF5 strings have
   no single byte form of their own);
-- tar and TFRecord: the whole files ``PREFIX.fastdata.index.npy`` and
-  ``PREFIX.fastdata.keys.json``, header included.
+- tar and TFRecord: the whole files ``NAME.fastdata.index.npy`` and
+  ``NAME.fastdata.keys.json``, header included.
 
 Readers check everything but the keys on open (a few milliseconds for a
 million records) and the keys when they are first loaded (they are loaded
@@ -139,7 +139,7 @@ def check_labels(labels: np.ndarray, manifest: Manifest, *, path: str) -> None:
         raise CorruptDataError(
             f"record {i} has label {int(labels[i])}, not a class index (0..{n_classes - 1} for "
             f"{n_classes} classes){more}: the labels are damaged (fastdata does not read "
-            f"negative labels as unlabelled records); re-pack it", path=path, offset=i)
+            f"negative labels as unlabelled records); re-pack it", path=path, record=i)
     counts = manifest.class_counts
     if (isinstance(counts, list) and len(counts) == n_classes and len(labels)
             and all(type(c) is int for c in counts)):

@@ -253,7 +253,7 @@ class Reader:
             raise CorruptDataError(
                 f"record {index} fails its CRC32 check (stored {expected:08x}, read "
                 f"{actual:08x}): the file is damaged; re-pack it or read with "
-                f"on_error='skip'", path=self.path, key=self.key_of(index), offset=index)
+                f"on_error='skip'", path=self.path, key=self.key_of(index), record=index)
 
     def key_of(self, index: int) -> str | None:
         """Record ``index``'s source key for a message, or None when the keys

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
 
-#: Suffix of the manifest sidecar of sharded datasets (``PREFIX.fastdata.json``).
+#: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
+#: output name without shard number: ``out.tar.fastdata.json``).
 MANIFEST_SUFFIX = ".fastdata.json"
 
 
@@ -141,21 +142,54 @@ def get_format(name: str) -> FormatSpec:
 
 
 def format_for_output(path: str | os.PathLike, override: str | None = None) -> FormatSpec:
-    """Choose the format for writing ``path``: ``override`` if given, else its extension.
+    """Choose the format for writing ``path``: its extension, or ``override``.
+
+    An output named after a sharded dataset's manifest (``out.tar.fastdata.json``)
+    counts with the name before ``.fastdata.json``. ``override`` applies to a name
+    without a known extension; one that contradicts the extension is refused, so
+    that a pack never writes a dataset its name does not open.
 
     Raises:
-        UnknownFormatError: the extension selects no format and none was given.
+        UnknownFormatError: the extension selects no format and none was given,
+            the extension selects another format than ``override``, or a
+            manifest name is given for a format without manifest files.
     """
     check_local(path)
-    if override:
-        return get_format(override)
-    spec = _by_extension(os.fspath(path))
+    name = os.fspath(path).rstrip("/\\")
+    manifest = name.lower().endswith(MANIFEST_SUFFIX)
+    if manifest:
+        name = name[: -len(MANIFEST_SUFFIX)]
+    implied = _by_extension(name)
+    spec = get_format(override) if override else implied
     if spec is None:
         raise UnknownFormatError(
             f"cannot tell the format from the extension; use one of "
             f"{', '.join(known_extensions())} or name the format ({'/'.join(FORMATS)})",
             path=path)
+    if implied is not None and implied.name != spec.name:
+        ext = next(e for e in implied.extensions if name.lower().endswith(e))
+        raise UnknownFormatError(
+            f"the extension {ext} means the {implied.name} format, but format={spec.name} was "
+            f"given: drop format={spec.name} to pack {implied.name}, or give an output name "
+            f"ending in {' or '.join(spec.extensions)}", path=path)
+    if manifest and not spec.sharded:
+        raise UnknownFormatError(
+            f"a .fastdata.json name is the manifest of a sharded dataset "
+            f"({', '.join(sharded_formats())}); {spec.name} keeps its manifest inside: give "
+            f"an output name ending in {' or '.join(spec.extensions)}", path=path)
     return spec
+
+
+def manifest_format(path: str | os.PathLike) -> str | None:
+    """The format a ``.fastdata.json`` manifest file names; None when it cannot be
+    read as one (missing, unreadable, not a JSON object with a string ``format``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    name = data.get("format") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _by_extension(path: str) -> FormatSpec | None:

@@ -26,7 +26,7 @@ from fastdata.formats.output import (
     is_disk_full,
     lock_path,
 )
-from fastdata.records import Manifest, Record
+from fastdata.records import Manifest, Record, RenamedKey
 
 #: What a failed write raises: OS errors, h5py's RuntimeError for a failed flush,
 #: and fastdata's own errors that wrap either (see ``Writer._failure``).
@@ -106,6 +106,11 @@ class Writer:
         """The output as errors name it."""
         return self.path
 
+    @property
+    def files(self) -> list[str]:
+        """What a finished pack put in place: here the one file or folder."""
+        return [self.path]
+
     def _check_existing(self) -> None:
         """Refuse an existing output unless overwriting (called with the lock held)."""
         if os.path.lexists(self.path) and not self.overwrite:
@@ -127,6 +132,11 @@ class Writer:
 
     def _discard(self) -> None:
         """Release handles after a failure (files are removed by the base)."""
+
+    def renamed_keys(self) -> list[RenamedKey]:
+        """Records stored under another name than their key, after ``finish``
+        (none, unless the format restricts names: tar)."""
+        return []
 
     # -- public API -----------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError, FastDataError
+from fastdata.errors import CorruptDataError, FastDataError, exception_text
 from fastdata.machine import human_bytes, meminfo
 from fastdata.progress import progress_bar
 
@@ -288,8 +288,11 @@ class SharedPayloadCache(_SharedBlock):
         if self.damaged:
             for i in indices:
                 if i in self.damaged:
-                    raise CorruptDataError(f"record {i} was left out of the RAM cache: "
-                                           f"{self.damaged[i]}", path=self.path, offset=i)
+                    # "record 3 fails its CRC32 check" -> "it fails ...": named once.
+                    why = self.damaged[i].removeprefix(f"record {i} ")
+                    why = f"it {why}" if why != self.damaged[i] else why
+                    raise CorruptDataError(f"record {i} was left out of the RAM cache: {why}",
+                                           path=self.path, record=i)
         return [data[off[i]: off[i + 1]].tobytes() for i in indices]
 
     def __len__(self) -> int:
@@ -363,11 +366,12 @@ class SharedPixelCache(_SharedBlock):
             try:
                 array = decode(data)
             except Exception as exc:  # name the record: the cache cannot skip it
-                raise FastDataError(f"record {index} cannot be decoded into the cache ({exc})",
-                                    path=self.path, offset=index) from exc
+                raise FastDataError(f"record {index} cannot be decoded into the cache "
+                                    f"({exception_text(exc)})",
+                                    path=self.path, record=index) from exc
             if array.shape != self.shape[1:]:
                 raise FastDataError(f"record {index} decodes to {array.shape}, not "
-                                    f"{self.shape[1:]}", path=self.path, offset=index)
+                                    f"{self.shape[1:]}", path=self.path, record=index)
             self.pixels[index] = array
 
         list(pool.map(one, chunk)) if pool is not None else [one(x) for x in chunk]

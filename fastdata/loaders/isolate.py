@@ -159,7 +159,7 @@ def _rebuild(fields: dict) -> FastDataError:
     if not (isinstance(cls, type) and issubclass(cls, FastDataError)):
         cls = FastDataError
     return cls(fields["message"], path=fields.get("path"), key=fields.get("key"),
-               offset=fields.get("offset"))
+               offset=fields.get("offset"), record=fields.get("record"))
 
 
 def _child_env() -> dict[str, str]:
@@ -222,7 +222,8 @@ def _child(spec: dict) -> None:
                 out.send({"result": {"damaged": _fill(reader, spec, out)}})
     except FastDataError as exc:
         out.send({"error": {"type": type(exc).__name__, "message": exc.message,
-                            "path": exc.path, "key": exc.key, "offset": exc.offset}})
+                            "path": exc.path, "key": exc.key, "offset": exc.offset,
+                            "record": exc.record}})
 
 
 def _fill(reader, spec: dict, out: _Emitter) -> dict[int, str]:

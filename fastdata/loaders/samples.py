@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastdata.errors import CorruptDataError, DecodeError
+from fastdata.errors import CorruptDataError, DecodeError, exception_text
 from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.decode import DecoderChain, decode_pil
@@ -130,9 +130,9 @@ class SamplePipeline:
             if self.on_error == "raise":
                 exc = image.error
                 raise DecodeError(
-                    f"record {index} cannot be decoded ({type(exc).__name__}: {exc}); "
+                    f"record {index} cannot be decoded ({exception_text(exc)}); "
                     f"pass on_error='skip' to leave such records out",
-                    path=self.path, key=self.reader.key_of(index), offset=index) from exc
+                    path=self.path, key=self.reader.key_of(index), record=index) from exc
             self._skip(index, "undecodable")
             return None
         if self.transform is not None:
@@ -149,7 +149,10 @@ class SamplePipeline:
 
     def _skip(self, index: int | None, why: str) -> None:
         self.skipped += 1
-        what = f"record {index} (key {self.reader.key_of(index)!r})" if index is not None \
-            else "the rest of a damaged shard"
+        if index is None:
+            what = "the rest of a damaged shard"
+        else:
+            key = self.reader.key_of(index)  # None when the keys cannot be read
+            what = f"record {index}" + (f" (key {key!r})" if key is not None else "")
         warnings.warn(f"{self.path}: skipping {why} {what}; {self.skipped} skipped so far",
                       RuntimeWarning, stacklevel=4)

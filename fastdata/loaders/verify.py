@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from fastdata.errors import CorruptDataError, DamagedImageError
+from fastdata.errors import CorruptDataError, DamagedImageError, exception_text
 from fastdata.formats import open_reader
 from fastdata.loaders.strict import StrictDecoder
 from fastdata.progress import progress_bar
@@ -183,7 +183,7 @@ def _check_one(reader, index: int, data, decode_one, on_problem) -> None:
     except (CorruptDataError, DamagedImageError) as exc:
         on_problem(_problem(reader, index, exc.message))
     except Exception as exc:  # any decoder failure is a finding, not a crash
-        on_problem(_problem(reader, index, f"cannot be decoded: {exc}"))
+        on_problem(_problem(reader, index, f"cannot be decoded: {exception_text(exc)}"))
 
 
 def _problem(reader, index: int | None, reason: str, path: str | None = None) -> dict:
@@ -192,15 +192,13 @@ def _problem(reader, index: int | None, reason: str, path: str | None = None) ->
 
 
 def _error_problem(reader, index: int | None, exc: CorruptDataError) -> dict:
-    """A problem from an error; its byte offset named when it is in another file
-    (a shard: there ``offset`` is a byte offset, not a record number)."""
+    """A problem from an error: its file named when it is another one (a shard),
+    and its byte offset when the message does not say it already."""
     reason = exc.message
-    if exc.path and exc.path != reader.path:
-        where = os.path.basename(exc.path)
-        if exc.offset is not None:
-            where += f" at byte offset {exc.offset}"
-        reason = f"{where}: {reason}"
-    return _problem(reader, index, reason, exc.path)
+    where = os.path.basename(exc.path) if exc.path and exc.path != reader.path else ""
+    if exc.offset is not None and f"byte offset {exc.offset}" not in reason:
+        where = f"{where} at byte offset {exc.offset}".strip()
+    return _problem(reader, index, f"{where}: {reason}" if where else reason, exc.path)
 
 
 def _with_key(reader, problem: dict) -> dict:

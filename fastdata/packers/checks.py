@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 
 from fastdata.encodings import sniff_encoding
-from fastdata.errors import BadImageError, DamagedImageError
+from fastdata.errors import BadImageError, DamagedImageError, exception_text, shown_bytes
 from fastdata.image_header import DEFAULT_MAX_PIXELS, image_size, pixel_limit_error
 
 
@@ -51,7 +51,7 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
     encoding = sniff_encoding(data)
     if encoding is None:
         raise BadImageError(
-            f"not a recognised image format (starts with {bytes(data[:8])!r})", key=key)
+            f"not a recognised image format (it starts with {shown_bytes(data)})", key=key)
     if encoding == "jpeg":
         _check_jpeg_end(data, key)
     elif encoding == "png":
@@ -60,18 +60,19 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
 
     from PIL import Image  # Pillow is a core dependency; imported here to keep `import fastdata` light
 
+    what = "has an unreadable header"  # until Image.open has read it
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL warns on odd EXIF; the decode test decides
             with Image.open(io.BytesIO(data)) as img:
                 info = ImageInfo(encoding, img.width, img.height, img.mode)
                 if verify_decode:
+                    what = "cannot be decoded"
                     _decode_all(img, data, encoding, key)
     except BadImageError:
         raise
     except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
-        what = "cannot be decoded" if verify_decode else "has an unreadable header"
-        raise BadImageError(f"{encoding} image {what}: {exc}", key=key) from None
+        raise BadImageError(f"{encoding} image {what}: {exception_text(exc)}", key=key) from None
     if info.width <= 0 or info.height <= 0:
         raise BadImageError(f"image has no pixels ({info.width}x{info.height})", key=key)
     return info

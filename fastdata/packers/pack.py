@@ -1,7 +1,8 @@
 """Packing a source into a container: the one entry point every format uses.
 
 The steps: resolve the format and the source, start the writer (which refuses
-an existing output before anything is scanned), prepare every image (in worker
+an existing output before anything is scanned), put the source in a seeded
+random order if asked (``shuffle=``), prepare every image (in worker
 processes, order kept), write the records, then the manifest; the writer
 publishes the output atomically.
 """
@@ -16,7 +17,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,7 +28,8 @@ from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.preprocess import Preprocess
-from fastdata.packers.source import ImageFolderSource, Source
+from fastdata.packers.shuffle import check_seed, shuffled
+from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest, Record
@@ -40,7 +42,9 @@ class PackOptions:
     """Options of a pack, recorded in the manifest.
 
     Attributes:
-        format: container format name, or None to choose from the output extension.
+        format: container format name for an output without a known extension,
+            or None to choose from the output extension (an extension of
+            another format is refused).
         overwrite: replace an existing output.
         strict: stop at the first bad image instead of skipping it.
         verify_decode: decode every image fully at pack time (JPEGs strictly:
@@ -56,6 +60,13 @@ class PackOptions:
             the usable cores. Every value gives the same files byte for byte,
             except the manifest's ``created_at`` (and LMDB's ``lock.mdb``).
         writer_options: further format options passed to the writer.
+        extensions: for a folder source: the file extensions to pack, as
+            ``ImageFolderSource(extensions=...)`` takes them (``"+gif"`` adds GIFs
+            to torchvision's); None: torchvision's ``IMG_EXTENSIONS``. Recorded
+            in ``pack_options``; the set used is in the manifest's ``source``.
+        shuffle: a seed (a whole number >= 0): the records in the seeded random
+            order of :mod:`fastdata.packers.shuffle`, labels and keys with them;
+            None: source order. Recorded as ``pack_options.shuffle``.
     """
 
     format: str | None = None
@@ -67,6 +78,8 @@ class PackOptions:
     preprocess: Preprocess = field(default_factory=Preprocess)
     workers: int | None = None
     writer_options: dict[str, Any] = field(default_factory=dict)
+    extensions: Iterable[str] | str | None = None
+    shuffle: int | None = None
 
 
 @dataclass
@@ -122,21 +135,27 @@ def pack(
     Args:
         source: a folder with one sub-folder per class (read as an
             :class:`ImageFolderSource`), or any :class:`Source`.
-        output: the dataset to write; its extension selects the format unless
-            ``options.format`` is set.
+        output: the dataset to write; its extension selects the format. Without
+            a known extension ``options.format`` chooses it (an extension that
+            contradicts ``options.format`` is refused): LMDB and HDF5 write
+            ``output`` itself, tar and TFRecord add their extension
+            (``output.tar``, sidecars ``output.tar.fastdata.json``, ...).
         options: pack options (defaults: keep bytes, skip bad images).
         progress: show a progress bar (None: only on a terminal).
         on_event: called with each warning as it happens (the CLI prints them).
 
     Returns:
-        The summary. Skipped files and warnings are also written to
-        ``OUTPUT.report.json`` when there are any.
+        The summary (``files`` lists what was written). Skipped files,
+        warnings and records stored under another name than their key (tar)
+        are also written to ``OUTPUT.report.json`` (sharded formats:
+        ``NAME.report.json`` beside ``NAME.fastdata.json``) when there are any.
 
     Raises:
         SourceError: the source is missing, has no classes or no usable images.
         BadImageError: a bad image under ``strict``.
         OutputExistsError: the output exists and ``overwrite`` is False.
-        UnknownFormatError: the format cannot be chosen.
+        UnknownFormatError: the format cannot be chosen, or the output's
+            extension contradicts ``options.format``.
         FastDataError: impossible options (for example raw storage of images of
             different sizes).
     """
@@ -160,12 +179,16 @@ def pack(
     if workers < 1:
         raise FastDataError(f"workers={workers} is not allowed: give at least 1")
     writer_options = _writer_options(spec, options, output)
+    extensions = _folder_extensions(src, options)
+    seed = check_seed(options.shuffle)
 
     # The writer first: it refuses an existing output before any scanning.
     with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
                                               **writer_options) as writer:
         if src is None:
-            src = ImageFolderSource(source_root)
+            src = ImageFolderSource(source_root, extensions=extensions)
+        if seed is not None:
+            src = shuffled(src, seed)
         tally = _Tally(len(src.classes), on_event)
         for msg in src.warnings():
             tally.warn(msg)
@@ -194,11 +217,14 @@ def pack(
             items.close()
         _check_written(src, tally, writer.count, source_root)
         manifest = writer.finish(_manifest(spec, src, tally, writer, options, writer_options))
+        renamed = writer.renamed_keys()
 
     output = getattr(writer, "output_path", output)
+    for replaced in getattr(writer, "replaced_legacy", ()):
+        remove_stale_report(replaced)  # the report of a dataset of the earlier naming
     report = None
-    if tally.skipped or tally.warnings:
-        report = write_report(output, tally.skipped, tally.warnings)
+    if tally.skipped or tally.warnings or renamed:
+        report = write_report(output, tally.skipped, tally.warnings, renamed)
     else:
         remove_stale_report(output)
     return PackSummary(
@@ -207,8 +233,21 @@ def pack(
         bytes_out=int(manifest.bytes.get("on_disk", 0)),
         seconds=time.perf_counter() - started, skipped=tally.skipped,
         ignored=int(manifest.source.get("ignored", 0)), warnings=tally.warnings,
-        report=report, encodings=dict(manifest.encoding["formats"]),
+        report=report, encodings=dict(manifest.encoding["formats"]), files=writer.files,
+        ignored_extensions=dict(manifest.source.get("ignored_extensions") or {}),
+        renamed=renamed,
     )
+
+
+def _folder_extensions(src: Source | None, options: PackOptions) -> tuple[str, ...] | None:
+    """``options.extensions``, checked before anything is written; refused with a
+    Source, which chose its files already."""
+    if options.extensions is None:
+        return None
+    if src is not None:
+        raise FastDataError("extensions= applies to a folder source; give the Source "
+                            "itself the extensions (ImageFolderSource(root, extensions=...))")
+    return parse_extensions(options.extensions)
 
 
 def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict[str, Any]:
@@ -342,7 +381,11 @@ def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: Pac
                    if k not in ("root", "files", "ignored")}},
         pack_options={"format": spec.name, "strict": options.strict,
                       "verify_decode": options.verify_decode,
-                      "preprocess": pre.to_dict(), **writer_options},
+                      "preprocess": pre.to_dict(),
+                      "extensions": None if options.extensions is None
+                      else [e[1:] for e in parse_extensions(options.extensions)],
+                      "shuffle": check_seed(options.shuffle),
+                      **writer_options},
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         fastdata_version=__version__,
     )

@@ -10,7 +10,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from fastdata.errors import BadImageError
+from fastdata.errors import BadImageError, exception_text
 from fastdata.packers.checks import check_image
 from fastdata.packers.preprocess import Preprocess
 from fastdata.packers.source import SourceEntry
@@ -53,7 +53,7 @@ def prepare(job: tuple[SourceEntry, bool, Preprocess, int | None]) -> Prepared |
         try:
             payload, encoding, width, height = pre.apply(data, info.encoding)
         except Exception as exc:  # any decoder/encoder failure makes this image bad
-            raise BadImageError(f"cannot be decoded for preprocessing: {exc}",
+            raise BadImageError(f"cannot be decoded for preprocessing: {exception_text(exc)}",
                                 key=entry.key) from None
         return Prepared(entry.key, entry.label, len(data), payload, encoding, width, height)
     except BadImageError as exc:

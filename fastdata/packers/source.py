@@ -8,7 +8,10 @@ Labels are the indices of the sorted class-folder names, so they equal
 ``torchvision.datasets.ImageFolder(root).class_to_idx`` for the same tree.
 Within a class, files are found recursively (following symlinks, as torchvision
 does) and ordered the way torchvision orders them: by directory path, then by
-file name. The order never depends on what the file system returns.
+file name. The order never depends on what the file system returns. The files
+taken are those with torchvision's extensions (``IMG_EXTENSIONS``, any letter
+case) unless ``extensions=`` says otherwise, so by default the samples and
+their indices are torchvision's too.
 
 Differences from torchvision, on purpose: hidden entries (names starting with
 ".") are ignored and counted instead of becoming classes or samples, and an
@@ -18,12 +21,13 @@ empty class folder keeps its label but is reported instead of raising.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from fastdata.encodings import has_image_extension
-from fastdata.errors import SourceError
+from fastdata.encodings import TORCHVISION_EXTENSIONS, has_image_extension
+from fastdata.errors import FastDataError, SourceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,10 @@ class Source(Protocol):
         """Things about the input a user should hear (for example empty classes)."""
 
 
+#: The reason recorded for a file whose extension is not among those packed.
+IGNORED_EXTENSION = "extension not packed (extensions= adds it)"
+
+
 @dataclass(frozen=True)
 class IgnoredFile:
     """A file or folder the scan passed over, and why."""
@@ -86,13 +94,20 @@ class ImageFolderSource:
 
     Args:
         root: the folder holding one sub-folder per class.
+        extensions: the file extensions to pack, any letter case (see
+            :func:`parse_extensions`). Default: torchvision's ``IMG_EXTENSIONS``
+            (``fastdata.encodings.TORCHVISION_EXTENSIONS``), so the samples are
+            ``torchvision.datasets.ImageFolder(root)``'s; ``"+gif"`` adds GIFs.
+            Files with other extensions are ignored and counted.
 
     Raises:
         SourceError: ``root`` is missing, not a folder, has no class folders, or
             has no image files at all.
+        FastDataError: ``extensions`` names no usable extension.
     """
 
     root: str
+    extensions: Iterable[str] | str | None = None
     classes: list[str] = field(init=False)
     entries: list[SourceEntry] = field(init=False)
     ignored: list[IgnoredFile] = field(init=False)
@@ -102,6 +117,7 @@ class ImageFolderSource:
 
     def __post_init__(self) -> None:
         self.root = os.path.abspath(os.fspath(self.root))
+        self.extensions = parse_extensions(self.extensions)
         if not os.path.exists(self.root):
             raise SourceError("source folder does not exist", path=self.root)
         if not os.path.isdir(self.root):
@@ -119,7 +135,8 @@ class ImageFolderSource:
         if not self.entries:
             raise SourceError(
                 f"no image files found in {len(self.classes)} class folder(s); accepted "
-                "extensions: jpg jpeg png bmp webp ppm pgm tif tiff gif", path=self.root)
+                f"extensions: {' '.join(e[1:] for e in self.extensions)} (extensions= "
+                f"takes others)", path=self.root)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -141,7 +158,16 @@ class ImageFolderSource:
         return iter(self.entries)
 
     def describe(self) -> dict[str, Any]:
-        return {"root": self.root, "files": len(self.entries), "ignored": len(self.ignored)}
+        return {"root": self.root, "files": len(self.entries), "ignored": len(self.ignored),
+                "extensions": [e[1:] for e in self.extensions],
+                "ignored_extensions": self.ignored_extensions()}
+
+    def ignored_extensions(self) -> dict[str, int]:
+        """Files ignored for their extension, counted per lower-cased extension
+        (no dot; "" for a name without one), sorted by extension."""
+        counts = Counter(os.path.splitext(i.key)[1].lower().lstrip(".")
+                         for i in self.ignored if i.reason == IGNORED_EXTENSION)
+        return dict(sorted(counts.items()))
 
     def warnings(self) -> list[str]:
         return [f"class folder {name!r} has no images; its label {self.class_to_idx[name]} "
@@ -152,6 +178,7 @@ class ImageFolderSource:
         classes are kept whole so labels do not change."""
         sub = object.__new__(ImageFolderSource)
         sub.root = self.root
+        sub.extensions = self.extensions
         sub.classes = list(self.classes)
         sub.entries = [self.entries[i] for i in indices]
         sub.ignored = list(self.ignored)
@@ -193,11 +220,49 @@ class ImageFolderSource:
                 key = _key(rel_dir, fname)
                 if fname.startswith("."):
                     self.ignored.append(IgnoredFile(key, "hidden"))
-                elif not has_image_extension(fname):
-                    self.ignored.append(IgnoredFile(key, "not an image extension"))
+                elif not has_image_extension(fname, self.extensions):
+                    self.ignored.append(IgnoredFile(key, IGNORED_EXTENSION))
                 else:
                     entries.append(SourceEntry(key, label, os.path.join(dirpath, fname)))
         return entries
+
+
+def parse_extensions(extensions: Iterable[str] | str | None) -> tuple[str, ...]:
+    """The extensions an image-folder source packs (lower case, with dot, in order).
+
+    Args:
+        extensions: None: torchvision's ``IMG_EXTENSIONS``. A sequence
+            (``["gif", ".JPG"]``) or a comma-separated string (``"gif,jpg"``):
+            exactly those, with or without the dot, any letter case. A string
+            that starts with "+" (``"+gif"``, ``"+gif,jfif"``) adds to
+            torchvision's instead of replacing them.
+
+    Raises:
+        FastDataError: an empty entry, a "/" in one, or nothing at all.
+    """
+    if extensions is None:
+        return TORCHVISION_EXTENSIONS
+    base: tuple[str, ...] = ()
+    if isinstance(extensions, str):
+        text = extensions.strip()
+        if text.startswith("+"):
+            base, text = TORCHVISION_EXTENSIONS, text[1:]
+        items: list = text.split(",")
+    else:
+        items = list(extensions)
+    out = list(base)
+    for item in items:
+        if not isinstance(item, str):
+            raise FastDataError(f"extensions= takes names like 'gif' or '.gif', not {item!r}")
+        ext = "." + item.strip().lower().lstrip(".")
+        if ext == "." or "/" in ext or os.sep in ext or any(c.isspace() for c in ext):
+            raise FastDataError(f"extensions= has an unusable entry {item!r}: give names "
+                                f"like gif,jpg (a leading + adds them to torchvision's)")
+        if ext not in out:
+            out.append(ext)
+    if not out:
+        raise FastDataError("extensions= names no extension: give names like gif,jpg")
+    return tuple(out)
 
 
 def _key(rel_dir: str, name: str) -> str:

@@ -1,4 +1,5 @@
-"""What a pack reports: the summary it returns and the report file of skipped images."""
+"""What a pack reports: the summary it returns and the report file of skipped
+images, warnings and records stored under another name than their key."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from fastdata.formats import MANIFEST_SUFFIX
 from fastdata.packers.prepare import SkippedFile
+from fastdata.records import RenamedKey
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,13 @@ class PackSummary:
     warnings: list[str] = field(default_factory=list)
     report: str | None = None
     encodings: dict[str, int] = field(default_factory=dict)
+    #: Files ignored for their extension, per extension (no dot): {"gif": 1}.
+    ignored_extensions: dict[str, int] = field(default_factory=dict)
+    #: Records the format stores under another name (tar member keys).
+    renamed: list[RenamedKey] = field(default_factory=list)
+    #: What the pack put in place: the output file or folder, or for sharded
+    #: formats every shard (with its side files), the index, keys and manifest.
+    files: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -39,6 +48,8 @@ class PackSummary:
 
 
 def report_path(output: str) -> str:
+    """``OUTPUT.report.json``; for a sharded dataset, named by its manifest
+    ``NAME.fastdata.json``, ``NAME.report.json`` (``out.tar.report.json``)."""
     base = output[: -len(MANIFEST_SUFFIX)] if output.endswith(MANIFEST_SUFFIX) else output
     return f"{base}.report.json"
 
@@ -51,9 +62,13 @@ def remove_stale_report(output: str) -> None:
         pass
 
 
-def write_report(output: str, skipped: list[SkippedFile], warnings_: list[str]) -> str:
+def write_report(output: str, skipped: list[SkippedFile], warnings_: list[str],
+                 renamed: list[RenamedKey]) -> str:
+    """``OUTPUT.report.json``: every skipped file with its reason, the warnings, and
+    every record stored under another name (``key``, ``stored_as``, ``file``, ``reason``)."""
     path = report_path(output)
-    data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_}
+    data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_,
+            "renamed": [asdict(r) for r in renamed]}
     tmp = f"{path}.partial"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)

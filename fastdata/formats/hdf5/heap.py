@@ -47,7 +47,7 @@ def _damaged(message: str, path: str, offset: int | None = None) -> CorruptDataE
 def _pread(fd: int, size: int, offset: int, path: str) -> bytes:
     data = os.pread(fd, size, offset)
     if len(data) < size:
-        raise _damaged(f"{size} bytes expected at offset {offset}, the file ends first", path,
+        raise _damaged(f"{size} bytes expected at byte offset {offset}, the file ends first", path,
                        offset)
     return data
 
@@ -79,7 +79,7 @@ def _read_collections(fd: int, addrs: np.ndarray, file_size: int, path: str
     pos = 0
     for addr in addrs.tolist():
         if addr + _HDR > file_size:
-            raise _damaged(f"a global heap collection is said to lie at offset {addr}, past "
+            raise _damaged(f"a global heap collection is said to lie at byte offset {addr}, past "
                            f"the end of the file ({file_size} bytes)", path, addr)
         head = os.pread(fd, min(4096, file_size - addr), addr)
         if head[:4] != _GCOL or head[4] != 1:
@@ -254,7 +254,7 @@ def _find_attribute(fd: int, header: int, name: bytes, addr_size: int, len_size:
             return None
         addr, length = chunks.pop(0)
         if length > _MAX_CHUNK_BYTES or addr + length > file_size:
-            raise _damaged(f"object header chunk of {length} bytes at offset {addr} does not "
+            raise _damaged(f"object header chunk of {length} bytes at byte offset {addr} does not "
                            f"fit the file", path, addr)
         data = _pread(fd, length, addr, path)
         pos = 0

@@ -328,7 +328,7 @@ class HDF5Reader(Reader):
         return CorruptDataError(
             f"record {index} cannot be read (payload bytes {int(run_start[bad])}.."
             f"{int(run_end[bad])}; h5py: {exc}): the file is damaged; re-pack it or read "
-            f"with on_error='skip'", path=self.path, key=self.key_of(index), offset=index)
+            f"with on_error='skip'", path=self.path, key=self.key_of(index), record=index)
 
     def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
         offsets = self._offsets_array()

@@ -212,7 +212,7 @@ class LMDBReader(Reader):
                     if value is None:
                         raise CorruptDataError(
                             f"record {i} is missing (key {sample_key(i).decode()})",
-                            path=self.path, key=self.key_of(i), offset=i)
+                            path=self.path, key=self.key_of(i), record=i)
                     out.append(value)
         except lmdb.Error as exc:
             raise self._read_error(indices[len(out)] if len(out) < len(indices) else None,
@@ -232,11 +232,11 @@ class LMDBReader(Reader):
                 if value is None:
                     raise CorruptDataError(
                         f"record {i} is missing (key {sample_key(i).decode()})",
-                        path=self.path, key=self.key_of(i), offset=i)
+                        path=self.path, key=self.key_of(i), record=i)
                 yield i, value
 
     def _read_error(self, index: int | None, exc: Exception) -> CorruptDataError:
         what = "LMDB read failed" if index is None else f"record {index} cannot be read"
         return CorruptDataError(f"{what} ({exc}): the file is damaged; re-pack it or restore "
                                 f"it", path=self.path,
-                                key=None if index is None else self.key_of(index), offset=index)
+                                key=None if index is None else self.key_of(index), record=index)

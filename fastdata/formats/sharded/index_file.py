@@ -1,4 +1,4 @@
-"""Reading the dataset index (``PREFIX.fastdata.index.npy``) without trusting it
+"""Reading the dataset index (``NAME.fastdata.index.npy``) without trusting it
 (no torch).
 
 ``np.load`` believes the header: a damaged one raises tokenize.TokenError,
@@ -89,9 +89,10 @@ def check_rows(index: np.ndarray, shard_sizes: list[int], path: str) -> None:
     bad = np.flatnonzero(shard >= len(shard_sizes))
     if len(bad):
         i = int(bad[0])
-        raise CorruptDataError(f"row {i} of the dataset index names shard {int(shard[i])}, but "
-                               f"the dataset has {len(shard_sizes)} shard(s); {_ADVICE}",
-                               path=path, offset=i)
+        raise CorruptDataError(f"row {i} of the dataset index (record {i}) names shard "
+                               f"{int(shard[i])}, but the dataset has {len(shard_sizes)} "
+                               f"shard(s); {_ADVICE}",
+                               path=path, record=i)
     limit = np.asarray(shard_sizes, dtype=np.uint64)[shard]
     offset, size = index["offset"], index["size"]
     # offset <= limit first, so limit - offset cannot wrap around.
@@ -100,6 +101,6 @@ def check_rows(index: np.ndarray, shard_sizes: list[int], path: str) -> None:
     if len(bad):
         i = int(bad[0])
         raise CorruptDataError(
-            f"row {i} of the dataset index puts record {i} at offset {int(offset[i])} with "
+            f"row {i} of the dataset index puts record {i} at byte offset {int(offset[i])} with "
             f"{int(size[i])} bytes, past the end of shard {int(shard[i])} ({int(limit[i])} "
-            f"bytes); {_ADVICE}", path=path, offset=i)
+            f"bytes); {_ADVICE}", path=path, record=i)

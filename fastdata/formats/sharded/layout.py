@@ -1,14 +1,23 @@
 """Sharded datasets: shard naming, sidecar names and the dataset-level index layout.
 
-A sharded dataset (tar, TFRecord) is a set of shard files plus two sidecars
-next to them, both named after the output's prefix:
+A sharded dataset (tar, TFRecord) is a set of shard files plus sidecars next
+to them, named after the output's NAME: the output name without its shard
+number, extension included (``out.tar`` for ``out.tar``, ``out-%06d.tar`` and
+``out-{000000..000009}.tar``; ``out.tfrecord`` for ``out.tfrecord``), so
+datasets of two formats with one prefix never share a sidecar:
 
-- ``PREFIX.fastdata.json``: the manifest, written last (its absence means the
+- ``NAME.fastdata.json``: the manifest, written last (its absence means the
   pack did not finish);
-- ``PREFIX.fastdata.index.npy``: one row per record (shard number, byte offset
+- ``NAME.fastdata.index.npy``: one row per record (shard number, byte offset
   and size of the payload inside the shard, label, CRC32), a NumPy structured
   array readable with ``np.load(path, allow_pickle=False)``; this is what gives
-  random access into shards.
+  random access into shards;
+- ``NAME.fastdata.keys.json``: the source keys.
+
+Datasets packed with the earlier naming have sidecars named after the prefix
+alone (``out.fastdata.json``): readers still find such a manifest when it is
+of their format (:attr:`ShardLayout.legacy_manifest_path`), and an overwrite
+replaces it with the current names (see ``publish.py``).
 
 Output names: ``out.tar`` (one shard, or ``out-000000.tar``... when a shard
 size is given), an explicit pattern ``out-%06d.tar``, or a brace pattern
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,24 +59,47 @@ class ShardLayout:
         extension: shard file extension with dot (".tar").
         pattern: file name with one ``{index}`` (and optionally ``{total}``)
             placeholder, or None for a single unsharded file.
+        sidecar_stem: what the sidecar names start with: ``prefix + extension``
+            ("out.tar"), or, for a layout read from a manifest path, whatever
+            comes before its ``.fastdata.json`` (also an earlier naming's "out").
     """
 
     directory: str
     prefix: str
     extension: str
     pattern: str | None
+    sidecar_stem: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.sidecar_stem:
+            object.__setattr__(self, "sidecar_stem", self.prefix + self.extension)
+
+    def with_current_names(self) -> ShardLayout:
+        """This layout with the sidecar names a writer gives a new dataset."""
+        return replace(self, sidecar_stem=self.prefix + self.extension)
 
     @property
     def manifest_path(self) -> str:
-        return os.path.join(self.directory, self.prefix + MANIFEST_SUFFIX)
+        return os.path.join(self.directory, self.sidecar_stem + MANIFEST_SUFFIX)
 
     @property
     def index_path(self) -> str:
-        return os.path.join(self.directory, self.prefix + INDEX_SUFFIX)
+        return os.path.join(self.directory, self.sidecar_stem + INDEX_SUFFIX)
 
     @property
     def keys_path(self) -> str:
-        return os.path.join(self.directory, self.prefix + KEYS_SUFFIX)
+        return os.path.join(self.directory, self.sidecar_stem + KEYS_SUFFIX)
+
+    @property
+    def legacy_manifest_path(self) -> str:
+        """The manifest's name in the earlier naming, after the prefix alone
+        (``out.fastdata.json``), which datasets of two formats could share."""
+        return os.path.join(self.directory, self.prefix + MANIFEST_SUFFIX)
+
+    @property
+    def legacy_sidecars(self) -> tuple[str, str]:
+        """The index and keys file names of the earlier naming."""
+        return self.prefix + INDEX_SUFFIX, self.prefix + KEYS_SUFFIX
 
     def shard_name(self, index: int, total: int | None = None) -> str:
         """File name (no directory) of shard ``index`` of ``total``."""
@@ -96,7 +128,8 @@ def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharde
 
     Args:
         path: the output as the user wrote it (file, printf or brace pattern,
-            or the ``.fastdata.json`` manifest of an existing dataset).
+            or the ``.fastdata.json`` manifest of an existing dataset: the
+            layout's sidecars are then named as that manifest is).
         extensions: the format's extensions; the first is used when adding one.
         sharded: whether a shard size was given (adds a shard number to a
             plain name).
@@ -105,8 +138,9 @@ def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharde
     """
     path = os.path.abspath(os.fspath(path))
     directory, name = os.path.split(path)
-    if name.endswith(MANIFEST_SUFFIX):
-        return ShardLayout(directory, name[: -len(MANIFEST_SUFFIX)], extensions[0], None)
+    sidecar_stem = ""
+    if name.lower().endswith(MANIFEST_SUFFIX):  # a manifest names its dataset's shards
+        name = sidecar_stem = name[: -len(MANIFEST_SUFFIX)]
     ext = next((e for e in extensions if name.lower().endswith(e)), None)
     if ext is None:
         ext = extensions[0]
@@ -126,11 +160,11 @@ def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharde
         if total_in_name:
             number += f"-of-{{total:0{width}d}}"
         prefix = head.rstrip("-_.") or "data"
-        return ShardLayout(directory, prefix, ext, head + number + tail + ext)
+        return ShardLayout(directory, prefix, ext, head + number + tail + ext, sidecar_stem)
     if sharded:
         number = "{index:05d}-of-{total:05d}" if total_in_name else "{index:06d}"
-        return ShardLayout(directory, stem, ext, f"{stem}-{number}{ext}")
-    return ShardLayout(directory, stem, ext, None)
+        return ShardLayout(directory, stem, ext, f"{stem}-{number}{ext}", sidecar_stem)
+    return ShardLayout(directory, stem, ext, None, sidecar_stem)
 
 
 def parse_shard_size(text: str | int | None) -> tuple[int | None, int | None]:

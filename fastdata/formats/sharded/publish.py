@@ -13,6 +13,13 @@ the output's own folder that match its shard naming (with the format's side
 files) or its sidecars, regular files only — never a path an old manifest
 names outside the folder, never a folder, never a symlink. Set-aside names of
 this output left by an interrupted publish are removed after the next switch.
+
+A dataset of the earlier naming (``out.fastdata.json`` for ``out.tar``, see
+``layout.py``) is replaced the same way: its files are set aside and its
+manifest pointed at them, the new manifest (under the current name) appears,
+and only then are the old files removed, the old manifest last (so that the
+next overwrite finishes an interrupted cleanup). Readers look for the current
+name first, so the output's name opens the new dataset from the switch on.
 """
 
 from __future__ import annotations
@@ -52,7 +59,9 @@ class PublishPlan:
         shard_files: a shard name -> the files making up that shard (the
             shard first, then side files named after it).
         owns_shard: whether a file name is one of this output's shard names.
-        sidecars: this output's index and keys file names.
+        sidecars: this output's index and keys file names (both namings').
+        legacy_manifest: the name of this output's manifest in the earlier naming
+            when one of this format is to be replaced, else None.
     """
 
     directory: str
@@ -63,6 +72,7 @@ class PublishPlan:
     shard_files: Callable[[str], list[str]]
     owns_shard: Callable[[str], bool]
     sidecars: tuple[str, ...]
+    legacy_manifest: str | None = None
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -93,9 +103,10 @@ def publish(plan: PublishPlan) -> None:
     for temp, _ in plan.moves:
         fsync_file(plan.temp(temp))  # on disk before any name points at it
     fsync_file(plan.temp(plan.manifest[0]))
-    old = _read_json(manifest_path) if plan.overwrite else None
-    if old is not None:
-        _set_old_aside(plan, old, secrets.token_hex(4))
+    olds = _old_manifests(plan)
+    token = secrets.token_hex(4)
+    for name, old in olds:
+        _set_old_aside(plan, name, old, token)
     new_manifest = os.stat(plan.temp(plan.manifest[0]))
     moved = []
     try:
@@ -113,13 +124,30 @@ def publish(plan: PublishPlan) -> None:
                 _remove_file(plan.path(name))
         raise
     fsync_dir(plan.directory)
-    if old is not None:
+    for name, old in olds:
         remove_old(plan, old)
+        if name != plan.manifest[1]:
+            # The earlier naming's manifest goes last: while it is there, the next
+            # overwrite finds what an interrupted cleanup left of its dataset.
+            _remove_file(plan.path(name))
 
 
-def _set_old_aside(plan: PublishPlan, old: dict, token: str) -> None:
+def _old_manifests(plan: PublishPlan) -> list[tuple[str, dict]]:
+    """(name, data) of the manifests an overwrite replaces: the current name's, and
+    the earlier naming's (only ever given when it is of this format)."""
+    if not plan.overwrite:
+        return []
+    names = [plan.manifest[1]]
+    if plan.legacy_manifest and plan.legacy_manifest != plan.manifest[1]:
+        names.append(plan.legacy_manifest)
+    found = ((name, _read_json(plan.path(name))) for name in names)
+    return [(name, data) for name, data in found if data is not None]
+
+
+def _set_old_aside(plan: PublishPlan, manifest: str, old: dict, token: str) -> None:
     """Give each old file that a new one will replace a second name, and point the
-    old manifest at those names (one ``os.replace``): the old dataset stays whole."""
+    old manifest (``manifest``, a name in the folder) at those names (one
+    ``os.replace``): the old dataset stays whole."""
     data = copy.deepcopy(old)
     new_names = plan.new_names
     changed = False
@@ -151,7 +179,7 @@ def _set_old_aside(plan: PublishPlan, old: dict, token: str) -> None:
             f.write(json.dumps(data, indent=2, sort_keys=False))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temp, plan.path(plan.manifest[1]))
+        os.replace(temp, plan.path(manifest))
 
 
 def remove_old(plan: PublishPlan, old: dict) -> None:

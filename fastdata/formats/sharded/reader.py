@@ -1,6 +1,6 @@
 """The base of readers for sharded formats (tar, TFRecord); no torch here.
 
-Random access comes from the dataset index (``PREFIX.fastdata.index.npy``, see
+Random access comes from the dataset index (``NAME.fastdata.index.npy``, see
 fastdata.formats.sharded.layout): record i is ``size`` bytes at ``offset`` in shard
 ``shard``, read with one ``os.pread``. Shards written by other tools (no
 fastdata manifest) are scanned once on open to build the same index in memory.
@@ -19,7 +19,7 @@ from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
-from fastdata.formats.registry import MANIFEST_SUFFIX
+from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
@@ -50,7 +50,7 @@ class ShardedReader(Reader):
     """Reader over the shards of one dataset.
 
     Args:
-        path: the ``PREFIX.fastdata.json`` manifest, a single shard, or a shard
+        path: the ``NAME.fastdata.json`` manifest, a single shard, or a shard
             pattern (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list
             of shard files written by another tool.
         verify: check payload checksums on read.
@@ -95,14 +95,28 @@ class ShardedReader(Reader):
 
     def _load_metadata(self) -> None:
         layout = self._layout()
-        if self._explicit is None and os.path.exists(layout.manifest_path):
-            self._load_fastdata(layout)
+        manifest_path = None if self._explicit is not None else self._manifest_path(layout)
+        if manifest_path is not None:
+            self._load_fastdata(layout, manifest_path)
         else:
             self._load_foreign(layout)
 
-    def _load_fastdata(self, layout: ShardLayout) -> None:
-        with open(layout.manifest_path, "rb") as f:
-            manifest = self._accept_manifest(f.read(), layout.manifest_path)
+    def _manifest_path(self, layout: ShardLayout) -> str | None:
+        """This dataset's manifest: under the current name, or else under the
+        earlier naming (``PREFIX.fastdata.json``) when that one is of this format
+        (another format's dataset may own that name); None when there is none."""
+        if os.path.exists(layout.manifest_path):
+            return layout.manifest_path
+        legacy = layout.legacy_manifest_path
+        if legacy != layout.manifest_path and os.path.exists(legacy):
+            found = manifest_format(legacy)
+            if found is None or found == self.format_name:  # unreadable: let its error show
+                return legacy
+        return None
+
+    def _load_fastdata(self, layout: ShardLayout, manifest_path: str) -> None:
+        with open(manifest_path, "rb") as f:
+            manifest = self._accept_manifest(f.read(), manifest_path)
         index_path = os.path.join(layout.directory, manifest.extra.get("index", ""))
         # Checked before parsing: a damaged header never reaches np.load.
         check_file_sha256(manifest, manifest.extra.get("index", ""), index_path,
@@ -129,8 +143,8 @@ class ShardedReader(Reader):
         paths = self._explicit or expand_shards(self.path, layout)
         if not paths:
             raise ManifestError(
-                f"no fastdata manifest ({layout.prefix}{MANIFEST_SUFFIX}) and no shard files "
-                f"found", path=self.path)
+                f"no fastdata manifest ({os.path.basename(layout.manifest_path)}) and no "
+                f"shard files found", path=self.path)
         rows, keys = [], []
         for number, p in enumerate(paths):
             for offset, size, label, key in self._scan_shard(p):
@@ -252,9 +266,9 @@ class ShardedReader(Reader):
             raw = os.pread(self._fd(shard), size, offset)
             if len(raw) != size:
                 raise CorruptDataError(
-                    f"record {i} is cut short: {len(raw)} of {size} bytes at offset {offset} "
+                    f"record {i} is cut short: {len(raw)} of {size} bytes at byte offset {offset} "
                     f"(the shard is truncated)", path=self._shard_paths[shard],
-                    key=self.key_of(i), offset=offset)
+                    key=self.key_of(i), record=i, offset=offset)
             out.append(self._extract(raw, shard, offset))
         return out
 

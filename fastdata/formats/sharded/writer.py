@@ -11,6 +11,7 @@ import numpy as np
 
 from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
+from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.sharded.publish import PublishPlan, publish
 from fastdata.formats.writer import Writer, remove_path
@@ -81,15 +82,19 @@ class ShardedWriter(Writer):
         self.max_records, self.max_bytes = parse_shard_size(shard_size)
         sharded = self.max_records is not None or self.max_bytes is not None
         self.layout = parse_output(path, self.extensions, sharded=sharded,
-                                   total_in_name=self.total_in_name)
+                                   total_in_name=self.total_in_name).with_current_names()
         self._given = os.path.abspath(os.fspath(path))
         self._shards: list[dict] = []
         self._rows: list[tuple] = []
         self._shard_count = 0
         self._shard: ShardFile | None = None
+        self._files: list[str] = []
+        #: Manifests of the earlier naming that the publish replaced (an overwrite).
+        self.replaced_legacy: list[str] = []
         # The base class makes the temp folder and the lock next to "path"; use
-        # the prefix so patterns with "%" never reach the file system.
-        super().__init__(os.path.join(self.layout.directory, self.layout.prefix),
+        # the sidecars' stem ("out.tar") so patterns with "%" never reach the
+        # file system and two formats' outputs with one prefix never share a lock.
+        super().__init__(os.path.join(self.layout.directory, self.layout.sidecar_stem),
                          overwrite=overwrite)
 
     def _output_name(self) -> str:
@@ -98,13 +103,22 @@ class ShardedWriter(Writer):
     def _check_existing(self) -> None:
         if self.overwrite:
             return
-        if os.path.lexists(self.layout.manifest_path):
-            raise OutputExistsError("a dataset with this name exists; pass overwrite=True to "
-                                    "replace it", path=self.layout.manifest_path)
+        for manifest in (self.layout.manifest_path, self._legacy_manifest()):
+            if manifest is not None and os.path.lexists(manifest):
+                raise OutputExistsError("a dataset with this name exists; pass overwrite=True "
+                                        "to replace it", path=manifest)
         single = os.path.join(self.layout.directory, self.layout.shard_name(0, 1))
         if self.layout.pattern is None and os.path.lexists(single):
             raise OutputExistsError("output already exists; pass overwrite=True to replace it",
                                     path=single)
+
+    def _legacy_manifest(self) -> str | None:
+        """The manifest of this output under the earlier naming (after the prefix
+        alone), when one of this format is there; another format's is not ours."""
+        path = self.layout.legacy_manifest_path
+        if os.path.lexists(path) and manifest_format(path) == self.format_name:
+            return path
+        return None
 
     # -- hooks ----------------------------------------------------------------
 
@@ -218,16 +232,28 @@ class ShardedWriter(Writer):
             moves += zip(self._shard_files(temp_name), self._shard_files(final_name))
         moves += [("index.npy", os.path.basename(layout.index_path)),
                   ("keys.json", os.path.basename(layout.keys_path))]
+        legacy = self._legacy_manifest() if self.overwrite else None
         publish(PublishPlan(
             directory=layout.directory, temp_dir=self.temp_path, moves=tuple(moves),
             manifest=("manifest.json", os.path.basename(layout.manifest_path)),
             overwrite=self.overwrite, shard_files=self._shard_files,
             owns_shard=lambda name: layout.owns(name, self.extensions),
-            sidecars=(os.path.basename(layout.index_path), os.path.basename(layout.keys_path)),
+            sidecars=(os.path.basename(layout.index_path), os.path.basename(layout.keys_path),
+                      *layout.legacy_sidecars),
+            legacy_manifest=os.path.basename(legacy) if legacy else None,
         ))
+        self.replaced_legacy = [legacy] if legacy else []
+        self._files = [os.path.join(layout.directory, final) for _, final in moves]
+        self._files.append(layout.manifest_path)
         remove_path(self.temp_path)
 
     @property
     def output_path(self) -> str:
         """What to pass to ``open_dataset``: the manifest sidecar."""
         return self.layout.manifest_path
+
+    @property
+    def files(self) -> list[str]:
+        """Every file the publish put in place: shards (with their side files), the
+        index and keys, and the manifest last."""
+        return list(self._files)

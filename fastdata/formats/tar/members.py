@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Iterator
 
-from fastdata.errors import CorruptDataError, FastDataError
+from fastdata.errors import CorruptDataError, FastDataError, shown_bytes
 from fastdata.formats.sparse import check_stored
 from fastdata.formats.tar.schema import BLOCK, IMAGE_EXTS, JSON_EXT, LABEL_EXT, padding
 
@@ -306,8 +306,8 @@ def _label(path: str, key: str, group: dict[str, TarMember], small: _Window) -> 
             label = None
         if label is None or label not in _LABEL_RANGE:
             raise CorruptDataError(f"{key}.{LABEL_EXT} does not hold an integer label that fits "
-                                   f"64 bits ({text[:24]!r})", path=path, key=key,
-                                   offset=cls.offset)
+                                   f"64 bits (it holds {shown_bytes(text, 24)})", path=path,
+                                   key=key, offset=cls.offset)
         return label
     meta = group.get(JSON_EXT)
     if meta is not None:
@@ -322,5 +322,7 @@ def _label(path: str, key: str, group: dict[str, TarMember], small: _Window) -> 
             return label
     raise FastDataError(
         f"sample has no label: fastdata reads it from {key}.{LABEL_EXT} (ASCII decimal) or an "
-        f"integer 'label' field of {key}.{JSON_EXT}; other label sources are not supported "
-        f"yet, so add .cls members (webdataset: write 'cls': label)", path=path, key=key)
+        f"integer 'label' field of {key}.{JSON_EXT}. For a tar of an image folder (images in "
+        f"class folders, no .cls members), extract it and pack the folder: `fastdata pack "
+        f"FOLDER out.tar`; or write shards with .cls members (webdataset: 'cls': label)",
+        path=path, key=key)

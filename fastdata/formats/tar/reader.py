@@ -27,7 +27,7 @@ class TarReader(ShardedReader):
     other tool's (scanned on open).
 
     Args:
-        path: the ``PREFIX.fastdata.json`` manifest, a shard, a shard pattern
+        path: the ``NAME.fastdata.json`` manifest, a shard, a shard pattern
             (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list of shards.
         verify: check payload CRC32s on read (fastdata shards only: other tools
             store no checksums).
@@ -67,9 +67,9 @@ class TarReader(ShardedReader):
                 start = offset
                 if filled < size:
                     raise CorruptDataError(
-                        f"record {i} is cut short: {filled} of {size} bytes at offset "
+                        f"record {i} is cut short: {filled} of {size} bytes at byte offset "
                         f"{offset} (the shard is truncated)", path=self._shard_paths[shard],
-                        key=self.key_of(i), offset=offset)
+                        key=self.key_of(i), record=i, offset=offset)
             yield i, bytes(buf[offset - start:end - start])
 
 

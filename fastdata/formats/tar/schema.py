@@ -25,8 +25,10 @@ with the directories kept and every "." of the file name replaced by "_"
 (``cat/img.v2.jpg`` -> ``cat/img_v2``): webdataset splits a member name at the
 first dot of its base name, so a dot there would cut the key short. When two
 records of one shard would get the same KEY (``a.jpg`` and ``a.png``, or
-``a.b.jpg`` and ``a_b.jpg``), the later one gets ``_1``, ``_2``, ... appended.
-The original keys are kept in ``PREFIX.fastdata.keys.json``.
+``a.b.jpg`` and ``a_b.jpg``), the later one gets the first free of ``_1``,
+``_2``, ... appended (``unique_stem``). The original keys are kept in
+``NAME.fastdata.keys.json``; the writer lists every record whose KEY is not its
+key without the extension (``TarWriter.renamed_keys``), which the pack reports.
 
 Headers are plain USTAR (one 512-byte block per member): mode 0o444, uid/gid
 0, no user/group names, mtime 0, so equal input gives byte-identical shards.
@@ -35,7 +37,7 @@ at a "/"; only a name that still does not fit, or that is not ASCII, gets a
 POSIX PAX extended header (``path=...``, UTF-8) before its member. Each shard
 ends with two zero blocks.
 
-The dataset index (``PREFIX.fastdata.index.npy``, see fastdata.formats.sharded.layout)
+The dataset index (``NAME.fastdata.index.npy``, see fastdata.formats.sharded.layout)
 holds, per record, the offset and size of the image member's *data*, so a
 reader gets a record with one ``pread`` and no header parsing.
 """
@@ -163,13 +165,39 @@ def member_header(name: str, size: int) -> bytes:
                      bytes(padding(len(pax))), ustar_header(short, size)))
 
 
+def key_without_extension(key: str) -> str:
+    """The source key without the extension of its file name (``cat/img.v2.jpg``
+    -> ``cat/img.v2``); a name whose only dot leads it keeps it (``cat/.x``)."""
+    directory, _, base = key.rpartition("/")
+    stem = base.rsplit(".", 1)[0] if "." in base.lstrip(".") else base
+    return f"{directory}/{stem}" if directory else stem
+
+
 def sample_stem(key: str) -> str:
     """The webdataset key for a source key: extension dropped, dots of the file
     name replaced by "_", directories kept (``cat/img.v2.jpg`` -> ``cat/img_v2``)."""
-    directory, _, base = key.rpartition("/")
-    stem = base.rsplit(".", 1)[0] if "." in base.lstrip(".") else base
+    directory, _, stem = key_without_extension(key).rpartition("/")
     stem = stem.replace(".", "_") or "_"
     return f"{directory}/{stem}" if directory else stem
+
+
+def unique_stem(key: str, taken: dict[str, str]) -> tuple[str, str | None]:
+    """The member stem of ``key`` in a shard whose stems so far are ``taken``
+    (stem -> the key stored under it), and why it differs from the key without
+    its extension (None when it does not): the first free of ``sample_stem(key)``,
+    then ``_1``, ``_2``, ... appended."""
+    natural = key_without_extension(key)
+    stem = sample_stem(key)
+    reasons = []
+    if stem != natural:
+        reasons.append("'.' in the file name became '_' (webdataset keys end at the first '.')")
+    if stem in taken:
+        reasons.append(f"{stem!r} was taken by {taken[stem]!r} in this shard")
+        n = 1
+        while f"{stem}_{n}" in taken:
+            n += 1
+        stem = f"{stem}_{n}"
+    return stem, "; ".join(reasons) or None
 
 
 def image_extension(key: str, encoding: str) -> str:

@@ -14,9 +14,9 @@ from fastdata.formats.tar.schema import (
     image_extension,
     member_header,
     padding,
-    sample_stem,
+    unique_stem,
 )
-from fastdata.records import Record
+from fastdata.records import Record, RenamedKey
 
 
 class TarWriter(ShardedWriter):
@@ -37,22 +37,19 @@ class TarWriter(ShardedWriter):
     def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
                  write_json: bool = False) -> None:
         self.write_json = bool(write_json)
-        self._stems: set[str] = set()
-        self._planned: tuple[int, tuple[str, list[bytes], int, int]] | None = None
+        self._stems: dict[str, str] = {}  # member stem -> key, in the current shard
+        self._planned: tuple[int, tuple] | None = None
+        self._renamed: list[tuple[str, str, int, str]] = []  # key, stem, shard, reason
         super().__init__(path, overwrite=overwrite, shard_size=shard_size)
 
     # -- member layout ----------------------------------------------------------
 
-    def _plan(self, record: Record) -> tuple[str, list[bytes], int, int]:
-        """(sample stem, chunks to write, offset of the image data in them, total size)."""
+    def _plan(self, record: Record) -> tuple[str, str | None, list[bytes], int, int]:
+        """(sample stem, why it is not the key's, chunks to write, offset of the
+        image data in them, total size)."""
         if self._planned is not None and self._planned[0] == record.index:
             return self._planned[1]
-        stem = sample_stem(record.key)
-        if stem in self._stems:
-            n = 1
-            while f"{stem}_{n}" in self._stems:
-                n += 1
-            stem = f"{stem}_{n}"
+        stem, renamed = unique_stem(record.key, self._stems)
         ext = image_extension(record.key, record.encoding)
         size = len(record.payload)
         head = member_header(f"{stem}.{ext}", size)
@@ -65,7 +62,7 @@ class TarWriter(ShardedWriter):
                               ensure_ascii=False).encode("utf-8")
             chunks += [member_header(f"{stem}.{JSON_EXT}", len(meta)), meta,
                        bytes(padding(len(meta)))]
-        plan = (stem, chunks, len(head), sum(len(c) for c in chunks))
+        plan = (stem, renamed, chunks, len(head), sum(len(c) for c in chunks))
         self._planned = (record.index, plan)
         return plan
 
@@ -76,18 +73,25 @@ class TarWriter(ShardedWriter):
                 "json_member": self.write_json}
 
     def _stored_size(self, record: Record) -> int:
-        return self._plan(record)[3]
+        return self._plan(record)[4]
+
+    def renamed_keys(self) -> list[RenamedKey]:
+        total = len(self._shards)
+        return [RenamedKey(key, stem, self.layout.shard_name(shard, total), reason)
+                for key, stem, shard, reason in self._renamed]
 
     def _begin_shard(self, path: str) -> None:
-        self._stems = set()
+        self._stems = {}
         self._planned = None  # planned against the previous shard's names
 
     def _append(self, record: Record, crc: int) -> tuple[int, int]:
-        stem, chunks, data_at, total = self._plan(record)
+        stem, renamed, chunks, data_at, total = self._plan(record)
         self._planned = None
         offset = self._shard.position + data_at
         self._shard.write(b"".join(chunks))
-        self._stems.add(stem)
+        self._stems[stem] = record.key
+        if renamed:
+            self._renamed.append((record.key, stem, len(self._shards), renamed))
         return offset, len(record.payload)
 
     def _end_shard(self) -> dict:

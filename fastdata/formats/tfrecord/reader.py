@@ -53,7 +53,7 @@ class TFRecordReader(ShardedReader):
     """Reads TFRecord shards of tf.train.Example: fastdata's, or any others.
 
     Args:
-        path: the ``PREFIX.fastdata.json`` manifest, a shard, a shard pattern,
+        path: the ``NAME.fastdata.json`` manifest, a shard, a shard pattern,
             or a list of TFRecord files written by another tool (TensorFlow,
             the ``tfrecord`` package); those are scanned once on open.
         verify: check the data CRC32C of each record and the payload CRC32
@@ -302,7 +302,7 @@ class TFRecordReader(ShardedReader):
                     f"({sizes[n]} bytes), but in the shard it is at byte offset {offset} "
                     f"({framed} bytes): the shard does not match its index (damaged, or from "
                     f"another pack); re-pack it", path=path, key=self.key_of(first + n),
-                    offset=offset)
+                    record=first + n, offset=offset)
             yield first + n, self._image(buf, start, end, path, offset)
             n += 1
         if n < count:

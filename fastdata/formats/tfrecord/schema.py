@@ -1,9 +1,9 @@
 """The TFRecord schema: feature keys, framing, and the per-shard index files.
 
 Layout: ``out.tfrecord`` (one shard), or ``out-00000-of-00008.tfrecord``...
-with a shard size, plus the sharded-dataset sidecars (``out.fastdata.json``,
-``out.fastdata.index.npy``, ``out.fastdata.keys.json``) and, beside every
-shard, ``<shard>.idx``.
+with a shard size, plus the sharded-dataset sidecars (``out.tfrecord.fastdata.json``,
+``out.tfrecord.fastdata.index.npy``, ``out.tfrecord.fastdata.keys.json``) and,
+beside every shard, ``<shard>.idx``.
 
 Each shard is a plain TFRecord file, a sequence of framed records::
 
