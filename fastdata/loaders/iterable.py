@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptDataError, FastDataError
@@ -137,7 +138,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self.drop_last = bool(drop_last)
         self.shuffle_window = int(shuffle_window)
         self.shuffle_block = int(shuffle_block)
-        self.epoch = 0
+        # The epoch lives in shared memory: DataLoader workers, persistent ones
+        # included, read the value set_epoch() last wrote in the main process.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._rank = rank
         self._world = world_size
         self._resume: StreamPoint | WorkerPosition | None = None
@@ -170,10 +173,19 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         """Samples this rank yields this epoch (the same on every rank)."""
         return self.plan().per_rank
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch.fill_(int(value))
+
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch mixed into the shuffle seed; call before iterating each
-        epoch (with ``persistent_workers=False``, workers pick it up at start).
-        A resume point for another epoch is dropped."""
+        epoch. Workers read it when an epoch's iteration starts (persistent
+        workers too: the value is in shared memory). A resume point for
+        another epoch is dropped."""
         self.epoch = int(epoch)
         if self._resume is not None and self._resume.epoch != self.epoch:
             self._resume = None
@@ -236,9 +248,13 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._position = self._start_position(worker, workers)
-        return self._iterate(self._position, in_main=info is None)
+        # A loaded state is used once: the next iteration (a persistent worker's
+        # next epoch, or the main process's) starts from the epoch's beginning.
+        if isinstance(self._resume, WorkerPosition) or info is None:
+            self._resume = None
+        return self._iterate(self._position)
 
-    def _iterate(self, position: WorkerPosition, in_main: bool) -> Iterator[tuple[Any, int]]:
+    def _iterate(self, position: WorkerPosition) -> Iterator[tuple[Any, int]]:
         plan = position.slice()
         order = epoch_order(plan.n, self.order, position.epoch)
         labels = self.reader.labels
@@ -249,8 +265,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                 if watch_sizes:
                     self.mixed_sizes.sample(tuple(sample[0].shape), self.path)
                 yield sample
-        if in_main and self._resume is not None and self._position is position:
-            self._resume = None  # a finished epoch: the next iteration starts afresh
 
     def _start_position(self, worker: int, workers: int) -> WorkerPosition:
         """This worker's starting point: a loaded worker state, a resume point,

@@ -191,7 +191,8 @@ def loader(
 
     Args:
         dataset: a fastdata Dataset (map-style or iterable) or any torch Dataset.
-        batch_size: samples per batch.
+        batch_size: samples per batch (a ShardedIterableDataset made without
+            ``batch_size`` is given this one).
         shuffle: default True for map-style datasets, False for iterable ones
             (which shuffle themselves).
         num_workers: default: the usable cores, at most 8.
@@ -240,6 +241,22 @@ def loader(
         generator.manual_seed(seed)
         options["generator"] = generator
     options.update(dataloader_options)
+    _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(dataset, **options)
     return CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                           channels_last=channels_last, dtype=dtype)
+
+
+def _match_stream_batches(dataset, batch_size) -> None:
+    """A ShardedIterableDataset hands whole batches to its workers in turn when
+    it knows the DataLoader's batch size: give it this loader's, or refuse a
+    different one (the job's order would then depend on the worker count)."""
+    from fastdata.loaders.iterable import ShardedIterableDataset
+
+    if not isinstance(dataset, ShardedIterableDataset) or batch_size is None:
+        return
+    if dataset.batch_size is None:
+        dataset.batch_size = int(batch_size)
+    elif dataset.batch_size != batch_size:
+        raise ValueError(f"the dataset was made with batch_size={dataset.batch_size} but the "
+                         f"loader's batch_size is {batch_size}; give both the same value")
