@@ -194,7 +194,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     def state_dict(self) -> dict:
         """Where this process's iteration stands (StatefulDataLoader calls it in
         each worker after each batch, and in the main process without workers)."""
-        if self._position is None or self._position.epoch != self.epoch:
+        if self._position is None:
             info = get_worker_info()
             worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
             return self._start_position(worker, workers).to_dict()
@@ -210,7 +210,11 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             ValueError: the state belongs to another dataset, order or layout.
         """
         self._resume = parse_state(state, records=len(self.reader), order=self.order)
-        self.epoch = self._resume.epoch
+        if isinstance(self._resume, StreamPoint):
+            self.epoch = self._resume.epoch
+        # A worker's position carries its epoch: torchdata loads it when it
+        # starts iterating, after set_epoch(), and an ended loader state is
+        # then dropped for a fresh pass at the epoch set.
         self._position = None
 
     def resume_point(self, loader_state: dict | None = None, *, batches: int | None = None
@@ -226,7 +230,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             return parse_state(loader_state, records=len(self.reader),
                                order=self.order).to_dict()
         plan = self.plan()
-        return StreamPoint(self.epoch, plan.consumed_after(int(batches))).to_dict()
+        return StreamPoint(self.epoch, plan.consumed_after(int(batches)), len(self.reader),
+                           self.order.describe()).to_dict()
 
     # -- iteration --------------------------------------------------------------
 
@@ -236,6 +241,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._position = self._start_position(worker, workers)
+        if isinstance(self._resume, WorkerPosition):
+            self._resume = None  # a saved worker position serves one pass
         return self._iterate(self._position, in_main=info is None)
 
     def _iterate(self, position: WorkerPosition, in_main: bool) -> Iterator[tuple[Any, int]]:
