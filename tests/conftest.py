@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -300,6 +303,17 @@ def uniform_spec(classes=("cat", "dog", "eel"), per_class: int = 6,
                  for j, c in enumerate(classes) for i in range(per_class))
 
 
+#: Ten classes of uneven sizes: 47 records, a prime, so no rank count divides it.
+UNEVEN_COUNTS = (3, 6, 2, 8, 4, 7, 1, 9, 5, 2)
+
+
+def uneven_spec(counts=UNEVEN_COUNTS, exts=(".png", ".bmp", ".ppm")) -> tuple[str, ...]:
+    """A flat spec with ``counts[k]`` images in class ``class{k}`` (lossless
+    formats by default: a sample's bytes identify it)."""
+    return tuple(entry for k, count in enumerate(counts)
+                 for entry in uniform_spec((f"class{k}",), count, exts))
+
+
 # -- decoding / comparing ---------------------------------------------------------------
 
 
@@ -375,6 +389,65 @@ def run_python(code: str, *args: str, timeout: float = 120,
     """Run ``code`` in a fresh interpreter; output captured as text."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
                           capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, world: int, args, tmp_path, *, timeout: float = 90,
+              name: str = "rank") -> list[dict]:
+    """Run ``script`` as ``world`` torch.distributed ranks, one real process each.
+
+    Every rank gets ``PORT RANK WORLD OUT *args`` (a free port on 127.0.0.1 for
+    a gloo ``tcp://`` init) and writes a JSON result to OUT, which is returned,
+    in rank order. A rank that fails fails the test with its output; ranks
+    that are still running after ``timeout`` seconds (a hang, e.g. a collective
+    that one rank never joins) are killed with their DataLoader workers and
+    fail the test instead of blocking the suite.
+    """
+    import fastdata
+
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(fastdata.__file__))),
+         os.environ.get("PYTHONPATH", "")]))
+    outs = [Path(tmp_path) / f"{name}{r}.json" for r in range(world)]
+    logs = [Path(tmp_path) / f"{name}{r}.log" for r in range(world)]
+    procs = []
+    try:
+        for r in range(world):
+            with open(logs[r], "w") as log:  # a file: a chatty rank never fills a pipe
+                # A session of its own: a hang is killed with the rank's workers.
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", textwrap.dedent(script), str(port), str(r),
+                     str(world), str(outs[r]), *map(str, args)],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                break  # one rank failed: the others may wait for it forever
+            if time.monotonic() > deadline:
+                pytest.fail(f"ranks still running after {timeout}s (a hang): "
+                            + _rank_logs(procs, logs))
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        pytest.fail(f"ranks exited with {codes} (-9: killed after another failed): "
+                    + _rank_logs(procs, logs))
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def _rank_logs(procs, logs) -> str:
+    return "".join(f"\n--- rank {r} (exit {p.poll()}):\n{log.read_text()[-3000:]}"
+                   for r, (p, log) in enumerate(zip(procs, logs)))
 
 
 def list_partials(folder: str | os.PathLike) -> list[str]:

@@ -3,11 +3,6 @@ each with a DataLoader of 2 forked workers, over 4 tar shards."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 
@@ -15,7 +10,7 @@ import pytest
 
 import fastdata
 
-from conftest import build_tree, uniform_spec
+from conftest import build_tree, run_ranks, uniform_spec
 
 WORLD = 2
 EPOCHS = 2
@@ -26,7 +21,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from torch.utils.data import DataLoader
     import fastdata
 
-    manifest, port, rank, world, out, context, epochs = sys.argv[1:8]
+    port, rank, world, out, manifest, context, epochs = sys.argv[1:8]
     rank, world, epochs = int(rank), int(world), int(epochs)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -52,35 +47,9 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(manifest: str, tmp_path, context: str, epochs: int) -> list[dict]:
-    port = _free_port()
-    outs = [tmp_path / f"rank{r}-{context}.json" for r in range(WORLD)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(fastdata.__file__))),
-         os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, manifest, str(port), str(r),
-                               str(WORLD), str(outs[r]), context, str(epochs)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env)
-             for r in range(WORLD)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log}"
-    return [json.loads(o.read_text()) for o in outs]
+    return run_ranks(RANK_SCRIPT, WORLD, [manifest, context, epochs], tmp_path, timeout=120,
+                     name=f"rank-{context}-")
 
 
 @pytest.fixture

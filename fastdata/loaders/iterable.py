@@ -206,7 +206,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     def state_dict(self) -> dict:
         """Where this process's iteration stands (StatefulDataLoader calls it in
         each worker after each batch, and in the main process without workers)."""
-        if self._position is None or self._position.epoch != self.epoch:
+        if self._position is None:
             info = get_worker_info()
             worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
             return self._start_position(worker, workers).to_dict()
@@ -222,7 +222,11 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             ValueError: the state belongs to another dataset, order or layout.
         """
         self._resume = parse_state(state, records=len(self.reader), order=self.order)
-        self.epoch = self._resume.epoch
+        if isinstance(self._resume, StreamPoint):
+            self.epoch = self._resume.epoch
+        # A worker's position carries its epoch: torchdata loads it when it
+        # starts iterating, after set_epoch(), and an ended loader state is
+        # then dropped for a fresh pass at the epoch set.
         self._position = None
 
     def resume_point(self, loader_state: dict | None = None, *, batches: int | None = None
@@ -238,7 +242,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             return parse_state(loader_state, records=len(self.reader),
                                order=self.order).to_dict()
         plan = self.plan()
-        return StreamPoint(self.epoch, plan.consumed_after(int(batches))).to_dict()
+        return StreamPoint(self.epoch, plan.consumed_after(int(batches)), len(self.reader),
+                           self.order.describe()).to_dict()
 
     # -- iteration --------------------------------------------------------------
 
