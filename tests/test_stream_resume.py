@@ -369,3 +369,32 @@ def test_resume_does_not_read_the_consumed_records(packed_stream, tmp_path, how)
         ds.load_state_dict(state)
         assert _flat(_plain(ds, tree, 3)) == _flat(full[5:])
     assert ds.skipped == 0
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(packed_stream, context):
+    tree, manifest = packed_stream
+
+    def epochs(persistent: bool, ctx: str) -> list[list[int]]:
+        ds = _stream(manifest, shuffle=True)
+        loader = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=Numbers(tree),
+                            persistent_workers=persistent, multiprocessing_context=ctx)
+        out = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            out.append([i for batch in loader for i in batch])
+        return out
+
+    fresh = epochs(False, "fork")
+    assert fresh[0] != fresh[1] != fresh[2]
+    assert all(sorted(e) == list(range(RECORDS)) for e in fresh)
+    assert epochs(True, context) == fresh
+
+
+def test_fastdata_loader_gives_the_stream_its_batch_size(packed_stream):
+    _, manifest = packed_stream
+    ds = fastdata.ShardedIterableDataset(manifest, output="bytes")
+    fastdata.loader(ds, batch_size=6, num_workers=0)
+    assert ds.batch_size == 6
+    with pytest.raises(ValueError, match="batch_size=6 but the loader's batch_size is 8"):
+        fastdata.loader(ds, batch_size=8, num_workers=0)
