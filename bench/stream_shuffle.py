@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,11 @@ def main() -> None:
         trees = [("this tree", here, True)]
         if args.old_tree:
             trees.append(("previous", os.path.abspath(args.old_tree), False))
+            # Earlier versions named the sidecars after the prefix alone.
+            for suffix in ("fastdata.json", "fastdata.index.npy", "fastdata.keys.json"):
+                src = os.path.join(tmp, f"d.tar.{suffix}")
+                if os.path.exists(src):
+                    shutil.copyfile(src, os.path.join(tmp, f"d.{suffix}"))
         for label, tree, new_api in trees:
             for shuffle in (False, True):
                 rates = [throughput(manifest, tree, w, shuffle, new_api, args.repeat)
