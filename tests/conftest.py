@@ -520,3 +520,19 @@ def lmdb_put(path, items: dict[bytes, bytes]) -> None:
                 txn.put(key, value)
     finally:
         env.close()
+
+
+class Interrupt:
+    """Replace ``os.<name>`` so that its ``n``-th call raises KeyboardInterrupt."""
+
+    def __init__(self, monkeypatch, name: str, n: int) -> None:
+        self.real = getattr(os, name)
+        self.calls = 0
+        self.n = n
+        monkeypatch.setattr(os, name, self)
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return self.real(*args, **kwargs)

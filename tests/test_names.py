@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import build_tree, list_partials, uniform_spec
+from conftest import Interrupt, build_tree, list_partials, uniform_spec
 
 import fastdata
 from fastdata.cli import main
@@ -207,22 +207,6 @@ def test_overwrite_replaces_a_legacy_named_dataset_with_current_names(
     assert invoke("verify", folder / new_name).exit_code == 0
 
 
-class _Interrupt:
-    """Replace ``os.<name>`` so that its ``n``-th call raises KeyboardInterrupt."""
-
-    def __init__(self, monkeypatch, name: str, n: int) -> None:
-        self.real = getattr(os, name)
-        self.calls = 0
-        self.n = n
-        monkeypatch.setattr(os, name, self)
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == self.n:
-            raise KeyboardInterrupt
-        return self.real(*args, **kwargs)
-
-
 @pytest.mark.parametrize("call", ["replace", "link", "remove"])
 @pytest.mark.parametrize("fmt,name,options", LEGACY_CASES, ids=LEGACY_IDS)
 def test_interrupted_overwrite_of_a_legacy_dataset_keeps_a_whole_one(
@@ -236,7 +220,7 @@ def test_interrupted_overwrite_of_a_legacy_dataset_keeps_a_whole_one(
         folder = tmp_path / f"round-{n}"
         shutil.copytree(LEGACY / fmt, folder)
         with monkeypatch.context() as m:
-            patch = _Interrupt(m, call, n)
+            patch = Interrupt(m, call, n)
             try:
                 summary = pack(tree.root, folder / name, overwrite=True, **options)
                 finished = True

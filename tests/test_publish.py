@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_tree, list_partials, uniform_spec
+from conftest import Interrupt, build_tree, list_partials, uniform_spec
 from PIL import Image
 
 import fastdata
@@ -146,22 +146,6 @@ def test_overwrite_removes_the_old_shards_it_wrote(tmp_path, trees, case, name, 
 # -- item 12: an interrupted overwrite keeps the old dataset ---------------------------
 
 
-class _Interrupt:
-    """Replace ``os.<name>`` so that its ``n``-th call raises KeyboardInterrupt."""
-
-    def __init__(self, monkeypatch, name: str, n: int) -> None:
-        self.real = getattr(os, name)
-        self.calls = 0
-        self.n = n
-        monkeypatch.setattr(os, name, self)
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == self.n:
-            raise KeyboardInterrupt
-        return self.real(*args, **kwargs)
-
-
 @pytest.mark.parametrize("call", ["replace", "link", "remove"])
 @pytest.mark.parametrize("case,name,options", CASES + [("lmdb-two-renames", "out.lmdb", {})],
                          ids=IDS + ["lmdb-two-renames"])
@@ -182,7 +166,7 @@ def test_interrupted_overwrite_leaves_the_old_or_the_new_dataset(
     old_files = set(os.listdir(out.parent))
     for n in range(1, 100):
         with monkeypatch.context() as m:
-            patch = _Interrupt(m, call, n)
+            patch = Interrupt(m, call, n)
             try:
                 pack(new.root, out, overwrite=True, **options)
                 finished = True
