@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import Interrupt, build_tree, list_partials, uniform_spec
+from test_publish import pack, records
 
 import fastdata
 from fastdata.cli import main
 from fastdata.errors import OutputExistsError, UnknownFormatError
-from fastdata.packers.pack import PackOptions
 
 HERE = Path(__file__).parent
 LEGACY = HERE / "legacy_names"
@@ -45,19 +45,6 @@ def assert_one_error_line(result, *needles) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
-
-
-def pack(src, out, **options):
-    return fastdata.pack(src, out, options=PackOptions(workers=1, **options), progress=False)
-
-
-def records(path) -> list[tuple[str, bytes, int]]:
-    """Every record of the dataset at ``path``: (key, bytes, label)."""
-    ds = fastdata.open_dataset(path, output="bytes")
-    try:
-        return [(ds.keys[i], *ds[i]) for i in range(len(ds))]
-    finally:
-        ds.reader.close()
 
 
 def dataset_files(manifest_path) -> set[str]:
