@@ -34,7 +34,7 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
 # Public name -> "module:attribute", imported on first access.
 _LAZY = {
     "pack": "fastdata.packers.pack:pack",
-    "PackOptions": "fastdata.packers.pack:PackOptions",
+    "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",
     "open_dataset": "fastdata.loaders.datasets:open_dataset",

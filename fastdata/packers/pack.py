@@ -17,17 +17,17 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
 from fastdata.formats import FormatSpec, check_local, format_for_output, sharded_formats
-from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
+from fastdata.image_header import check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
-from fastdata.packers.preprocess import Preprocess
+from fastdata.packers.options import PackOptions
 from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
@@ -35,51 +35,6 @@ from fastdata.progress import progress_bar
 from fastdata.records import Manifest, Record
 
 __all__ = ["PackOptions", "PackSummary", "SkippedFile", "pack"]
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """Options of a pack, recorded in the manifest.
-
-    Attributes:
-        format: container format name for an output without a known extension,
-            or None to choose from the output extension (an extension of
-            another format is refused).
-        overwrite: replace an existing output.
-        strict: stop at the first bad image instead of skipping it.
-        verify_decode: decode every image fully at pack time (JPEGs strictly:
-            one that decodes only with libjpeg's corrupt-data warning is bad).
-        max_pixels: skip (or under ``strict`` refuse) an image whose header
-            declares more pixels, before decoding it; None: no limit. Default
-            178,956,970, where Pillow refuses decompression bombs. Not recorded
-            in the manifest.
-        shard_size: for sharded formats (tar, tfrecord): records per shard ("10000")
-            or bytes per shard ("256MB"); None writes one file.
-        preprocess: pack-time resize/crop/re-encode (default: store original bytes).
-        workers: processes reading, checking and preprocessing images; None uses
-            the usable cores. Every value gives the same files byte for byte,
-            except the manifest's ``created_at`` (and LMDB's ``lock.mdb``).
-        writer_options: further format options passed to the writer.
-        extensions: for a folder source: the file extensions to pack, as
-            ``ImageFolderSource(extensions=...)`` takes them (``"+gif"`` adds GIFs
-            to torchvision's); None: torchvision's ``IMG_EXTENSIONS``. Recorded
-            in ``pack_options``; the set used is in the manifest's ``source``.
-        shuffle: a seed (a whole number >= 0): the records in the seeded random
-            order of :mod:`fastdata.packers.shuffle`, labels and keys with them;
-            None: source order. Recorded as ``pack_options.shuffle``.
-    """
-
-    format: str | None = None
-    overwrite: bool = False
-    strict: bool = False
-    verify_decode: bool = False
-    max_pixels: int | None = DEFAULT_MAX_PIXELS
-    shard_size: str | int | None = None
-    preprocess: Preprocess = field(default_factory=Preprocess)
-    workers: int | None = None
-    writer_options: dict[str, Any] = field(default_factory=dict)
-    extensions: Iterable[str] | str | None = None
-    shuffle: int | None = None
 
 
 @dataclass
