@@ -696,10 +696,15 @@ def test_urls_are_refused_not_written_as_folders(image_tree, tmp_path, url, monk
     assert os.listdir(cwd) == [], "nothing may be written for a URL"
     with pytest.raises(FastDataError, match="URLs are not supported"):
         fastdata.pack(image_tree.root, url, progress=False)
-    with pytest.raises(FastDataError, match="URLs are not supported"):
-        fastdata.open_dataset(url)
-    assert_clean_error(invoke("info", url), "URLs are not supported")
     assert os.listdir(cwd) == []
+
+
+def test_unsupported_url_schemes_are_refused_for_reading(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FastDataError, match="URLs are not supported"):
+        fastdata.open_dataset("ftp://host/x.tar")
+    assert_clean_error(invoke("info", "ftp://host/x.lmdb"), "URLs are not supported")
+    assert os.listdir(tmp_path) == []
 
 
 def test_verify_decode_accepts_healthy_raw_records(image_tree, tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdata.formats.remote_files import absolute, is_remote, local_copy
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.integrity import check_labels
 from fastdata.records import Manifest
@@ -57,9 +58,16 @@ class Reader:
     #: process, for formats whose C library aborts or faults on some damaged
     #: files instead of returning an error (see fastdata.loaders.isolate).
     walk_in_child = False
+    #: The format's C library opens a local file itself (LMDB, HDF5): a dataset
+    #: at a URL is downloaded into the shared cache on open (see ``_data_url``).
+    needs_local_file = False
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = absolute(path)
+        #: The URL the dataset was opened by, when it is remote.
+        self.url = self.path if is_remote(self.path) else None
+        if self.url is not None and self.needs_local_file:
+            self.path = local_copy(self._data_url(self.url))
         self.verify = verify
         self._manifest: Manifest | None = None
         self._labels: np.ndarray | None = None
@@ -74,6 +82,10 @@ class Reader:
             raise
 
     # -- subclass hooks -------------------------------------------------------
+
+    def _data_url(self, url: str) -> str:
+        """The one object to download for a ``needs_local_file`` format."""
+        return url
 
     def _load_metadata(self) -> None:
         """Set ``_manifest``, ``_labels`` and ``_crcs``; raise ManifestError if

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastdata.formats.remote_files import as_local, is_remote, read_bytes
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
 
 #: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
@@ -213,13 +214,18 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
         if not path:
             raise UnknownFormatError("no shard files given (an empty list)")
         path = path[0]
-    path = os.fspath(path)
-    check_local(path)
+    path = as_local(os.fspath(path))
+    if not is_remote(path):
+        check_local(path)  # an unsupported scheme (ftp://...) is not a folder name either
     if path.rstrip("/\\").lower().endswith(MANIFEST_SUFFIX):
         return _format_from_manifest(path)
     spec = _by_extension(path)
     if spec is not None:
         return spec
+    if is_remote(path):
+        raise UnknownFormatError(
+            f"no known extension: give the URL of the dataset's manifest (NAME.fastdata.json) "
+            f"or of a file with one of {', '.join(known_extensions())}", path=path)
     if not os.path.exists(path):
         raise UnknownFormatError("no such file or folder", path=path)
     for spec in FORMATS.values():
@@ -232,8 +238,7 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
 
 def _format_from_manifest(path: str) -> FormatSpec:
     try:
-        with open(path, encoding="utf-8") as f:
-            name = json.load(f).get("format", "")
+        name = json.loads(read_bytes(path)).get("format", "")
     except (OSError, ValueError, AttributeError) as exc:
         raise UnknownFormatError(f"cannot read manifest ({exc})", path=path) from None
     if not isinstance(name, str):

@@ -73,6 +73,7 @@ class HDF5Reader(Reader):
     """
 
     format_name = "hdf5"
+    needs_local_file = True
 
     def __init__(self, path, *, verify: bool = True, rdcc_nbytes: int = 0,
                  merge_gap: int = 64 << 10, block_bytes: int = 16 << 20) -> None:

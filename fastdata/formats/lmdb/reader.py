@@ -98,6 +98,7 @@ class LMDBReader(Reader):
     """
 
     format_name = "lmdb"
+    needs_local_file = True
     # LMDB's C library trusts its pages: a damaged branch or leaf page makes a
     # cursor walk fail an assertion (abort) and a damaged node size makes a read
     # run off the map (SIGSEGV/SIGBUS). A checksum cannot stand guard in front
@@ -124,6 +125,11 @@ class LMDBReader(Reader):
 
     def _release_handle(self, handle) -> None:
         _release_env(self._env_key)
+
+    def _data_url(self, url: str) -> str:
+        # An LMDB dataset is a folder; its data is the one file data.mdb
+        # (opened with subdir=False once downloaded).
+        return url if url.endswith("/" + DATA_FILE) else url.rstrip("/") + "/" + DATA_FILE
 
     def _load_metadata(self) -> None:
         import lmdb

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fastdata.formats.remote_files import absolute
 from fastdata.errors import FastDataError, ManifestError
 from fastdata.formats.registry import MANIFEST_SUFFIX
 
@@ -136,7 +137,7 @@ def parse_output(path: str | os.PathLike, extensions: tuple[str, ...], *, sharde
         total_in_name: name shards ``-00000-of-00008`` (TensorFlow's style)
             instead of ``-000000`` (webdataset's).
     """
-    path = os.path.abspath(os.fspath(path))
+    path = absolute(path)
     directory, name = os.path.split(path)
     sidecar_stem = ""
     if name.lower().endswith(MANIFEST_SUFFIX):  # a manifest names its dataset's shards

@@ -19,6 +19,8 @@ from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
+from fastdata.formats.remote_files import (RangedReads, absolute, exists, is_remote,
+                                           local_copy, read_bytes)
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
@@ -65,13 +67,14 @@ class ShardedReader(Reader):
 
     def __init__(self, path, *, verify: bool = True) -> None:
         self._fds: dict[int, int] = {}
+        self._ranged = RangedReads()  # records of shards at URLs
         self._index: np.ndarray | None = None
         self._shard_paths: list[str] = []
         self._foreign_keys: list[str] | None = None
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ManifestError("no shard files given (an empty list)")
-            self._explicit = [os.path.abspath(os.fspath(p)) for p in path]
+            self._explicit = [absolute(p) for p in path]
             path = self._explicit[0]
         else:
             self._explicit = None
@@ -105,23 +108,24 @@ class ShardedReader(Reader):
         """This dataset's manifest: under the current name, or else under the
         earlier naming (``PREFIX.fastdata.json``) when that one is of this format
         (another format's dataset may own that name); None when there is none."""
-        if os.path.exists(layout.manifest_path):
+        if exists(layout.manifest_path):
             return layout.manifest_path
         legacy = layout.legacy_manifest_path
-        if legacy != layout.manifest_path and os.path.exists(legacy):
-            found = manifest_format(legacy)
+        if legacy != layout.manifest_path and exists(legacy):
+            found = _remote_manifest_format(legacy) if is_remote(legacy) \
+                else manifest_format(legacy)
             if found is None or found == self.format_name:  # unreadable: let its error show
                 return legacy
         return None
 
     def _load_fastdata(self, layout: ShardLayout, manifest_path: str) -> None:
-        with open(manifest_path, "rb") as f:
-            manifest = self._accept_manifest(f.read(), manifest_path)
+        manifest = self._accept_manifest(read_bytes(manifest_path), manifest_path)
         index_path = os.path.join(layout.directory, manifest.extra.get("index", ""))
+        local_index = local_copy(index_path)
         # Checked before parsing: a damaged header never reaches np.load.
-        check_file_sha256(manifest, manifest.extra.get("index", ""), index_path,
+        check_file_sha256(manifest, manifest.extra.get("index", ""), local_index,
                           what="the dataset index rows")
-        index = load_index(index_path, manifest.count)
+        index = load_index(local_index, manifest.count)
         self._manifest = manifest
         self._index = index
         self._labels = index["label"].astype(np.int64)
@@ -130,6 +134,11 @@ class ShardedReader(Reader):
         self._keys_path = os.path.join(layout.directory, manifest.extra.get("keys", ""))
         sizes = []
         for p, s in zip(self._shard_paths, manifest.shards):
+            if is_remote(p):
+                # One request per shard at open would cost more than the reads;
+                # a shard shorter than the manifest says fails its ranged reads.
+                sizes.append(int(s.get("bytes", 0)))
+                continue
             if not os.path.exists(p):
                 raise CorruptDataError("shard file is missing", path=p)
             sizes.append(os.path.getsize(p))
@@ -140,7 +149,11 @@ class ShardedReader(Reader):
         check_rows(index, sizes, index_path)  # before any row sizes an allocation
 
     def _load_foreign(self, layout: ShardLayout) -> None:
-        paths = self._explicit or expand_shards(self.path, layout)
+        paths = self._explicit or (self._remote_shards() if is_remote(self.path)
+                                   else expand_shards(self.path, layout))
+        # Shards of another tool are scanned whole: remote ones are read from
+        # a cached download.
+        paths = [local_copy(p) for p in paths]
         if not paths:
             raise ManifestError(
                 f"no fastdata manifest ({os.path.basename(layout.manifest_path)}) and no "
@@ -217,14 +230,25 @@ class ShardedReader(Reader):
 
     def check_files(self, on_bytes=None) -> list[dict]:
         self._ensure_index()
-        return shard_problems(self.manifest.shards, self._shard_paths, on_bytes)
+        local = [local_copy(p) for p in self._shard_paths]  # checked whole: downloaded once
+        problems = shard_problems(self.manifest.shards, local, on_bytes)
+        named = dict(zip(local, self._shard_paths))
+        for problem in problems:
+            problem["path"] = named.get(problem["path"], problem["path"])
+        return problems
+
+    def _remote_shards(self) -> list[str]:
+        if any(c in os.path.basename(self.path) for c in "%{*?["):
+            raise ManifestError("a shard pattern cannot be listed at a URL without a fastdata "
+                                "manifest; give the NAME.fastdata.json URL or a list of shard "
+                                "URLs", path=self.path)
+        return [self.path]
 
     def _load_keys(self) -> list[str]:
         if self._foreign_keys is not None:
             return self._foreign_keys
         try:
-            with open(self._keys_path, "rb") as f:
-                raw = f.read()
+            raw = read_bytes(self._keys_path)
         except OSError as exc:
             if expected_sha256(self.manifest, os.path.basename(self._keys_path),
                                path=self._keys_path) is None:
@@ -256,6 +280,8 @@ class ShardedReader(Reader):
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         index = self._ensure_index()
         rows = index[np.asarray(indices, dtype=np.int64)]
+        if self._shard_paths and is_remote(self._shard_paths[0]):
+            return self._read_remote(indices, rows)
         out = []
         # Plain ints: numpy scalar field access costs more than the pread itself.
         for i, shard, offset, size in zip(indices, rows["shard"].tolist(),
@@ -270,6 +296,25 @@ class ShardedReader(Reader):
                     f"(the shard is truncated)", path=self._shard_paths[shard],
                     key=self.key_of(i), record=i, offset=offset)
             out.append(self._extract(raw, shard, offset))
+        return out
+
+    def _read_remote(self, indices: Sequence[int], rows: np.ndarray) -> list[bytes]:
+        """Records of remote shards: the ranges of each shard in one request
+        (the client coalesces neighbouring ranges)."""
+        out: list = [None] * len(indices)
+        shards = rows["shard"].tolist()
+        for shard in sorted(set(shards)):
+            ks = [k for k, s in enumerate(shards) if s == shard]
+            ranges = [(int(rows["offset"][k]), int(rows["size"][k])) for k in ks]
+            url = self._shard_paths[shard]
+            got = self._ranged.read(url, ranges)
+            for k, (offset, size), raw in zip(ks, ranges, got):
+                if len(raw) != size:
+                    raise CorruptDataError(
+                        f"record {indices[k]} is cut short: {len(raw)} of {size} bytes at "
+                        f"byte offset {offset} (the shard is truncated)", path=url,
+                        key=self.key_of(indices[k]), record=indices[k])
+                out[k] = self._extract(raw, shard, offset)
         return out
 
     def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
@@ -297,3 +342,13 @@ class ShardedReader(Reader):
                 pass
         self._fds = {}
 
+
+
+def _remote_manifest_format(url: str) -> str | None:
+    """The format a manifest at a URL names (None when it is not one)."""
+    try:
+        data = json.loads(read_bytes(url))
+    except (OSError, ValueError, FastDataError):
+        return None
+    name = data.get("format") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None

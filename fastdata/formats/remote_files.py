@@ -1,0 +1,82 @@
+"""Files of a packed dataset that may live at a URL: what the readers need of them.
+
+Readers name their files by path or URL alike. Small metadata files (the
+manifest, the sharded index and keys) are read whole; files a C library must
+open itself (LMDB's ``data.mdb``, an HDF5 file) and shards that are checked or
+scanned whole are downloaded once into the shared cache
+(:class:`fastdata.storage.ShardCache`); records of remote shards are read with
+ranged requests. Plain paths and ``file://`` URLs stay local files, untouched.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def is_remote(path) -> bool:
+    from fastdata.storage import is_url
+
+    return isinstance(path, str) and is_url(path)
+
+
+def as_local(path):
+    """``file://`` URLs as plain paths; anything else unchanged."""
+    if isinstance(path, str) and path.startswith("file://"):
+        from fastdata.storage import local_path
+
+        return local_path(path)
+    return path
+
+
+def exists(path) -> bool:
+    if is_remote(path):
+        from fastdata.storage import exists as remote_exists
+
+        return remote_exists(path)
+    return os.path.exists(path)
+
+
+def read_bytes(path) -> bytes:
+    """A whole file's bytes (raises OSError locally, StorageError remotely)."""
+    if is_remote(path):
+        from fastdata.storage import open_remote
+
+        return open_remote(path).read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def local_copy(path) -> str:
+    """A local file with the contents of ``path``: itself, or a cached download."""
+    if not is_remote(path):
+        return path
+    from fastdata.storage import ShardCache
+
+    return ShardCache().local(path)
+
+
+class RangedReads:
+    """Ranged reads of remote shards, one client object per shard and process."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, object] = {}
+        self._pid = os.getpid()
+
+    def read(self, url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if self._pid != os.getpid():  # a client never crosses fork
+            self._objects, self._pid = {}, os.getpid()
+        obj = self._objects.get(url)
+        if obj is None:
+            from fastdata.storage import open_remote
+
+            obj = self._objects[url] = open_remote(url)
+        return obj.read_ranges(ranges)
+
+    def __getstate__(self):
+        return {"_objects": {}, "_pid": None}
+
+
+def absolute(path) -> str:
+    """An absolute local path, or the URL as given."""
+    text = as_local(os.fspath(path))
+    return text if is_remote(text) else os.path.abspath(text)
