@@ -83,6 +83,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             instead of padding with repeats.
         shuffle_window: records permuted together (whole blocks).
         shuffle_block: consecutive records that stay together in the order.
+        read_ahead: for a dataset at a URL, chunks of 64 records requested
+            ahead of use (in one thread per worker), so that requests overlap
+            decoding.
         on_error: "raise" or "skip": a record that cannot be read is left out and
             counted in ``skipped`` (a skipped record shortens its rank's epoch).
         verify: check payload checksums.
@@ -106,6 +109,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         shuffle_window: int = DEFAULT_WINDOW,
         shuffle_block: int = DEFAULT_BLOCK,
         shuffle_buffer: int | None = None,
+        read_ahead: int = 4,
         on_error: str = "raise",
         verify: bool = True,
         rank: int | None = None,
@@ -138,6 +142,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self.drop_last = bool(drop_last)
         self.shuffle_window = int(shuffle_window)
         self.shuffle_block = int(shuffle_block)
+        self.read_ahead = max(0, int(read_ahead))
         # The epoch lives in shared memory: DataLoader workers, persistent ones
         # included, read the value set_epoch() last wrote in the main process.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
@@ -293,14 +298,24 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         positions = worker_positions(plan, position.worker, position.workers)
         todo = positions[position.taken:]
         base = position.taken
-        for start in range(0, len(todo), _READ_CHUNK):
-            indices = plan.record_indices(order, todo[start:start + _READ_CHUNK]).tolist()
-            # A rank's positions never repeat a record, so an index names its place.
-            place = {index: k for k, index in enumerate(indices)}
-            for index, data in self._read_rest(indices):
-                position.taken = base + start + place[index] + 1  # skipped ones count too
-                yield index, data
-            position.taken = base + start + len(indices)
+        chunks = [plan.record_indices(order, todo[start:start + _READ_CHUNK]).tolist()
+                  for start in range(0, len(todo), _READ_CHUNK)]
+        ahead = _ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0)
+        try:
+            done = base
+            for k, indices in enumerate(chunks):
+                # A rank's positions never repeat a record, so an index names its place.
+                place = {index: j for j, index in enumerate(indices)}
+                payloads = ahead.take(k)
+                got = zip(indices, payloads) if payloads is not None \
+                    else self._read_rest(indices)  # damage, or no read-ahead: one by one
+                for index, data in got:
+                    position.taken = done + place[index] + 1  # skipped ones count too
+                    yield index, data
+                done += len(indices)
+                position.taken = done
+        finally:
+            ahead.close()
 
     def _read_rest(self, indices: list[int]) -> Iterator[tuple[int, bytes]]:
         """Records by random access, in batches; a batch that fails is read again
@@ -338,3 +353,41 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             warnings.warn(f"{self.path}: skipping {len(lost)} corrupt records {lost[0][0]} to "
                           f"{lost[-1][0]}; {self.skipped} skipped so far; the first: "
                           f"{lost[0][1]}", RuntimeWarning, stacklevel=3)
+
+
+class _ReadAhead:
+    """Chunks of records fetched ``depth`` chunks ahead of use in one thread, so
+    that a remote dataset's requests overlap decoding; ``depth`` 0 reads nothing
+    ahead (local files are read as they are used)."""
+
+    def __init__(self, reader, chunks: list[list[int]], depth: int) -> None:
+        self.reader = reader
+        self.chunks = chunks
+        self.depth = depth
+        self.pending: dict[int, Any] = {}
+        self.pool = None
+        if depth > 0:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-read-ahead")
+
+    def _fetch(self, indices: list[int]):
+        try:
+            return self.reader.read_many(indices)
+        except CorruptDataError:
+            return None  # read again one record at a time, where damage is reported
+
+    def take(self, k: int) -> list | None:
+        """Chunk k's payloads (None: read them with the damage-aware path)."""
+        if self.pool is None:
+            return None
+        for j in range(k, min(len(self.chunks), k + 1 + self.depth)):
+            if j not in self.pending:
+                self.pending[j] = self.pool.submit(self._fetch, self.chunks[j])
+        return self.pending.pop(k).result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            for future in self.pending.values():
+                future.cancel()
+            self.pool.shutdown(wait=True)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from fastdata import __version__
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
 from fastdata.formats import FormatSpec, check_local, format_for_output, sharded_formats
+from fastdata.formats.remote_files import as_local, is_remote
 from fastdata.image_header import check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
@@ -90,7 +91,9 @@ def pack(
     Args:
         source: a folder with one sub-folder per class (read as an
             :class:`ImageFolderSource`), or any :class:`Source`.
-        output: the dataset to write; its extension selects the format. Without
+        output: the dataset to write (a path, or an s3://, gs://, az:// URL: packed
+            in a local staging folder, then uploaded with the manifest last; see
+            fastdata.packers.upload); its extension selects the format. Without
             a known extension ``options.format`` chooses it (an extension that
             contradicts ``options.format`` is refused): LMDB and HDF5 write
             ``output`` itself, tar and TFRecord add their extension
@@ -116,6 +119,11 @@ def pack(
     """
     options = options or PackOptions()
     started = time.perf_counter()
+    output = as_local(os.fspath(output))
+    if is_remote(output):
+        from fastdata.packers.upload import pack_to_url
+
+        return pack_to_url(pack, source, output, options, progress=progress, on_event=on_event)
     check_local(output)
     if not isinstance(source, Source):
         check_local(source)
