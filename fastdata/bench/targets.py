@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastdata.formats.remote_files import absolute, is_remote
 from fastdata.bench.measure import error_text
 from fastdata.bench.options import BASELINE_NAME, RAW_LABEL, Variant
 from fastdata.errors import SourceError, UnknownFormatError
@@ -209,7 +210,8 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
     except Exception as exc:  # a damaged or half-written dataset is a failed row
         # Named by its extension only and nothing is there (a shard pattern is
         # not a file itself: its failure is a row like any damaged dataset's).
-        if not os.path.lexists(path) and not any(c in base for c in "%{"):
+        if not is_remote(path) and not os.path.lexists(path) and \
+                not any(c in base for c in "%{"):
             raise _refused(path, "no such file or folder") from None
         return Target(name=f"{spec.name} {base}", kind="packed", format=spec.name,
                       variant="existing", path=path, error=error_text(exc))
@@ -221,7 +223,7 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
     if chosen is not None and manifest.count:
         payload = round(payload * count / manifest.count)  # proportional estimate
     return Target(name=name, kind="packed", format=spec.name,
-                  variant="raw" if raw else "existing", path=os.path.abspath(path),
+                  variant="raw" if raw else "existing", path=absolute(path),
                   count=count, payload_bytes=payload,
                   size_bytes=int(manifest.bytes.get("on_disk", 0)) or None,
                   indices=tuple(chosen) if chosen is not None else None)

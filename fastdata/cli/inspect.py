@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -23,7 +22,9 @@ def info(path, as_json):
     if as_json:
         _print_json(m.to_dict())
         return
-    click.echo(os.path.abspath(path))
+    from fastdata.formats.remote_files import absolute
+
+    click.echo(absolute(path))
     for name, value in _manifest_rows(m):
         click.echo(f"  {name:<10} {value}")
 
