@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from dataclasses import replace
 
-from fastdata.errors import OutputExistsError
+from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats import MANIFEST_SUFFIX, format_for_output
 
 #: Files of an LMDB folder that are not uploaded (per-process lock state).
@@ -31,6 +31,9 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         OutputExistsError: a dataset exists at ``url`` and ``options.overwrite``
             is False (checked before anything is packed).
     """
+    if url.startswith(("http://", "https://")):
+        raise FastDataError("http(s):// URLs are read only: pack to a path or to an s3://, "
+                            "gs:// or az:// URL", path=url)
     from fastdata.storage import basename, exists, join, upload_file
 
     spec = format_for_output(url, options.format)
