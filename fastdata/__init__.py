@@ -28,6 +28,7 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
     MixedSizeWarning,
     OutputExistsError,
     SourceError,
+    StorageError,
     UnknownFormatError,
 )
 
@@ -51,7 +52,8 @@ _LAZY = {
 
 __all__ = sorted([
     "__version__", "FastDataError", "BadImageError", "CorruptDataError", "DecodeError",
-    "ManifestError", "MixedSizeWarning", "OutputExistsError", "SourceError", "UnknownFormatError", *_LAZY,
+    "ManifestError", "MixedSizeWarning", "OutputExistsError", "SourceError", "StorageError",
+    "UnknownFormatError", *_LAZY,
 ])
 
 

@@ -126,6 +126,12 @@ class DamagedImageError(DecodeError):
     the strict checks of ``pack --verify-decode`` and ``verify --decode``."""
 
 
+class StorageError(FastDataError):
+    """An object store or HTTP server could not be read or written: a missing
+    object, denied credentials, an endpoint that cannot be reached. The message
+    names the URL and never a credential."""
+
+
 class MixedSizeWarning(UserWarning):
     """Images of one batch (or one stream) differ in size, so a collate that
     stacks them will fail. Silence it where a collate keeps a list on purpose:

@@ -42,6 +42,7 @@ import numpy as np
 import pytest
 import toyformat
 from PIL import Image
+from servers import http_server, s3_env, s3_server, s3_server_auth, s3_server_fresh  # noqa: F401
 
 # A format defined by the test suite itself: the contract tests, parametrized
 # over the registry, cover it exactly like the built-in formats.

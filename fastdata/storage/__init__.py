@@ -1,0 +1,23 @@
+"""One storage layer under every format: a path or URL (s3://, gs://, az://,
+http(s)://, file://, plain paths) turned into reads, ranged reads, cached local
+copies and atomic uploads. Built on obstore, imported only when a remote URL is
+used, so ``import fastdata`` stays light.
+"""
+
+from fastdata.errors import StorageError
+from fastdata.storage.cache import ShardCache
+from fastdata.storage.objects import (
+    RemoteObject,
+    delete,
+    exists,
+    list_names,
+    open_remote,
+    upload_bytes,
+    upload_file,
+)
+from fastdata.storage.urls import basename, dirname, is_url, join, local_path
+
+__all__ = [
+    "RemoteObject", "ShardCache", "StorageError", "basename", "delete", "dirname", "exists",
+    "is_url", "join", "list_names", "local_path", "open_remote", "upload_bytes", "upload_file",
+]

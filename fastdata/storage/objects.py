@@ -1,0 +1,222 @@
+"""Reads, ranged reads, downloads, uploads and listings of one object, for a
+remote URL (through obstore) or a local path (through the filesystem)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from fastdata.errors import StorageError
+from fastdata.storage.failures import translated
+from fastdata.storage.stores import get_store
+from fastdata.storage.urls import local_path, parse_url
+
+
+def _store_and_key(url: str, storage_options: dict | None):
+    parsed = parse_url(url)
+    return get_store(parsed, storage_options), parsed.key
+
+
+def partial_name(dest: str) -> str:
+    """A fresh temporary file beside ``dest`` (same filesystem, so os.replace is
+    atomic), named ``dest.partial-XXXX``."""
+    folder = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dest) + ".partial-", dir=folder)
+    os.close(fd)
+    return tmp
+
+
+class RemoteObject:
+    """One object at ``url``; its size is asked for once."""
+
+    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+        self.url = url
+        self.storage_options = storage_options
+        self._size: int | None = None
+        self._local = local_path(url)
+
+    def __repr__(self) -> str:
+        return f"RemoteObject({self.url!r})"
+
+    def _translated(self):
+        return translated(self.url, self.storage_options)
+
+    def size(self) -> int:
+        if self._size is None:
+            if self._local is not None:
+                self._size = _local_call(self.url, os.path.getsize, self._local)
+            else:
+                import obstore
+                store, key = _store_and_key(self.url, self.storage_options)
+                with self._translated():
+                    self._size = int(obstore.head(store, key)["size"])
+        return self._size
+
+    def read(self) -> bytes:
+        if self._local is not None:
+            return _local_call(self.url, Path(self._local).read_bytes)
+        import obstore
+        store, key = _store_and_key(self.url, self.storage_options)
+        with self._translated():
+            return bytes(obstore.get(store, key).bytes())
+
+    def read_range(self, start: int, length: int) -> bytes:
+        return self.read_ranges([(start, length)])[0]
+
+    def read_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each (start, length) range; remote ranges go out as one
+        obstore get_ranges call, which merges near ones into fewer requests."""
+        ranges = list(ranges)
+        if not ranges:
+            return []
+        size = self.size()
+        for start, length in ranges:
+            if start < 0 or length < 0 or start + length > size:
+                raise StorageError(f"byte range {start}+{length} is outside the object "
+                                   f"({size} bytes)", path=self.url, offset=start)
+        if self._local is not None:
+            return _local_call(self.url, _read_local_ranges, self._local, ranges)
+        import obstore
+        store, key = _store_and_key(self.url, self.storage_options)
+        with self._translated():
+            parts = obstore.get_ranges(store, key, starts=[s for s, _ in ranges],
+                                       lengths=[n for _, n in ranges])
+        return [bytes(part) for part in parts]
+
+    def download(self, dest: str) -> None:
+        """Copy the object to ``dest``, streamed through ``dest.partial-XXXX`` and
+        renamed into place: ``dest`` is never a half-written file."""
+        tmp = partial_name(dest)
+        try:
+            with open(tmp, "wb") as out:
+                for chunk in self._chunks():
+                    out.write(chunk)
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _chunks(self):
+        if self._local is not None:
+            with _local_call(self.url, open, self._local, "rb") as f:
+                while chunk := f.read(8 << 20):
+                    yield chunk
+            return
+        import obstore
+        store, key = _store_and_key(self.url, self.storage_options)
+        with self._translated():
+            for chunk in obstore.get(store, key).stream(min_chunk_size=8 << 20):
+                yield bytes(chunk)
+
+
+def _read_local_ranges(path: str, ranges) -> list[bytes]:
+    with open(path, "rb") as f:
+        out = []
+        for start, length in ranges:
+            f.seek(start)
+            out.append(f.read(length))
+        return out
+
+
+def _local_call(url, fn, *args):
+    try:
+        return fn(*args)
+    except FileNotFoundError:
+        raise StorageError("no such file", path=url) from None
+    except PermissionError:
+        raise StorageError("permission denied", path=url) from None
+
+
+def open_remote(url: str, storage_options: dict | None = None) -> RemoteObject:
+    """The object at ``url`` (a remote URL, a file:// URL or a local path)."""
+    return RemoteObject(os.fspath(url), storage_options)
+
+
+def exists(url: str, storage_options: dict | None = None) -> bool:
+    """Whether an object (or, locally, a file or folder) is at ``url``."""
+    path = local_path(url)
+    if path is not None:
+        return os.path.exists(path)
+    import obstore
+    from obstore.exceptions import NotFoundError
+    store, key = _store_and_key(url, storage_options)
+    with translated(url, storage_options):
+        try:
+            obstore.head(store, key)
+        except (NotFoundError, FileNotFoundError):
+            return False
+    return True
+
+
+def list_names(url_prefix_dir: str, storage_options: dict | None = None) -> list[str]:
+    """Sorted names of the objects (files) directly under a "folder" URL."""
+    path = local_path(url_prefix_dir)
+    if path is not None:
+        names = _local_call(url_prefix_dir, os.listdir, path)
+        return sorted(n for n in names if os.path.isfile(os.path.join(path, n)))
+    parsed = parse_url(url_prefix_dir)
+    if parsed.scheme in ("http", "https"):
+        raise StorageError("cannot list over HTTP; name the shards explicitly",
+                           path=url_prefix_dir)
+    import obstore
+    store = get_store(parsed, storage_options)
+    prefix = parsed.key.rstrip("/")
+    with translated(url_prefix_dir, storage_options):
+        listing = obstore.list_with_delimiter(store, prefix or None)
+    return sorted(obj["path"].rsplit("/", 1)[-1] for obj in listing["objects"])
+
+
+def upload_file(local: str, url: str, storage_options: dict | None = None) -> None:
+    """Copy the local file ``local`` to ``url`` (multipart above 5 MB); the object
+    appears whole or not at all."""
+    local = os.fspath(local)
+    if not os.path.isfile(local):
+        raise StorageError("no such file to upload", path=local)
+    path = local_path(url)
+    if path is not None:
+        _copy_local(local, path)
+        return
+    import obstore
+    store, key = _store_and_key(url, storage_options)
+    with translated(url, storage_options):
+        obstore.put(store, key, Path(local))
+
+
+def upload_bytes(data: bytes, url: str, storage_options: dict | None = None) -> None:
+    """Write ``data`` as the object at ``url``."""
+    path = local_path(url)
+    if path is not None:
+        tmp = partial_name(path)
+        Path(tmp).write_bytes(data)
+        os.replace(tmp, path)
+        return
+    import obstore
+    store, key = _store_and_key(url, storage_options)
+    with translated(url, storage_options):
+        obstore.put(store, key, bytes(data))
+
+
+def _copy_local(src: str, dest: str) -> None:
+    import shutil
+    tmp = partial_name(dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def delete(url: str, storage_options: dict | None = None) -> None:
+    """Remove the object at ``url`` (nothing happens when there is none)."""
+    path = local_path(url)
+    if path is not None:
+        if os.path.exists(path):
+            os.unlink(path)
+        return
+    import obstore
+    store, key = _store_and_key(url, storage_options)
+    with translated(url, storage_options):
+        obstore.delete(store, key)

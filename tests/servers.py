@@ -1,0 +1,235 @@
+"""Real servers for the storage tests: moto's S3 server in a subprocess and a
+threaded HTTP file server honouring Range requests. Requests cross a socket;
+nothing is mocked. The fixtures are re-exported by conftest.py.
+
+* ``s3_server`` (session) / ``s3_server_fresh`` (per test, for tests that stop
+  it) / ``s3_server_auth`` (per test, a moto server that checks credentials);
+* ``s3_env`` sets the AWS_* variables for ``s3_server``;
+* ``http_server`` serves ``.root`` at ``.url``; a path under ``/truncate/``
+  sends the full Content-Length but only half the body, then hangs up.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class MotoServer:
+    """``moto_server`` on a free port of 127.0.0.1; its access log in ``log_path``."""
+
+    def __init__(self, *, check_auth: bool = False) -> None:
+        if shutil.which("moto_server") is None:
+            pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, **CREDENTIALS}
+        self.check_auth = check_auth
+        self.log_path = Path(tempfile.mkstemp(prefix="moto-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        if self.check_auth:     # moto then checks every request's keys against its IAM
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + 30
+        while not _answers(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto_server did not start: {self.log_path.read_text()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (moto forgets its buckets)."""
+        self.stop()
+        self.start()
+
+    def client(self):
+        import boto3
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def make_bucket(self, name: str) -> str:
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=name)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        return f"s3://{name}"
+
+    def put(self, url: str, data: bytes) -> None:
+        bucket, key = _bucket_key(url)
+        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def get(self, url: str) -> bytes:
+        bucket, key = _bucket_key(url)
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def upload_dir(self, local_dir, url_prefix: str) -> list[str]:
+        """Upload every file under ``local_dir`` below ``url_prefix`` (plain boto3)."""
+        bucket, prefix = _bucket_key(url_prefix)
+        self.make_bucket(bucket)
+        client, keys = self.client(), []
+        for path in sorted(Path(local_dir).rglob("*")):
+            if path.is_file():
+                key = "/".join(p for p in (prefix.strip("/"),
+                                           path.relative_to(local_dir).as_posix()) if p)
+                client.upload_file(str(path), bucket, key)
+                keys.append(f"s3://{bucket}/{key}")
+        return keys
+
+    def requests(self, method: str, url: str) -> int:
+        """How many ``method`` requests for ``url``'s object the server logged."""
+        bucket, key = _bucket_key(url)
+        pattern = re.compile(rf'"{method} /{re.escape(bucket)}/{re.escape(key)}(\?[^ ]*)? HTTP')
+        return len(pattern.findall(self.log_path.read_text(errors="replace")))
+
+
+def _bucket_key(url: str) -> tuple[str, str]:
+    rest = url.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    return bucket, key
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Files of the served folder with HEAD, Range (206/416) and a /truncate/ mode."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._send(body=False)
+
+    def do_GET(self) -> None:
+        self._send(body=True)
+
+    def _send(self, body: bool) -> None:
+        rel = self.path.split("?", 1)[0].lstrip("/")
+        truncate = rel.startswith("truncate/")
+        path = Path(self.directory, rel.removeprefix("truncate/"))
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start, end, status = 0, len(data) - 1, 200
+        match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", "") or "")
+        if self.headers.get("Range"):
+            if not match or (not match.group(1) and not match.group(2)):
+                self.send_error(416)
+                return
+            if match.group(1):
+                start = int(match.group(1))
+                end = min(int(match.group(2)), end) if match.group(2) else end
+            else:                                           # bytes=-N: the last N bytes
+                start = max(0, len(data) - int(match.group(2)))
+            if start >= len(data) or start > end:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = 206
+        part = data[start:end + 1]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(part)))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.end_headers()
+        if body:
+            self.wfile.write(part[:len(part) // 2] if truncate else part)
+            if truncate:
+                self.close_connection = True
+
+
+class HTTPServer:
+    def __init__(self, root) -> None:
+        self.root = Path(root)
+        handler = lambda *a, **k: RangeHandler(*a, directory=str(self.root), **k)  # noqa: E731
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_server_fresh():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_server_auth():
+    server = MotoServer(check_auth=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(monkeypatch, s3_server):
+    """The AWS_* variables pointing at ``s3_server``; returns the server."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """A Range-honouring HTTP server on ``tmp_path/www`` (``.root``, ``.url``)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    server = HTTPServer(root)
+    yield server
+    server.close()
