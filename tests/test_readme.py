@@ -162,6 +162,18 @@ def _needs(block: Block) -> str | None:
     return None
 
 
+def _s3_for(block: Block, request) -> dict:
+    """For a block using s3://bucket: moto's S3 server holding the shard it reads,
+    and the AWS_* variables pointing at it."""
+    if "s3://bucket/" not in block.code:
+        return {}
+    pytest.importorskip("obstore")
+    server = request.getfixturevalue("s3_server")
+    server.make_bucket("bucket")
+    server.put("s3://bucket/shards/train-000000.tar", os.urandom(50_000))
+    return server.env
+
+
 def _runnable(line: str) -> str:
     """The part of a command line this test runs: ``pip install`` steps are
     checked, not run (the environment running the tests has them), and the test
@@ -173,12 +185,13 @@ def _runnable(line: str) -> str:
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
-def test_readme_block_runs_as_written(block, workdir):
+def test_readme_block_runs_as_written(block, workdir, request):
     reason = _needs(block)
     if reason:
         pytest.skip(reason)
     if block.lang == "python":
-        result = subprocess.run([sys.executable, "-c", block.code], cwd=workdir, env=_env(),
+        env = {**_env(), **_s3_for(block, request)}
+        result = subprocess.run([sys.executable, "-c", block.code], cwd=workdir, env=env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
             f"README.md line {block.line}: python block failed\n{result.stderr[-3000:]}")

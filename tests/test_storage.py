@@ -286,3 +286,20 @@ class ShardCacheNoHold(storage.ShardCache):
         self.release()
         return path
 
+
+
+def test_aws_profile_from_a_credentials_file(s3_server, monkeypatch, tmp_path):
+    pytest.importorskip("boto3")
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    s3_server.make_bucket("prof")                 # boto3 first, before AWS_PROFILE is set
+    s3_server.put("s3://prof/x", b"via profile")
+    (tmp_path / "credentials").write_text(
+        "[bench]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "bench")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    assert storage.open_remote("s3://prof/x").read() == b"via profile"

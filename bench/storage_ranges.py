@@ -1,0 +1,99 @@
+"""Many small ranged reads from an S3 server: one get_ranges call against one
+request per range, through fastdata.storage.
+
+    python bench/storage_ranges.py [--ranges 200] [--size 40000] [--repeat 5]
+
+Starts its own moto_server on 127.0.0.1 (a real HTTP server, loopback only),
+uploads one object holding --ranges records of --size bytes with a 1 kB gap
+between them (like records of a shard read out of order), then reads every
+record back in a shuffled order (a) with one ``RemoteObject.read_ranges`` call
+(obstore's get_ranges, which merges near ranges into few requests) and (b)
+with one ``read_range`` call per record. Prints the best of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    if shutil.which("moto_server") is None:
+        sys.exit("moto_server is not installed (pip install 'moto[server]')")
+    port = _free_port()
+    proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                sys.exit("moto_server did not start")
+            time.sleep(0.05)
+
+
+def best_of(repeat: int, fn) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranges", type=int, default=200)
+    parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    proc, endpoint = start_moto()
+    try:
+        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
+                          AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
+        from fastdata import storage
+        stride = args.size + 1000
+        data = os.urandom(stride * args.ranges)
+        import boto3    # the bucket is made outside fastdata, as an admin would
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+        storage.upload_bytes(data, "s3://bench/shard.bin")
+        ranges = [(i * stride, args.size) for i in range(args.ranges)]
+        random.Random(0).shuffle(ranges)
+        obj = storage.open_remote("s3://bench/shard.bin")
+        expected = [data[s:s + n] for s, n in ranges]
+        assert obj.read_ranges(ranges) == expected
+        assert [obj.read_range(s, n) for s, n in ranges] == expected
+        batched = best_of(args.repeat, lambda: obj.read_ranges(ranges))
+        single = best_of(args.repeat, lambda: [obj.read_range(s, n) for s, n in ranges])
+        mb = args.ranges * args.size / 1e6
+        print(f"{args.ranges} ranged reads of {args.size / 1000:g} kB from moto_server "
+              f"(loopback), best of {args.repeat}:")
+        print(f"  read_ranges (one get_ranges call): {batched * 1000:8.1f} ms  "
+              f"{mb / batched:7.1f} MB/s")
+        print(f"  read_range x {args.ranges}:{' ' * (19 - len(str(args.ranges)))}"
+              f"{single * 1000:8.1f} ms  {mb / single:7.1f} MB/s")
+        print(f"  speed-up: {single / batched:.1f}x")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()
