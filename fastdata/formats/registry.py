@@ -73,19 +73,19 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def check_local(path) -> None:
-    """Refuse a URL (``s3://...``, ``http://...``): fastdata reads and writes local
-    paths only, and a URL taken as a path would quietly become a folder named
-    ``s3:``.
+    """Refuse a URL of a scheme fastdata cannot read or write (``ftp://...``):
+    taken as a path it would quietly become a folder named ``ftp:``.
 
     Raises:
-        FastDataError: ``path`` starts with a URL scheme.
+        FastDataError: ``path`` starts with an unsupported URL scheme.
     """
     text = os.fspath(path) if not isinstance(path, str) else path
-    if isinstance(text, str) and _URL.match(text):
+    if isinstance(text, str) and _URL.match(text) and not is_remote(text) \
+            and not text.startswith("file://"):
         scheme = text.split("://", 1)[0]
         raise FastDataError(
-            f"{scheme}:// URLs are not supported: fastdata reads and writes local paths only; "
-            f"copy the data to a local folder (or mount the bucket) and give that path",
+            f"{scheme}:// URLs are not supported: fastdata reads and writes local paths and "
+            f"s3://, gs://, az:// URLs, and reads http(s)://; copy the data to one of those",
             path=text)
 
 
@@ -215,8 +215,7 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
             raise UnknownFormatError("no shard files given (an empty list)")
         path = path[0]
     path = as_local(os.fspath(path))
-    if not is_remote(path):
-        check_local(path)  # an unsupported scheme (ftp://...) is not a folder name either
+    check_local(path)  # an unsupported scheme (ftp://...) is not a folder name either
     if path.rstrip("/\\").lower().endswith(MANIFEST_SUFFIX):
         return _format_from_manifest(path)
     spec = _by_extension(path)

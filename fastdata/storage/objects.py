@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fastdata.errors import StorageError
 from fastdata.storage.failures import translated
+from fastdata.storage.forked import forked, via_helper
 from fastdata.storage.stores import get_store
 from fastdata.storage.urls import local_path, parse_url
 
@@ -47,6 +48,8 @@ class RemoteObject:
         if self._size is None:
             if self._local is not None:
                 self._size = _local_call(self.url, os.path.getsize, self._local)
+            elif forked():
+                self._size = via_helper("size", self.url, self.storage_options)
             else:
                 import obstore
                 store, key = _store_and_key(self.url, self.storage_options)
@@ -57,6 +60,8 @@ class RemoteObject:
     def read(self) -> bytes:
         if self._local is not None:
             return _local_call(self.url, Path(self._local).read_bytes)
+        if forked():
+            return via_helper("read", self.url, self.storage_options)
         import obstore
         store, key = _store_and_key(self.url, self.storage_options)
         with self._translated():
@@ -78,6 +83,8 @@ class RemoteObject:
                                    f"({size} bytes)", path=self.url, offset=start)
         if self._local is not None:
             return _local_call(self.url, _read_local_ranges, self._local, ranges)
+        if forked():
+            return via_helper("read_ranges", self.url, self.storage_options, ranges)
         import obstore
         store, key = _store_and_key(self.url, self.storage_options)
         with self._translated():
@@ -88,6 +95,8 @@ class RemoteObject:
     def download(self, dest: str) -> None:
         """Copy the object to ``dest``, streamed through ``dest.partial-XXXX`` and
         renamed into place: ``dest`` is never a half-written file."""
+        if self._local is None and forked():
+            return via_helper("download", self.url, self.storage_options, dest)
         tmp = partial_name(dest)
         try:
             with open(tmp, "wb") as out:
@@ -139,6 +148,8 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
     path = local_path(url)
     if path is not None:
         return os.path.exists(path)
+    if forked():
+        return via_helper("exists", url, storage_options)
     import obstore
     from obstore.exceptions import NotFoundError
     store, key = _store_and_key(url, storage_options)
@@ -160,6 +171,8 @@ def list_names(url_prefix_dir: str, storage_options: dict | None = None) -> list
     if parsed.scheme in ("http", "https"):
         raise StorageError("cannot list over HTTP; name the shards explicitly",
                            path=url_prefix_dir)
+    if forked():
+        return via_helper("list_names", url_prefix_dir, storage_options)
     import obstore
     store = get_store(parsed, storage_options)
     prefix = parsed.key.rstrip("/")
@@ -178,6 +191,8 @@ def upload_file(local: str, url: str, storage_options: dict | None = None) -> No
     if path is not None:
         _copy_local(local, path)
         return
+    if forked():
+        return via_helper("upload_file", url, storage_options, local)
     import obstore
     store, key = _store_and_key(url, storage_options)
     with translated(url, storage_options):
@@ -192,6 +207,8 @@ def upload_bytes(data: bytes, url: str, storage_options: dict | None = None) -> 
         Path(tmp).write_bytes(data)
         os.replace(tmp, path)
         return
+    if forked():
+        return via_helper("upload_bytes", url, storage_options, bytes(data))
     import obstore
     store, key = _store_and_key(url, storage_options)
     with translated(url, storage_options):
@@ -216,6 +233,8 @@ def delete(url: str, storage_options: dict | None = None) -> None:
         if os.path.exists(path):
             os.unlink(path)
         return
+    if forked():
+        return via_helper("delete", url, storage_options)
     import obstore
     store, key = _store_and_key(url, storage_options)
     with translated(url, storage_options):

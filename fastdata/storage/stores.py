@@ -20,6 +20,7 @@ import os
 import threading
 from datetime import timedelta
 
+from fastdata.storage.forked import mark_runtime
 from fastdata.errors import StorageError
 from fastdata.storage.urls import ParsedURL
 
@@ -72,6 +73,7 @@ def endpoint_of(parsed: ParsedURL, storage_options: dict | None) -> str:
 def get_store(parsed: ParsedURL, storage_options: dict | None = None):
     """The obstore store serving ``parsed``: built once per process and settings
     (a store never crosses a fork: its connection pool belongs to the parent)."""
+    mark_runtime()
     key = (os.getpid(), parsed.scheme, parsed.bucket, parsed.account,
            _fingerprint(storage_options), _fingerprint(_cloud_environment()))
     with _lock:

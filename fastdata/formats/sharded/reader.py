@@ -322,7 +322,17 @@ class ShardedReader(Reader):
             yield from self.iter_shard(shard)
 
     def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
-        """(index, payload) of the records of one shard, in order."""
+        """(index, payload) of the records of one shard, in order: a local shard
+        as the format streams it, a remote one by ranged reads."""
+        self._ensure_index()
+        if is_remote(self._shard_paths[shard]):
+            return self._iter_ranged(shard)
+        return self._iter_local_shard(shard)
+
+    def _iter_local_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
+        return self._iter_ranged(shard)
+
+    def _iter_ranged(self, shard: int) -> Iterator[tuple[int, bytes]]:
         first, count = self.shard_ranges()[shard]
         step = 64
         for start in range(first, first + count, step):

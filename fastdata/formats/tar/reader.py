@@ -42,7 +42,7 @@ class TarReader(ShardedReader):
         except OSError as exc:
             raise shard_error(exc, path, "read") from None
 
-    def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
+    def _iter_local_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
         """(index, payload) of one shard's records, read in large sequential windows.
 
         One read per ~1 MiB instead of one per record, into a reused buffer

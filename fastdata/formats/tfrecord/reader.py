@@ -281,7 +281,7 @@ class TFRecordReader(ShardedReader):
                                    path=path, offset=offset + len(buf))
         return buf
 
-    def iter_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
+    def _iter_local_shard(self, shard: int) -> Iterator[tuple[int, bytes]]:
         """(index, payload) of the records of one shard, read sequentially.
 
         Reads the file in ``chunk_size`` blocks instead of one pread per record

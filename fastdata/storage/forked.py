@@ -1,0 +1,120 @@
+"""Remote I/O in processes forked after obstore was used: through a helper.
+
+obstore runs its requests on a tokio runtime, and tokio does not survive
+fork(): a child forked after the parent made a request hangs on its first own
+request (tokio-rs/tokio#4301). A DataLoader forks its workers by default,
+usually after the parent opened the dataset. So a process that inherited a
+used runtime sends its requests to a helper: a fresh interpreter started with
+fork+exec (``python -c``), which has a runtime of its own, one per process
+and started on first need. Requests and results cross a pipe; the helper
+exits when the pipe closes, that is with its process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+
+_runtime_pid: int | None = None  # the process whose requests obstore has run
+_helper: "_Helper | None" = None
+_helper_lock = threading.Lock()
+
+
+def mark_runtime() -> None:
+    """Note that this process is about to use obstore itself."""
+    global _runtime_pid
+    if _runtime_pid is None:
+        _runtime_pid = os.getpid()
+
+
+def forked() -> bool:
+    """Whether this process inherited a runtime another process started."""
+    return _runtime_pid is not None and _runtime_pid != os.getpid()
+
+
+def via_helper(op: str, *args):
+    """Run storage operation ``op`` (see ``_OPS``) in this process's helper."""
+    global _helper
+    with _helper_lock:
+        if _helper is None or _helper.pid != os.getpid():
+            _helper = _Helper()
+        return _helper.call(op, args)
+
+
+class _Helper:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent,
+                                                         env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from fastdata.storage.forked import serve; serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.lock = threading.Lock()
+
+    def call(self, op: str, args: tuple):
+        with self.lock:
+            _send(self.proc.stdin, (op, args))
+            reply = _receive(self.proc.stdout)
+        if reply is None:
+            from fastdata.errors import StorageError
+
+            raise StorageError(f"the storage helper process exited (code "
+                               f"{self.proc.poll()}) during {op}")
+        ok, value = reply
+        if not ok:
+            raise value
+        return value
+
+
+def _send(pipe, message) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(struct.pack("<Q", len(data)) + data)
+    pipe.flush()
+
+
+def _receive(pipe):
+    head = pipe.read(8)
+    if len(head) < 8:
+        return None
+    (size,) = struct.unpack("<Q", head)
+    return pickle.loads(pipe.read(size))
+
+
+def _ops() -> dict:
+    from fastdata.storage import objects
+
+    return {
+        "size": lambda url, opts: objects.RemoteObject(url, opts).size(),
+        "read": lambda url, opts: objects.RemoteObject(url, opts).read(),
+        "read_ranges": lambda url, opts, ranges:
+            objects.RemoteObject(url, opts).read_ranges(ranges),
+        "download": lambda url, opts, dest: objects.RemoteObject(url, opts).download(dest),
+        "exists": lambda url, opts: objects.exists(url, opts),
+        "list_names": lambda url, opts: objects.list_names(url, opts),
+        "upload_file": lambda url, opts, local: objects.upload_file(local, url, opts),
+        "upload_bytes": lambda url, opts, data: objects.upload_bytes(data, url, opts),
+        "delete": lambda url, opts: objects.delete(url, opts),
+    }
+
+
+def serve() -> None:
+    """The helper's loop: one request at a time until the pipe closes."""
+    ops = _ops()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        request = _receive(stdin)
+        if request is None:
+            return
+        op, args = request
+        try:
+            reply = (True, ops[op](*args))
+        except Exception as exc:  # sent back and raised in the asking process
+            reply = (False, exc)
+        _send(stdout, reply)
