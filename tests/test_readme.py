@@ -202,7 +202,8 @@ def test_readme_block_runs_as_written(block, workdir, request):
             continue
         if shutil.which("fastdata", path=_env()["PATH"]) is None and line.startswith("fastdata"):
             pytest.skip("the fastdata command is not installed (pip install -e .)")
-        result = subprocess.run(["bash", "-c", line], cwd=workdir, env=_env(),
+        result = subprocess.run(["bash", "-c", line], cwd=workdir,
+                                env={**_env(), **_s3_for(block, request)},
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
             f"README.md line {block.line}: `{line}` exited {result.returncode}\n"

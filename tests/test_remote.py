@@ -152,3 +152,18 @@ def test_no_secrets_in_errors(s3_server, s3_env, cache, monkeypatch):
                          timeout=120, env=dict(os.environ))
     assert "s3cr3t" not in out.stdout + out.stderr
     assert "no-such-bucket-xyz" in out.stdout
+
+
+def test_server_stopped_mid_epoch_is_a_clear_error_not_a_hang(tree, s3_server_fresh, cache,
+                                                             monkeypatch):
+    for name, value in s3_server_fresh.env.items():
+        monkeypatch.setenv(name, value)
+    s3_server_fresh.make_bucket("stops")
+    _pack(tree.root, "s3://stops/d-%06d.tar")
+    ds = fastdata.ShardedIterableDataset("s3://stops/d.tar.fastdata.json", output="bytes",
+                                         read_ahead=0)
+    ds.reader.read(0)  # open while the server is up
+    s3_server_fresh.stop()
+    with no_hang(90), pytest.raises(fastdata.StorageError) as info:
+        list(ds)
+    assert "cannot reach the endpoint" in str(info.value) and "s3://stops/" in str(info.value)
