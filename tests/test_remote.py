@@ -167,3 +167,21 @@ def test_server_stopped_mid_epoch_is_a_clear_error_not_a_hang(tree, s3_server_fr
     with no_hang(90), pytest.raises(fastdata.StorageError) as info:
         list(ds)
     assert "cannot reach the endpoint" in str(info.value) and "s3://stops/" in str(info.value)
+
+
+def test_streaming_whole_shards_through_the_cache(tree, s3_server, s3_env, cache):
+    s3_server.make_bucket("wholeshards")
+    _pack(tree.root, "s3://wholeshards/d-%06d.tar")
+    ds = fastdata.ShardedIterableDataset("s3://wholeshards/d.tar.fastdata.json",
+                                         output="bytes", shuffle=True, batch_size=4,
+                                         remote_read="shards")
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
+                        collate_fn=lambda b: [bytes(x) for x, _ in b])
+    with no_hang(120):
+        seen = [x for batch in loader for x in batch]
+    assert Counter(seen) == Counter(tree.payloads)
+    cached = [n for n in os.listdir(cache / "objects") if n.endswith(".tar")]
+    assert len(cached) == len(ds.reader.shard_paths)  # each shard downloaded once
+    with pytest.raises(ValueError, match="remote_read"):
+        fastdata.ShardedIterableDataset("s3://wholeshards/d.tar.fastdata.json",
+                                        remote_read="all")

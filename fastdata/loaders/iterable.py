@@ -86,6 +86,12 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         read_ahead: for a dataset at a URL, chunks of 64 records requested
             ahead of use (in one thread per worker), so that requests overlap
             decoding.
+        remote_read: for a dataset at a URL, "ranges" (default) reads each
+            chunk's records with ranged requests; "shards" downloads the shards
+            the next chunks need, whole, into the shared shard cache
+            (``FASTDATA_CACHE_DIR``, ``FASTDATA_CACHE_LIMIT``), ``read_ahead``
+            shards in flight, and reads them locally: far fewer requests, but
+            a shuffle window touches many shards, which must fit in the cache.
         on_error: "raise" or "skip": a record that cannot be read is left out and
             counted in ``skipped`` (a skipped record shortens its rank's epoch).
         verify: check payload checksums.
@@ -110,6 +116,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         shuffle_block: int = DEFAULT_BLOCK,
         shuffle_buffer: int | None = None,
         read_ahead: int = 4,
+        remote_read: str = "ranges",
         on_error: str = "raise",
         verify: bool = True,
         rank: int | None = None,
@@ -143,6 +150,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self.shuffle_window = int(shuffle_window)
         self.shuffle_block = int(shuffle_block)
         self.read_ahead = max(0, int(read_ahead))
+        if remote_read not in ("ranges", "shards"):
+            raise ValueError(f"remote_read must be 'ranges' or 'shards', not {remote_read!r}")
+        self.remote_read = remote_read
         # The epoch lives in shared memory: DataLoader workers, persistent ones
         # included, read the value set_epoch() last wrote in the main process.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
@@ -300,7 +310,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         base = position.taken
         chunks = [plan.record_indices(order, todo[start:start + _READ_CHUNK]).tolist()
                   for start in range(0, len(todo), _READ_CHUNK)]
-        ahead = _ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0)
+        ahead = _ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0,
+                           whole_shards=self.remote_read == "shards")
         try:
             done = base
             for k, indices in enumerate(chunks):
@@ -360,18 +371,37 @@ class _ReadAhead:
     that a remote dataset's requests overlap decoding; ``depth`` 0 reads nothing
     ahead (local files are read as they are used)."""
 
-    def __init__(self, reader, chunks: list[list[int]], depth: int) -> None:
+    def __init__(self, reader, chunks: list[list[int]], depth: int,
+                 whole_shards: bool = False) -> None:
         self.reader = reader
         self.chunks = chunks
         self.depth = depth
         self.pending: dict[int, Any] = {}
-        self.pool = None
+        self.pool = self.downloads = None
+        self.shards: dict[int, Any] = {}  # shard -> future of its local copy
+        self.cache = None
         if depth > 0:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-read-ahead")
+            if whole_shards:
+                self.downloads = ThreadPoolExecutor(depth, thread_name_prefix="fastdata-shard")
 
-    def _fetch(self, indices: list[int]):
+    def _download(self, k: int) -> None:
+        """Ask for the shards of chunk k that are not asked for yet."""
+        if self.cache is None:
+            from fastdata.storage import ShardCache
+
+            self.cache = ShardCache()  # holds the copies it returned until closed
+        for shard in self.reader.shards_of(self.chunks[k]):
+            if shard not in self.shards:
+                self.shards[shard] = self.downloads.submit(
+                    self.cache.local, self.reader.shard_paths[shard])
+
+    def _fetch(self, k: int, indices: list[int]):
+        if self.downloads is not None:
+            for shard in self.reader.shards_of(indices):
+                self.reader.attach_local(shard, self.shards[shard].result())
         try:
             return self.reader.read_many(indices)
         except CorruptDataError:
@@ -383,11 +413,17 @@ class _ReadAhead:
             return None
         for j in range(k, min(len(self.chunks), k + 1 + self.depth)):
             if j not in self.pending:
-                self.pending[j] = self.pool.submit(self._fetch, self.chunks[j])
+                if self.downloads is not None:
+                    self._download(j)
+                self.pending[j] = self.pool.submit(self._fetch, j, self.chunks[j])
         return self.pending.pop(k).result()
 
     def close(self) -> None:
         if self.pool is not None:
-            for future in self.pending.values():
+            for future in [*self.pending.values(), *self.shards.values()]:
                 future.cancel()
             self.pool.shutdown(wait=True)
+            if self.downloads is not None:
+                self.downloads.shutdown(wait=True)
+            if self.cache is not None and hasattr(self.cache, "release"):
+                self.cache.release()

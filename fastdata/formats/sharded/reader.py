@@ -68,6 +68,7 @@ class ShardedReader(Reader):
     def __init__(self, path, *, verify: bool = True) -> None:
         self._fds: dict[int, int] = {}
         self._ranged = RangedReads()  # records of shards at URLs
+        self._local_shards: dict[int, str] = {}  # remote shards with a downloaded copy
         self._index: np.ndarray | None = None
         self._shard_paths: list[str] = []
         self._foreign_keys: list[str] | None = None
@@ -193,7 +194,7 @@ class ShardedReader(Reader):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.update(_fds={})
+        state.update(_fds={}, _local_shards={})
         if state.get("_foreign_keys") is None:
             state["_index"] = None  # reloaded (memory-light) from the .npy in the worker
         else:
@@ -270,17 +271,19 @@ class ShardedReader(Reader):
             with open_lock():
                 fd = self._fds.get(shard)
                 if fd is None:
+                    path = self._local_shards.get(shard, self._shard_paths[shard])
                     try:
-                        fd = os.open(self._shard_paths[shard], os.O_RDONLY)
+                        fd = os.open(path, os.O_RDONLY)
                     except OSError as exc:
-                        raise shard_error(exc, self._shard_paths[shard]) from None
+                        raise shard_error(exc, path) from None
                     self._fds[shard] = fd
         return fd
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         index = self._ensure_index()
         rows = index[np.asarray(indices, dtype=np.int64)]
-        if self._shard_paths and is_remote(self._shard_paths[0]):
+        if self._shard_paths and is_remote(self._shard_paths[0]) and \
+                not set(rows["shard"].tolist()) <= self._local_shards.keys():
             return self._read_remote(indices, rows)
         out = []
         # Plain ints: numpy scalar field access costs more than the pread itself.
@@ -298,6 +301,17 @@ class ShardedReader(Reader):
             out.append(self._extract(raw, shard, offset))
         return out
 
+    def shards_of(self, indices: Sequence[int]) -> list[int]:
+        """The shards holding ``indices``, each once, in order of first use."""
+        shards = self._ensure_index()["shard"][np.asarray(indices, dtype=np.int64)]
+        return list(dict.fromkeys(shards.tolist()))
+
+    def attach_local(self, shard: int, path: str) -> None:
+        """Read remote shard ``shard`` from ``path``, a downloaded copy, from now on
+        (in this process)."""
+        self._ensure_index()
+        self._local_shards[shard] = path
+
     def _read_remote(self, indices: Sequence[int], rows: np.ndarray) -> list[bytes]:
         """Records of remote shards: the ranges of each shard in one request
         (the client coalesces neighbouring ranges)."""
@@ -305,6 +319,10 @@ class ShardedReader(Reader):
         shards = rows["shard"].tolist()
         for shard in sorted(set(shards)):
             ks = [k for k, s in enumerate(shards) if s == shard]
+            if shard in self._local_shards:  # a downloaded copy: local reads
+                for k, raw in zip(ks, self._read_many([indices[k] for k in ks])):
+                    out[k] = raw
+                continue
             ranges = [(int(rows["offset"][k]), int(rows["size"][k])) for k in ks]
             url = self._shard_paths[shard]
             got = self._ranged.read(url, ranges)

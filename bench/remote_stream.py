@@ -1,0 +1,119 @@
+"""Reading tar shards from an S3 server against the same shards on local disk.
+
+    python bench/remote_stream.py [--photos 1024] [--workers 2] [--repeat 2]
+
+Starts its own moto_server on 127.0.0.1 (loopback: this measures fastdata's
+request pattern and overheads, not a network), packs generated ImageNet-like
+photos into 8 tar shards, uploads them, then for the local folder and for the
+s3:// URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
+
+- streaming (ShardedIterableDataset), shuffled and in stored order: samples/s
+  over one epoch, and for the shuffled one the time from creating the
+  DataLoader iterator to the first batch;
+- random access (the map-style TarDataset, DataLoader(shuffle=True)): samples/s.
+
+Every run starts with an empty shard cache and new worker processes; the
+local files are in the page cache (warm), which favours the local figures.
+Best of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from storage_ranges import start_moto  # noqa: E402
+
+
+def _epoch(loader) -> tuple[float, float, int]:
+    start = time.perf_counter()
+    it = iter(loader)
+    first = next(it)
+    to_first = time.perf_counter() - start
+    n = len(first[1]) + sum(len(y) for _, y in it)
+    return n / (time.perf_counter() - start), to_first, n
+
+
+def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
+    import torch
+
+    import fastdata
+
+    out = {"stream": 0.0, "first_batch_s": float("inf"), "stream_sequential": 0.0,
+           "stream_shards": 0.0, "first_batch_shards_s": float("inf"), "random": 0.0}
+    for r in range(repeat):
+        os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}-{r}")
+        for shuffle, key, mode in ((True, "stream", "ranges"),
+                                   (False, "stream_sequential", "ranges"),
+                                   (True, "stream_shards", "shards")):
+            os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}")
+            stream = fastdata.ShardedIterableDataset(path, shuffle=shuffle, size=(224, 224),
+                                                     batch_size=64, remote_read=mode)
+            rate, first, _ = _epoch(torch.utils.data.DataLoader(
+                stream, batch_size=64, num_workers=workers, collate_fn=fastdata.collate))
+            out[key] = max(out[key], rate)
+            first_key = {"stream": "first_batch_s", "stream_shards": "first_batch_shards_s"}
+            if key in first_key:
+                out[first_key[key]] = min(out[first_key[key]], first)
+        ds = fastdata.open_dataset(path, size=(224, 224))
+        rate, _, _ = _epoch(torch.utils.data.DataLoader(
+            ds, batch_size=64, shuffle=True, num_workers=workers, collate_fn=fastdata.collate))
+        out["random"] = max(out["random"], rate)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--photos", type=int, default=1024)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+
+    import fastdata
+    from fastdata.demo import synthesize
+    from fastdata.storage import upload_file
+
+    proc, endpoint = start_moto()
+    try:
+        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
+                          AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+        with tempfile.TemporaryDirectory() as tmp:
+            synthesize(os.path.join(tmp, "src"), kind="photos", n=args.photos, seed=0)
+            local = os.path.join(tmp, "local")
+            summary = fastdata.pack(os.path.join(tmp, "src"), os.path.join(local, "d-%06d.tar"),
+                                    options=fastdata.PackOptions(shard_size=args.photos // 8),
+                                    progress=False)
+            for name in os.listdir(local):
+                upload_file(os.path.join(local, name), f"s3://bench/d/{name}")
+            rows = [("local disk", summary.output),
+                    ("s3 (moto, loopback)", "s3://bench/d/d.tar.fastdata.json")]
+            print(f"{args.photos} generated photos in 8 tar shards, 224x224, batch 64, "
+                  f"{args.workers} workers, best of {args.repeat}")
+            results = {}
+            for label, path in rows:
+                results[label] = r = measure(path, args.workers, args.repeat,
+                                             os.path.join(tmp, "cache"))
+                print(f"  {label:20s} stream shuffled, ranges {r['stream']:5.0f}/s (first "
+                      f"batch {r['first_batch_s']:.2f} s); shuffled, whole shards "
+                      f"{r['stream_shards']:5.0f}/s (first batch {r['first_batch_shards_s']:.2f} "
+                      f"s); in order {r['stream_sequential']:5.0f}/s; random access "
+                      f"{r['random']:5.0f}/s")
+            a, b = results["local disk"], results["s3 (moto, loopback)"]
+            print("  s3/local: " + ", ".join(
+                f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_shards",
+                                                    "stream_sequential", "random")))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()
