@@ -185,3 +185,15 @@ def test_streaming_whole_shards_through_the_cache(tree, s3_server, s3_env, cache
     with pytest.raises(ValueError, match="remote_read"):
         fastdata.ShardedIterableDataset("s3://wholeshards/d.tar.fastdata.json",
                                         remote_read="all")
+
+
+def test_bench_measures_a_url_next_to_the_local_copy(tree, tmp_path, s3_server, s3_env, cache):
+    s3_server.make_bucket("benchrows")
+    summary = _pack(tree.root, "s3://benchrows/d-%06d.tar")
+    assert summary.seconds > 0 and summary.output == "s3://benchrows/d.tar.fastdata.json"
+    local = _pack(tree.root, tmp_path / "local" / "d-%06d.tar").output
+    result = CliRunner().invoke(main, ["bench", summary.output, local, "--workers", "0",
+                                       "--epochs", "1", "--size", "8", "--batch-size", "4"])
+    assert result.exit_code == 0, result.output
+    rows = [ln.split()[:3] for ln in result.output.splitlines() if ln.startswith("tar ")]
+    assert ["tar", "s3:d.tar", "0"] in rows and ["tar", "d.tar", "0"] in rows

@@ -193,6 +193,8 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
     path = os.fspath(path)
     base = os.path.basename(path.rstrip("/\\")) or path
     base = base.removesuffix(".fastdata.json")  # a sharded dataset named by its manifest
+    if is_remote(path):  # beside the same dataset on local disk, say which is which
+        base = f"{path.split('://', 1)[0]}:{base}"
     try:
         spec = detect_format(path)
     except UnknownFormatError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 
 from fastdata.errors import FastDataError, OutputExistsError
@@ -43,6 +44,7 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
     base = os.environ.get("FASTDATA_CACHE_DIR") or None
     if base:
         os.makedirs(base, exist_ok=True)
+    started = time.perf_counter()
     staging = tempfile.mkdtemp(prefix=".fastdata-upload-", dir=base)
     try:
         local_out = os.path.join(staging, basename(url))
@@ -55,8 +57,9 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
             target = join(folder, rel)
             upload_file(local, target)
             uploaded.append(target)
+        # The time includes the upload: the dataset is usable only from then on.
         return replace(summary, output=_remote_name(summary.output, staging, folder),
-                       files=uploaded,
+                       files=uploaded, seconds=time.perf_counter() - started,
                        report=_remote_name(summary.report, staging, folder))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
