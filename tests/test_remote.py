@@ -197,3 +197,56 @@ def test_bench_measures_a_url_next_to_the_local_copy(tree, tmp_path, s3_server, 
     assert result.exit_code == 0, result.output
     rows = [ln.split()[:3] for ln in result.output.splitlines() if ln.startswith("tar ")]
     assert ["tar", "s3:d.tar", "0"] in rows and ["tar", "d.tar", "0"] in rows
+
+
+class _SlowSource:
+    """A Source that hands out its entries slowly, so a pack lasts a while."""
+
+    def __init__(self, root, delay: float) -> None:
+        self.inner = fastdata.ImageFolderSource(root)
+        self.classes = self.inner.classes
+        self.delay = delay
+        self.yielded = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self):
+        import time
+
+        for entry in self.inner:
+            time.sleep(self.delay)
+            self.yielded += 1
+            yield entry
+
+    def describe(self):
+        return self.inner.describe()
+
+    def warnings(self):
+        return self.inner.warnings()
+
+
+def test_shards_are_uploaded_while_the_pack_goes_on(tree, s3_server, s3_env, cache):
+    import threading
+    import time
+
+    from fastdata.storage import exists
+
+    s3_server.make_bucket("early")
+    source = _SlowSource(tree.root, 0.15)
+    thread = threading.Thread(target=lambda: _pack(source, "s3://early/d-%06d.tar",
+                                                   shard_size=3))
+    thread.start()
+    seen_after = None  # entries the source had handed out when shard 0 was there
+    while thread.is_alive() and seen_after is None:
+        if exists("s3://early/d-000000.tar"):
+            seen_after = source.yielded
+        time.sleep(0.05)
+    thread.join()
+    assert seen_after is not None and seen_after < len(source), \
+        "the first shard was uploaded only after the whole source was read"
+    assert _records("s3://early/d.tar.fastdata.json") == _records_of_tree(tree)
+
+
+def _records_of_tree(tree) -> list[tuple[str, bytes, int]]:
+    return [(s.key, s.data, s.label) for s in tree.samples]

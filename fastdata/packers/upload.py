@@ -1,8 +1,10 @@
 """Packing to a URL: pack into a local staging folder, then upload in an order
 that makes the dataset visible only when it is complete.
 
-Data files go first (shards and their ``.idx`` files, LMDB's ``data.mdb``, the
-HDF5 file), then the report, index and keys, and the manifest last: a reader
+Finished shards are uploaded in the background while the next ones are
+written (``_EarlyUploads``; names that depend on the shard count wait). The
+other data files follow (LMDB's ``data.mdb``, the HDF5 file), then the report,
+index and keys, and the manifest last: a reader
 opens a sharded dataset through its manifest, so an interrupted upload leaves
 no dataset, only objects no manifest lists. LMDB and HDF5 are one object each
 (the manifest is inside), and an object appears whole or not at all. The
@@ -20,6 +22,7 @@ from dataclasses import replace
 
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats import MANIFEST_SUFFIX, format_for_output
+from fastdata.formats.sharded.writer import shard_listener
 
 #: Files of an LMDB folder that are not uploaded (per-process lock state).
 _NOT_UPLOADED = ("lock.mdb",)
@@ -46,23 +49,76 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         os.makedirs(base, exist_ok=True)
     started = time.perf_counter()
     staging = tempfile.mkdtemp(prefix=".fastdata-upload-", dir=base)
+    folder = _url_folder(url, spec)
+    early = _EarlyUploads(folder, staging + ".early")
+    token = shard_listener.set(early.shard_finished)
     try:
         local_out = os.path.join(staging, basename(url))
-        summary = pack(source, local_out, options=replace(options, overwrite=False),
-                       **pack_kwargs)
-        folder = _url_folder(url, spec)
-        uploaded = []
+        try:
+            summary = pack(source, local_out, options=replace(options, overwrite=False),
+                           **pack_kwargs)
+        finally:
+            shard_listener.reset(token)
+        uploaded = early.wait()  # shards uploaded while the next ones were written
+        done = {name for name in uploaded}
         for local in _upload_order(staging):
             rel = os.path.relpath(local, staging).replace(os.sep, "/")
             target = join(folder, rel)
-            upload_file(local, target)
-            uploaded.append(target)
+            if target not in done:
+                upload_file(local, target)
+                uploaded.append(target)
         # The time includes the upload: the dataset is usable only from then on.
         return replace(summary, output=_remote_name(summary.output, staging, folder),
                        files=uploaded, seconds=time.perf_counter() - started,
                        report=_remote_name(summary.report, staging, folder))
     finally:
+        early.close()
         shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging + ".early", ignore_errors=True)
+
+
+class _EarlyUploads:
+    """Uploads finished shards in a background thread while the pack goes on.
+    A shard's files are uploaded under their published names when those do not
+    depend on the shard count (tar; TFRecord's ``-of-N`` names wait for the end)."""
+
+    def __init__(self, folder: str, holding: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.folder = folder
+        # Hard links to the finished files: the writer moves its own away when
+        # it publishes, possibly before the upload has read them.
+        self.holding = holding
+        os.makedirs(holding, exist_ok=True)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-upload")
+        self.futures: list = []
+
+    def shard_finished(self, number: int, temp_paths: list[str],
+                       final_names: list[str] | None) -> None:
+        if final_names is None:
+            return
+        from fastdata.storage import join, upload_file
+
+        for temp, name in zip(temp_paths, final_names):
+            held = os.path.join(self.holding, name)
+            os.link(temp, held)
+            target = join(self.folder, name)
+            self.futures.append(self.pool.submit(_upload_one, upload_file, held, target))
+
+    def wait(self) -> list[str]:
+        """The URLs uploaded so far (raises the first failed upload's error)."""
+        return [future.result() for future in self.futures]
+
+    def close(self) -> None:
+        for future in self.futures:
+            future.cancel()
+        self.pool.shutdown(wait=True)
+
+
+def _upload_one(upload_file, held: str, target: str) -> str:
+    upload_file(held, target)
+    os.unlink(held)
+    return target
 
 
 def _url_folder(url: str, spec) -> str:

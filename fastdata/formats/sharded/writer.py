@@ -6,6 +6,8 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -17,6 +19,12 @@ from fastdata.formats.sharded.publish import PublishPlan, publish
 from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
 
+
+
+#: Called as ``listener(number, temp_paths, final_names)`` each time a shard's
+#: files are complete on disk (final_names None when they depend on the shard
+#: count): a pack to a URL uploads shards while the next ones are written.
+shard_listener: ContextVar[Callable | None] = ContextVar("shard_listener", default=None)
 
 class ShardFile:
     """A shard being written: buffered, and hashed and counted as it goes, so
@@ -174,6 +182,20 @@ class ShardedWriter(Writer):
         shard.close()
         self._shards.append({"temp": shard.path, "count": self._shard_count,
                              "sha256": shard.sha256, "first": self._shard_first, **extra})
+        listener = shard_listener.get()
+        if listener is not None:
+            number = len(self._shards) - 1
+            temp = os.path.basename(shard.path)
+            listener(number, [os.path.join(self.temp_path, name)
+                              for name in self._shard_files(temp)], self.final_shard_names(number))
+
+    def final_shard_names(self, number: int) -> list[str] | None:
+        """The published names of shard ``number``'s files, when they do not
+        depend on how many shards there will be (else None)."""
+        pattern = self.layout.pattern
+        if pattern is not None and "{total" in pattern:
+            return None
+        return self._shard_files(self.layout.shard_name(number))
 
     def _discard(self) -> None:
         if self._shard is not None:
