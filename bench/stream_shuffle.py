@@ -99,6 +99,11 @@ def quality_rows(batch: int) -> list[dict]:
             order = epoch_order(n, Shuffle(True, 0, DEFAULT_BLOCK, window), 0)
             row[f"block {DEFAULT_BLOCK}, window {window}"] = \
                 batch_entropy(labels[order], batch) / reference
+        # Whole shards as blocks (shuffle_block="shard", for remote_read="shards").
+        firsts = np.arange(0, n, shard, dtype=np.int64)
+        order = epoch_order(n, Shuffle(True, 0, "shard", DEFAULT_WINDOW), 0, firsts)
+        row[f"whole shards, window {DEFAULT_WINDOW}"] = \
+            batch_entropy(labels[order], batch) / reference
         rows.append(row)
     return rows
 

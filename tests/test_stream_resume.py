@@ -398,3 +398,23 @@ def test_fastdata_loader_gives_the_stream_its_batch_size(packed_stream):
     assert ds.batch_size == 6
     with pytest.raises(ValueError, match="batch_size=6 but the loader's batch_size is 8"):
         fastdata.loader(ds, batch_size=8, num_workers=0)
+
+
+def test_whole_shard_blocks_bound_the_shards_of_a_window(packed_stream):
+    tree, manifest = packed_stream
+    ds = fastdata.ShardedIterableDataset(manifest, output="bytes", shuffle=True, seed=4,
+                                         shuffle_block="shard", shuffle_window=10,
+                                         batch_size=BATCH)
+    seen = [n for batch in _plain(ds, tree, 2) for n in batch]
+    assert sorted(seen) == list(range(RECORDS))
+    shard_of = ds.reader.shards_of
+    # Shards of 5 records, windows of 10 records: each window covers 2 whole shards,
+    # so every 10 consecutive samples of the job come from at most 2 shards.
+    firsts = [first for first, _ in ds.reader.shard_ranges()]
+    order = epoch_order(RECORDS, ds.order, 0, np.asarray(firsts))
+    assert [int(i) for i in order] == seen
+    for start in range(0, RECORDS, 10):
+        assert len(shard_of(order[start:start + 10].tolist())) <= 2
+    assert ds.state_dict()["order"]["block"] == "shard"
+    with pytest.raises(ValueError, match="shuffle_block"):
+        fastdata.ShardedIterableDataset(manifest, shuffle_block="shards")

@@ -51,19 +51,27 @@ class Shuffle:
 
     enabled: bool = False
     seed: int = 0
-    block: int = 16
+    block: int | str = 16     # records, or "shard": each shard is one block
     window: int = 8192
 
     def describe(self) -> dict:
-        return {"shuffle": self.enabled, "seed": int(self.seed), "block": int(self.block),
+        block = self.block if self.block == "shard" else int(self.block)
+        return {"shuffle": self.enabled, "seed": int(self.seed), "block": block,
                 "window": int(self.window)}
 
 
-def epoch_order(n: int, shuffle: Shuffle, epoch: int) -> np.ndarray:
-    """Record indices in the order the job reads epoch ``epoch`` (int64, length n)."""
+def epoch_order(n: int, shuffle: Shuffle, epoch: int,
+                block_starts: np.ndarray | None = None) -> np.ndarray:
+    """Record indices in the order the job reads epoch ``epoch`` (int64, length n).
+
+    ``block_starts`` (the first record of each block, from 0, ascending) gives
+    blocks of their own lengths, such as whole shards (``block="shard"``)."""
     if not shuffle.enabled or n <= 1:
         return np.arange(n, dtype=np.int64)
     rng = np.random.Generator(np.random.PCG64(stable_seed("order", shuffle.seed, epoch)))
+    if block_starts is not None:
+        return _order_of_blocks(n, np.asarray(block_starts, dtype=np.int64),
+                                int(shuffle.window), rng)
     block = max(1, int(shuffle.block))
     blocks = -(-n // block)
     starts = rng.permutation(blocks).astype(np.int64) * block
@@ -73,6 +81,18 @@ def epoch_order(n: int, shuffle: Shuffle, epoch: int) -> np.ndarray:
     # Permute inside each window of whole blocks: sort by (window, random key).
     per_window = max(1, int(shuffle.window) // block) * block
     window_of = np.arange(n, dtype=np.int64) // per_window
+    return order[np.lexsort((rng.random(n), window_of))]
+
+
+def _order_of_blocks(n: int, firsts: np.ndarray, window: int, rng) -> np.ndarray:
+    """The block shuffle over blocks of any lengths: the blocks permuted, then
+    the records of every ``window``-records' worth of consecutive blocks."""
+    lengths_all = np.diff(np.append(firsts, n))
+    perm = rng.permutation(len(firsts))
+    starts, lengths = firsts[perm], lengths_all[perm]
+    order = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(n)
+    per_window = max(1, round(window / max(1.0, float(lengths_all.mean()))))
+    window_of = np.repeat(np.arange(len(perm), dtype=np.int64) // per_window, lengths)
     return order[np.lexsort((rng.random(n), window_of))]
 
 

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -82,7 +83,10 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         drop_last: drop the last samples of the order (fewer than one per rank)
             instead of padding with repeats.
         shuffle_window: records permuted together (whole blocks).
-        shuffle_block: consecutive records that stay together in the order.
+        shuffle_block: consecutive records that stay together in the order, or
+            "shard": each shard is a block, so a window spans
+            ``shuffle_window`` records of whole shards (for
+            ``remote_read="shards"``: a bounded number of shards at a time).
         read_ahead: for a dataset at a URL, chunks of 64 records requested
             ahead of use (in one thread per worker), so that requests overlap
             decoding.
@@ -113,7 +117,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         batch_size: int | None = None,
         drop_last: bool = False,
         shuffle_window: int = DEFAULT_WINDOW,
-        shuffle_block: int = DEFAULT_BLOCK,
+        shuffle_block: int | str = DEFAULT_BLOCK,
         shuffle_buffer: int | None = None,
         read_ahead: int = 4,
         remote_read: str = "ranges",
@@ -140,15 +144,17 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             shuffle_window = shuffle_buffer
         if batch_size is not None and int(batch_size) < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        for name, value in (("shuffle_window", shuffle_window), ("shuffle_block", shuffle_block)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be at least 1, not {value}")
+        if shuffle_block != "shard" and (isinstance(shuffle_block, str) or shuffle_block < 1):
+            raise ValueError(f"shuffle_block must be a record count of at least 1 or "
+                             f"'shard', not {shuffle_block!r}")
+        if int(shuffle_window) < 1:
+            raise ValueError(f"shuffle_window must be at least 1, not {shuffle_window}")
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.drop_last = bool(drop_last)
         self.shuffle_window = int(shuffle_window)
-        self.shuffle_block = int(shuffle_block)
+        self.shuffle_block = shuffle_block if shuffle_block == "shard" else int(shuffle_block)
         self.read_ahead = max(0, int(read_ahead))
         if remote_read not in ("ranges", "shards"):
             raise ValueError(f"remote_read must be 'ranges' or 'shards', not {remote_read!r}")
@@ -276,7 +282,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
 
     def _iterate(self, position: WorkerPosition) -> Iterator[tuple[Any, int]]:
         plan = position.slice()
-        order = epoch_order(plan.n, self.order, position.epoch)
+        starts = np.asarray([first for first, _ in self.reader.shard_ranges()],
+                            dtype=np.int64) if self.shuffle_block == "shard" else None
+        order = epoch_order(plan.n, self.order, position.epoch, starts)
         labels = self.reader.labels
         watch_sizes = self.output in ("tensor", "numpy") and self.transform is None
         for index, data in self._records(plan, order, position):
