@@ -4,7 +4,7 @@
 
 Starts its own moto_server on 127.0.0.1 (loopback: this measures fastdata's
 request pattern and overheads, not a network), packs generated ImageNet-like
-photos into 8 tar shards, uploads them, then for the local folder and for the
+photos into tar shards of --shards-of records (pack-time shuffled), uploads them, then for the local folder and for the
 s3:// URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
 
 - streaming (ShardedIterableDataset), shuffled and in stored order: samples/s
@@ -45,19 +45,26 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
     import fastdata
 
     out = {"stream": 0.0, "first_batch_s": float("inf"), "stream_sequential": 0.0,
-           "stream_shards": 0.0, "first_batch_shards_s": float("inf"), "random": 0.0}
+           "stream_shards": 0.0, "first_batch_shards_s": float("inf"),
+           "stream_shard_blocks": 0.0, "first_batch_blocks_s": float("inf"), "random": 0.0}
     for r in range(repeat):
         os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}-{r}")
-        for shuffle, key, mode in ((True, "stream", "ranges"),
-                                   (False, "stream_sequential", "ranges"),
-                                   (True, "stream_shards", "shards")):
+        per_shard = max(n for _, n in fastdata.ShardedIterableDataset(path).reader.shard_ranges())
+        for shuffle, key, mode, block in (
+                (True, "stream", "ranges", None),
+                (False, "stream_sequential", "ranges", None),
+                (True, "stream_shards", "shards", None),
+                (True, "stream_shard_blocks", "shards", "shard")):
             os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}")
+            extra = {} if block is None else {"shuffle_block": block,
+                                              "shuffle_window": 2 * per_shard}
             stream = fastdata.ShardedIterableDataset(path, shuffle=shuffle, size=(224, 224),
-                                                     batch_size=64, remote_read=mode)
+                                                     batch_size=64, remote_read=mode, **extra)
             rate, first, _ = _epoch(torch.utils.data.DataLoader(
                 stream, batch_size=64, num_workers=workers, collate_fn=fastdata.collate))
             out[key] = max(out[key], rate)
-            first_key = {"stream": "first_batch_s", "stream_shards": "first_batch_shards_s"}
+            first_key = {"stream": "first_batch_s", "stream_shards": "first_batch_shards_s",
+                         "stream_shard_blocks": "first_batch_blocks_s"}
             if key in first_key:
                 out[first_key[key]] = min(out[first_key[key]], first)
         ds = fastdata.open_dataset(path, size=(224, 224))
@@ -72,6 +79,7 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=1024)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--shards-of", type=int, default=128, help="records per shard")
     args = parser.parse_args()
 
     import fastdata
@@ -88,27 +96,35 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             synthesize(os.path.join(tmp, "src"), kind="photos", n=args.photos, seed=0)
             local = os.path.join(tmp, "local")
+            # Pack-time shuffled, as a dataset streamed by whole shards should be.
             summary = fastdata.pack(os.path.join(tmp, "src"), os.path.join(local, "d-%06d.tar"),
-                                    options=fastdata.PackOptions(shard_size=args.photos // 8),
+                                    options=fastdata.PackOptions(shard_size=args.shards_of,
+                                                                 shuffle=0),
                                     progress=False)
             for name in os.listdir(local):
                 upload_file(os.path.join(local, name), f"s3://bench/d/{name}")
             rows = [("local disk", summary.output),
                     ("s3 (moto, loopback)", "s3://bench/d/d.tar.fastdata.json")]
-            print(f"{args.photos} generated photos in 8 tar shards, 224x224, batch 64, "
+            print(f"{args.photos} generated photos in tar shards of {args.shards_of} (packed with "
+                  f"--shuffle 0), 224x224, batch 64, "
                   f"{args.workers} workers, best of {args.repeat}")
             results = {}
             for label, path in rows:
                 results[label] = r = measure(path, args.workers, args.repeat,
                                              os.path.join(tmp, "cache"))
-                print(f"  {label:20s} stream shuffled, ranges {r['stream']:5.0f}/s (first "
-                      f"batch {r['first_batch_s']:.2f} s); shuffled, whole shards "
-                      f"{r['stream_shards']:5.0f}/s (first batch {r['first_batch_shards_s']:.2f} "
-                      f"s); in order {r['stream_sequential']:5.0f}/s; random access "
-                      f"{r['random']:5.0f}/s")
+                print(f"  {label}:\n"
+                      f"    stream shuffled, ranged reads   {r['stream']:6.0f}/s, first batch "
+                      f"{r['first_batch_s']:.2f} s\n"
+                      f"    stream shuffled, whole shards   {r['stream_shards']:6.0f}/s, first "
+                      f"batch {r['first_batch_shards_s']:.2f} s\n"
+                      f"    ... with shuffle_block='shard'  {r['stream_shard_blocks']:6.0f}/s, "
+                      f"first batch {r['first_batch_blocks_s']:.2f} s\n"
+                      f"    stream in stored order          {r['stream_sequential']:6.0f}/s\n"
+                      f"    random access (map-style)       {r['random']:6.0f}/s")
             a, b = results["local disk"], results["s3 (moto, loopback)"]
             print("  s3/local: " + ", ".join(
                 f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_shards",
+                                                    "stream_shard_blocks",
                                                     "stream_sequential", "random")))
     finally:
         proc.kill()

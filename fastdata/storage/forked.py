@@ -6,8 +6,9 @@ request (tokio-rs/tokio#4301). A DataLoader forks its workers by default,
 usually after the parent opened the dataset. So a process that inherited a
 used runtime sends its requests to a helper: a fresh interpreter started with
 fork+exec (``python -c``), which has a runtime of its own, one per process
-and started on first need. Requests and results cross a pipe; the helper
-exits when the pipe closes, that is with its process.
+and started on first need (up to ``MAX_HELPERS`` per process, for requests
+made at once). Requests and results cross a pipe; a helper exits when its
+pipe closes, that is with its process.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ import sys
 import threading
 
 _runtime_pid: int | None = None  # the process whose requests obstore has run
-_helper: "_Helper | None" = None
-_helper_lock = threading.Lock()
+#: Idle helpers of this process; up to MAX_HELPERS run requests at once.
+_idle: list = []
+_count = 0
+_pool_pid: int | None = None
+_pool_lock = threading.Condition()
+MAX_HELPERS = 2
 
 
 def mark_runtime() -> None:
@@ -37,12 +42,33 @@ def forked() -> bool:
 
 
 def via_helper(op: str, *args):
-    """Run storage operation ``op`` (see ``_OPS``) in this process's helper."""
-    global _helper
-    with _helper_lock:
-        if _helper is None or _helper.pid != os.getpid():
-            _helper = _Helper()
-        return _helper.call(op, args)
+    """Run storage operation ``op`` (see ``_ops``) in one of this process's
+    helpers (a thread waits for an idle one when MAX_HELPERS are busy)."""
+    helper = _acquire()
+    try:
+        return helper.call(op, args)
+    finally:
+        with _pool_lock:
+            _idle.append(helper)
+            _pool_lock.notify()
+
+
+def _acquire() -> "_Helper":
+    global _idle, _count, _pool_pid
+    with _pool_lock:
+        if _pool_pid != os.getpid():  # helpers of a parent are not ours
+            _idle, _count, _pool_pid = [], 0, os.getpid()
+        while not _idle and _count >= MAX_HELPERS:
+            _pool_lock.wait()
+        if _idle:
+            return _idle.pop()
+        _count += 1
+    try:
+        return _Helper()
+    except BaseException:
+        with _pool_lock:
+            _count -= 1
+        raise
 
 
 class _Helper:
