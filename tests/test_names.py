@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import Interrupt, build_tree, list_partials, uniform_spec
-from test_publish import pack, records
+from test_publish import pack, records, sharded_files
 
 import fastdata
 from fastdata.cli import main
@@ -45,17 +45,6 @@ def assert_one_error_line(result, *needles) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
-
-
-def dataset_files(manifest_path) -> set[str]:
-    """The names of the files a sharded dataset consists of, from its manifest."""
-    m = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
-    names = {os.path.basename(manifest_path), m["extra"]["index"], m["extra"]["keys"]}
-    for s in m["shards"]:
-        names.add(s["path"])
-        if m["format"] == "tfrecord":
-            names.add(s["path"] + ".idx")
-    return names
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +96,7 @@ def test_two_formats_with_one_prefix_both_pack_and_open_their_own_records(
         assert result.exit_code == 0, result.output
     manifests = sorted(n for n in os.listdir(out) if n.endswith(".fastdata.json"))
     assert len(manifests) == 2
-    assert set(os.listdir(out)) == set().union(*(dataset_files(out / m) for m in manifests))
+    assert set(os.listdir(out)) == set().union(*(sharded_files(out / m) for m in manifests))
 
 
 def test_sidecars_are_named_after_the_output_with_its_extension(tmp_path):
@@ -189,7 +178,7 @@ def test_overwrite_replaces_a_legacy_named_dataset_with_current_names(
     assert result.exit_code == 0, result.output
     output = json.loads(result.stdout)["output"]
     assert output == str(folder / (new_name.replace("-%06d", "") + ".fastdata.json"))
-    assert set(os.listdir(folder)) == dataset_files(output)
+    assert set(os.listdir(folder)) == sharded_files(output)
     assert [r[0] for r in records(folder / new_name)] == tree.keys
     assert invoke("verify", folder / new_name).exit_code == 0
 
@@ -221,11 +210,11 @@ def test_interrupted_overwrite_of_a_legacy_dataset_keeps_a_whole_one(
         if finished:
             assert records(folder / name) == new_records
             assert patch.calls < n
-            assert set(os.listdir(folder)) == dataset_files(summary.output)
+            assert set(os.listdir(folder)) == sharded_files(summary.output)
             break
         summary = pack(tree.root, folder / name, overwrite=True, **options)
         assert records(folder / name) == new_records
-        assert set(os.listdir(folder)) == dataset_files(summary.output), (call, n)
+        assert set(os.listdir(folder)) == sharded_files(summary.output), (call, n)
     else:
         pytest.fail("the pack never finished")
 
