@@ -250,3 +250,18 @@ def test_shards_are_uploaded_while_the_pack_goes_on(tree, s3_server, s3_env, cac
 
 def _records_of_tree(tree) -> list[tuple[str, bytes, int]]:
     return [(s.key, s.data, s.label) for s in tree.samples]
+
+
+@pytest.mark.parametrize("fmt,out,name", [FORMATS[2], FORMATS[3]], ids=["tfrecord", "tar"])
+def test_overwrite_at_a_url_leaves_only_the_new_dataset(tree, tmp_path, s3_server, s3_env,
+                                                       cache, fmt, out, name):
+    from fastdata.storage import list_names
+
+    bucket = f"over-{fmt}"
+    s3_server.make_bucket(bucket)
+    _pack(tree.root, f"s3://{bucket}/x/{out}", shard_size=3)       # 5 shards
+    summary = _pack(tree.root, f"s3://{bucket}/x/{out}", shard_size=8, overwrite=True)
+    left = list_names(f"s3://{bucket}/x")
+    assert sorted(left) == sorted(f.rsplit("/", 1)[-1] for f in summary.files)
+    _pack(tree.root, tmp_path / "local" / out, shard_size=8)
+    assert _records(f"s3://{bucket}/x/{name}") == _records(tmp_path / "local" / name)

@@ -41,15 +41,25 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
     from fastdata.storage import basename, exists, join, upload_file
 
     spec = format_for_output(url, options.format)
-    if not options.overwrite and _remote_dataset_exists(url, spec, exists, join):
-        raise OutputExistsError("a dataset exists at this URL; pass overwrite=True to "
-                                "replace it", path=url)
+    if _remote_dataset_exists(url, spec, exists, join):
+        if not options.overwrite:
+            raise OutputExistsError("a dataset exists at this URL; pass overwrite=True to "
+                                    "replace it", path=url)
+        old_files = _old_sharded_files(url, spec)
+    else:
+        old_files = []
     base = os.environ.get("FASTDATA_CACHE_DIR") or None
     if base:
         os.makedirs(base, exist_ok=True)
     started = time.perf_counter()
     staging = tempfile.mkdtemp(prefix=".fastdata-upload-", dir=base)
     folder = _url_folder(url, spec)
+    if old_files:
+        # Objects are replaced in place, name by name: the old dataset is taken
+        # out of sight first, so that no reader opens a mix of old and new.
+        from fastdata.storage import delete
+
+        delete(old_files[-1])
     early = _EarlyUploads(folder, staging + ".early")
     token = shard_listener.set(early.shard_finished)
     try:
@@ -67,6 +77,11 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
             if target not in done:
                 upload_file(local, target)
                 uploaded.append(target)
+        if old_files:  # what the old dataset had and the new one does not
+            from fastdata.storage import delete
+
+            for stale in set(old_files) - set(uploaded):
+                delete(stale)
         # The time includes the upload: the dataset is usable only from then on.
         return replace(summary, output=_remote_name(summary.output, staging, folder),
                        files=uploaded, seconds=time.perf_counter() - started,
@@ -161,3 +176,28 @@ def _remote_dataset_exists(url: str, spec, exists, join) -> bool:
         layout = parse_output(url, spec.extensions, sharded=False)
         return exists(layout.manifest_path)
     return exists(url)
+
+
+def _old_sharded_files(url: str, spec) -> list[str]:
+    """The objects of the sharded dataset at ``url`` (its manifest last), from
+    its manifest; [] for LMDB and HDF5, whose one object a put replaces whole."""
+    if not spec.sharded:
+        return []
+    import json
+
+    from fastdata.formats.sharded.layout import parse_output
+    from fastdata.packers.summary import report_path
+    from fastdata.storage import join, open_remote
+
+    layout = parse_output(url, spec.extensions, sharded=False)
+    manifest = json.loads(open_remote(layout.manifest_path).read())
+    folder = layout.directory
+    names = []
+    for shard in manifest.get("shards", []):
+        names.append(join(folder, shard["path"]))
+        if spec.name == "tfrecord":
+            names.append(join(folder, shard["path"] + ".idx"))
+    extra = manifest.get("extra", {})
+    names += [join(folder, extra[k]) for k in ("index", "keys") if extra.get(k)]
+    names.append(report_path(layout.manifest_path))
+    return names + [layout.manifest_path]
