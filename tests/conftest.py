@@ -510,6 +510,18 @@ def no_hang(seconds: int = 20):
         signal.signal(signal.SIGALRM, old)
 
 
+def lmdb_get(path, key: bytes) -> bytes:
+    """One value read with the plain lmdb module (nothing of fastdata involved)."""
+    import lmdb
+
+    env = lmdb.open(os.fspath(path), subdir=True, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return bytes(txn.get(key))
+    finally:
+        env.close()
+
+
 def lmdb_put(path, items: dict[bytes, bytes]) -> None:
     """Rewrite keys with the plain lmdb module (nothing of fastdata involved)."""
     import lmdb

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_tree, lmdb_put, run_python, uniform_spec
+from conftest import build_tree, lmdb_get, lmdb_put, run_python, uniform_spec
 
 import fastdata
 from fastdata.cli import main
@@ -64,17 +63,6 @@ def packed(tree, tmp_path, fmt: str, **options) -> Path:
 
 def verify_cli(path):
     return CliRunner().invoke(main, ["verify", str(path)])
-
-
-def lmdb_get(path, key: bytes) -> bytes:
-    import lmdb
-
-    env = lmdb.open(os.fspath(path), subdir=True, readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            return bytes(txn.get(key))
-    finally:
-        env.close()
 
 
 def overwrite(path, offset: int, data: bytes) -> None:

@@ -20,6 +20,7 @@ from conftest import (
     IMG_EXTENSIONS,
     assert_pixels,
     build_tree,
+    lmdb_get,
     lmdb_put,
     run_python,
     uniform_spec,
@@ -53,15 +54,6 @@ def _encoding_of(data: bytes) -> str:
 
 
 
-
-
-def _plain_get(path, key: bytes) -> bytes:
-    env = lmdb.open(os.fspath(path), subdir=True, readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            return bytes(txn.get(key))
-    finally:
-        env.close()
 
 
 # -- a shared, read-only pack -------------------------------------------------------
@@ -366,7 +358,7 @@ def test_missing_and_foreign_paths(tmp_path):
 
 def test_manifest_from_newer_version(packed):
     out = packed(".lmdb")
-    manifest = json.loads(_plain_get(out, b"__manifest__"))
+    manifest = json.loads(lmdb_get(out, b"__manifest__"))
     manifest["version"] = 999
     lmdb_put(out, {b"__manifest__": json.dumps(manifest).encode()})
     with pytest.raises(ManifestError, match="newer") as info:
@@ -426,11 +418,11 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     out = packed(".lmdb")
     bad = 4
     garbage = b"definitely not an image" * 3
-    crcs = np.frombuffer(_plain_get(out, b"__crc32__"), dtype="<u4").copy()
+    crcs = np.frombuffer(lmdb_get(out, b"__crc32__"), dtype="<u4").copy()
     crcs[bad] = zlib.crc32(garbage)
     # The CRC32 array is under a SHA-256 in the manifest: record the new one too,
     # as a pack of these bytes would have.
-    manifest = json.loads(_plain_get(out, b"__manifest__"))
+    manifest = json.loads(lmdb_get(out, b"__manifest__"))
     manifest["checksums"]["metadata_sha256"]["__crc32__"] = hashlib.sha256(
         crcs.tobytes()).hexdigest()
     lmdb_put(out, {f"{bad:010d}".encode(): garbage, b"__crc32__": crcs.tobytes(),
