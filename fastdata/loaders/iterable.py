@@ -314,10 +314,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         """(index, payload) of this worker's positions from ``position.taken``
         on, read in chunks; ``position.taken`` counts each one as it is handed on."""
         positions = worker_positions(plan, position.worker, position.workers)
-        todo = positions[position.taken:]
         base = position.taken
-        chunks = [plan.record_indices(order, todo[start:start + _READ_CHUNK]).tolist()
-                  for start in range(0, len(todo), _READ_CHUNK)]
+        chunks = _Chunks(plan, order, positions[base:])
         ahead = _ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0,
                            whole_shards=self.remote_read == "shards")
         try:
@@ -374,12 +372,29 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                           f"{lost[0][1]}", RuntimeWarning, stacklevel=3)
 
 
+class _Chunks:
+    """The record indices of a worker's remaining positions, ``_READ_CHUNK`` at
+    a time, made when asked for (not a whole epoch's lists up front)."""
+
+    def __init__(self, plan: Slice, order, positions) -> None:
+        self.plan, self.order, self.positions = plan, order, positions
+
+    def __len__(self) -> int:
+        return -(-len(self.positions) // _READ_CHUNK)
+
+    def __getitem__(self, k: int) -> list[int]:
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        part = self.positions[k * _READ_CHUNK:(k + 1) * _READ_CHUNK]
+        return self.plan.record_indices(self.order, part).tolist()
+
+
 class _ReadAhead:
     """Chunks of records fetched ``depth`` chunks ahead of use in one thread, so
     that a remote dataset's requests overlap decoding; ``depth`` 0 reads nothing
     ahead (local files are read as they are used)."""
 
-    def __init__(self, reader, chunks: list[list[int]], depth: int,
+    def __init__(self, reader, chunks: "_Chunks", depth: int,
                  whole_shards: bool = False) -> None:
         self.reader = reader
         self.chunks = chunks

@@ -53,7 +53,7 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         os.makedirs(base, exist_ok=True)
     started = time.perf_counter()
     staging = tempfile.mkdtemp(prefix=".fastdata-upload-", dir=base)
-    folder = _url_folder(url, spec)
+    folder = _url_folder(url)
     if old_files:
         # Objects are replaced in place, name by name: the old dataset is taken
         # out of sight first, so that no reader opens a mix of old and new.
@@ -70,7 +70,7 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         finally:
             shard_listener.reset(token)
         uploaded = early.wait()  # shards uploaded while the next ones were written
-        done = {name for name in uploaded}
+        done = set(uploaded)
         for local in _upload_order(staging):
             rel = os.path.relpath(local, staging).replace(os.sep, "/")
             target = join(folder, rel)
@@ -136,7 +136,7 @@ def _upload_one(upload_file, held: str, target: str) -> str:
     return target
 
 
-def _url_folder(url: str, spec) -> str:
+def _url_folder(url: str) -> str:
     from fastdata.storage import dirname
 
     return dirname(url.rstrip("/"))
