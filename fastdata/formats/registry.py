@@ -185,9 +185,8 @@ def manifest_format(path: str | os.PathLike) -> str | None:
     """The format a ``.fastdata.json`` manifest file names; None when it cannot be
     read as one (missing, unreadable, not a JSON object with a string ``format``)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        data = json.loads(read_bytes(path))
+    except (OSError, ValueError, FastDataError):  # FastDataError: a remote one failed
         return None
     name = data.get("format") if isinstance(data, dict) else None
     return name if isinstance(name, str) else None

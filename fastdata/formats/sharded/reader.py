@@ -113,8 +113,7 @@ class ShardedReader(Reader):
             return layout.manifest_path
         legacy = layout.legacy_manifest_path
         if legacy != layout.manifest_path and exists(legacy):
-            found = _remote_manifest_format(legacy) if is_remote(legacy) \
-                else manifest_format(legacy)
+            found = manifest_format(legacy)
             if found is None or found == self.format_name:  # unreadable: let its error show
                 return legacy
         return None
@@ -369,14 +368,3 @@ class ShardedReader(Reader):
             except OSError:
                 pass
         self._fds = {}
-
-
-
-def _remote_manifest_format(url: str) -> str | None:
-    """The format a manifest at a URL names (None when it is not one)."""
-    try:
-        data = json.loads(read_bytes(url))
-    except (OSError, ValueError, FastDataError):
-        return None
-    name = data.get("format") if isinstance(data, dict) else None
-    return name if isinstance(name, str) else None
