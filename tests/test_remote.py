@@ -265,3 +265,14 @@ def test_overwrite_at_a_url_leaves_only_the_new_dataset(tree, tmp_path, s3_serve
     assert sorted(left) == sorted(f.rsplit("/", 1)[-1] for f in summary.files)
     _pack(tree.root, tmp_path / "local" / out, shard_size=8)
     assert _records(f"s3://{bucket}/x/{name}") == _records(tmp_path / "local" / name)
+
+
+def test_reopening_a_remote_dataset_does_not_leak_descriptors(tree, s3_server, s3_env, cache):
+    s3_server.make_bucket("fds")
+    _pack(tree.root, "s3://fds/d.lmdb")
+    fastdata.open_dataset("s3://fds/d.lmdb").close()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        with fastdata.open_dataset("s3://fds/d.lmdb") as ds:
+            ds[0]
+    assert len(os.listdir("/proc/self/fd")) - before < 5

@@ -50,9 +50,24 @@ def local_copy(path) -> str:
     """A local file with the contents of ``path``: itself, or a cached download."""
     if not is_remote(path):
         return path
+    return _process_cache().local(path)
+
+
+#: One ShardCache per process and cache settings: it holds a shared lock on
+#: the copies it returned (so they are not evicted while read), and a cache
+#: made per call would leave those lock descriptors open.
+_caches: dict[tuple, object] = {}
+
+
+def _process_cache():
     from fastdata.storage import ShardCache
 
-    return ShardCache().local(path)
+    key = (os.getpid(), os.environ.get("FASTDATA_CACHE_DIR"),
+           os.environ.get("FASTDATA_CACHE_LIMIT"), os.environ.get("XDG_CACHE_HOME"))
+    cache = _caches.get(key)
+    if cache is None:
+        cache = _caches[key] = ShardCache()
+    return cache
 
 
 class RangedReads:
