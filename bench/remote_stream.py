@@ -1,9 +1,13 @@
 """Reading tar shards from an S3 server against the same shards on local disk.
 
-    python bench/remote_stream.py [--photos 1024] [--workers 2] [--repeat 2]
+    python bench/remote_stream.py [--photos 1024] [--workers 2] [--repeat 2] [--server moto]
 
-Starts its own moto_server on 127.0.0.1 (loopback: this measures fastdata's
-request pattern and overheads, not a network), packs generated ImageNet-like
+Starts its own S3 server on 127.0.0.1: moto_server (Python, the one the tests
+use) or, with --server s3rver, s3rver (Node.js, objects in files; install with
+``npm install --prefix /opt/s3rver s3rver@3``). Loopback: this measures
+fastdata's request pattern and overheads, not a network; the server runs on
+the same cores as the DataLoader workers, and the CPU time it used is printed.
+It packs generated ImageNet-like
 photos into tar shards of --shards-of records (pack-time shuffled), uploads them, then for the local folder and for the
 s3:// URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
 
@@ -27,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from storage_ranges import start_moto  # noqa: E402
+from storage_ranges import cpu_seconds, start_moto, start_s3rver  # noqa: E402
 
 
 def _epoch(loader) -> tuple[float, float, int]:
@@ -80,19 +84,27 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--shards-of", type=int, default=128, help="records per shard")
+    parser.add_argument("--server", choices=("moto", "s3rver"), default="moto")
     args = parser.parse_args()
 
     import fastdata
     from fastdata.demo import synthesize
     from fastdata.storage import upload_file
 
-    proc, endpoint = start_moto()
+    server_files = tempfile.TemporaryDirectory()
+    if args.server == "moto":
+        proc, endpoint = start_moto()
+        key = "testing"
+    else:
+        proc, endpoint = start_s3rver("bench", server_files.name)
+        key = "S3RVER"
     try:
-        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
-                          AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
-        import boto3
+        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=key,
+                          AWS_SECRET_ACCESS_KEY=key, AWS_REGION="us-east-1")
+        if args.server == "moto":
+            import boto3
 
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
         with tempfile.TemporaryDirectory() as tmp:
             synthesize(os.path.join(tmp, "src"), kind="photos", n=args.photos, seed=0)
             local = os.path.join(tmp, "local")
@@ -104,14 +116,16 @@ def main() -> None:
             for name in os.listdir(local):
                 upload_file(os.path.join(local, name), f"s3://bench/d/{name}")
             rows = [("local disk", summary.output),
-                    ("s3 (moto, loopback)", "s3://bench/d/d.tar.fastdata.json")]
+                    (f"s3 ({args.server}, loopback)", "s3://bench/d/d.tar.fastdata.json")]
             print(f"{args.photos} generated photos in tar shards of {args.shards_of} (packed with "
                   f"--shuffle 0), 224x224, batch 64, "
                   f"{args.workers} workers, best of {args.repeat}")
             results = {}
             for label, path in rows:
+                server_cpu = cpu_seconds(proc.pid)
                 results[label] = r = measure(path, args.workers, args.repeat,
                                              os.path.join(tmp, "cache"))
+                server_cpu = cpu_seconds(proc.pid) - server_cpu
                 print(f"  {label}:\n"
                       f"    stream shuffled, ranged reads   {r['stream']:6.0f}/s, first batch "
                       f"{r['first_batch_s']:.2f} s\n"
@@ -120,8 +134,9 @@ def main() -> None:
                       f"    ... with shuffle_block='shard'  {r['stream_shard_blocks']:6.0f}/s, "
                       f"first batch {r['first_batch_blocks_s']:.2f} s\n"
                       f"    stream in stored order          {r['stream_sequential']:6.0f}/s\n"
-                      f"    random access (map-style)       {r['random']:6.0f}/s")
-            a, b = results["local disk"], results["s3 (moto, loopback)"]
+                      f"    random access (map-style)       {r['random']:6.0f}/s\n"
+                      f"    server CPU over these runs      {server_cpu:6.1f} s")
+            a, b = results["local disk"], results[rows[1][0]]
             print("  s3/local: " + ", ".join(
                 f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_shards",
                                                     "stream_shard_blocks",
@@ -129,6 +144,7 @@ def main() -> None:
     finally:
         proc.kill()
         proc.wait()
+        server_files.cleanup()
 
 
 if __name__ == "__main__":

@@ -37,16 +37,43 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, _wait_for(proc, port, "moto_server")
+
+
+#: Where ``npm install --prefix /opt/s3rver s3rver@3`` puts the s3rver command.
+S3RVER_PATHS = ("s3rver", "/opt/s3rver/node_modules/.bin/s3rver")
+
+
+def start_s3rver(bucket: str, folder: str) -> tuple[subprocess.Popen, str]:
+    """s3rver (Node.js, objects in files of ``folder``) with ``bucket`` made, on
+    127.0.0.1; its credentials are S3RVER / S3RVER."""
+    command = next((p for p in S3RVER_PATHS if shutil.which(p)), None)
+    if command is None:
+        sys.exit("s3rver is not installed (npm install --prefix /opt/s3rver s3rver@3)")
+    port = _free_port()
+    proc = subprocess.Popen([command, "-d", folder, "-a", "127.0.0.1", "-p", str(port), "-s",
+                             "--no-vhost-buckets", "--configure-bucket", bucket],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, _wait_for(proc, port, "s3rver")
+
+
+def _wait_for(proc: subprocess.Popen, port: int, name: str) -> str:
     deadline = time.monotonic() + 30
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
+            return f"http://127.0.0.1:{port}"
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                sys.exit("moto_server did not start")
+                sys.exit(f"{name} did not start")
             time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def best_of(repeat: int, fn) -> float:
