@@ -49,6 +49,17 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class PieceRecord:
+    """What a resumed pack knows of a record it keeps: its key, label, CRC-32 and
+    payload size (the bytes themselves stay in the partial output)."""
+
+    key: str
+    label: int
+    crc: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class RenamedKey:
     """A record whose key a format stores under another name (tar member names).
     The dataset's keys (``ds.keys``) stay the original ones.

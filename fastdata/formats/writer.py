@@ -26,7 +26,11 @@ from fastdata.formats.output import (
     is_disk_full,
     lock_path,
 )
-from fastdata.records import Manifest, Record, RenamedKey
+from fastdata.records import Manifest, PieceRecord, Record, RenamedKey
+
+class PieceLost(FastDataError):
+    """A piece of an interrupted pack is no longer whole in its partial output."""
+
 
 #: What a failed write raises: OS errors, h5py's RuntimeError for a failed flush,
 #: and fastdata's own errors that wrap either (see ``Writer._failure``).
@@ -39,18 +43,31 @@ class Writer:
     Subclasses implement ``_open``, ``_write`` and ``_close``; callers use
     ``write`` for each record, then ``finish`` with the manifest (or ``abort``).
 
+    A pack that can be resumed (fastdata.packers.pieces) also cuts the records
+    into pieces: ``end_piece`` makes a piece durable and returns what a later
+    run needs to take it back (``adopt_piece``) from the partial output that
+    ``resume_path`` reopens; ``suspend`` lets go of the output but leaves the
+    partial output for that run. Formats implement ``_end_piece``,
+    ``_adopt_piece``, ``_reopen`` and ``_payloads`` for it.
+
     Args:
         path: the final output path.
         overwrite: replace an existing output instead of refusing.
+        resume_path: the partial output of an interrupted pack to continue
+            (reopened instead of a new temporary output).
         **options: format options (for example ``shard_size``); unknown ones are
             an error in the subclass.
     """
+
+    #: Whether the format can take pieces back from a partial output.
+    resumable = False
 
     format_name = ""
     #: Whether the output is a folder (True) or a single file (False).
     output_is_dir = False
 
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
+                 resume_path: str | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.overwrite = overwrite
         parent = os.path.dirname(self.path)
@@ -66,7 +83,7 @@ class Writer:
             raise self._failure(exc)  # an unwritable folder, a full disk
         try:
             self._check_existing()
-            self.temp_path = self._make_temp(parent, base)
+            self.temp_path = resume_path or self._make_temp(parent, base)
         except _WRITE_ERRORS as exc:
             self._lock.release()
             raise self._failure(exc)
@@ -80,7 +97,10 @@ class Writer:
         self._sha = hashlib.sha256()
         self._done = False
         try:
-            self._open(self.temp_path)
+            if resume_path:
+                self._reopen(self.temp_path)
+            else:
+                self._open(self.temp_path)
         except _WRITE_ERRORS as exc:
             failure = self._failure(exc)  # measured before the temporary output goes
             self._drop()  # nothing half-made stays behind
@@ -133,6 +153,30 @@ class Writer:
     def _discard(self) -> None:
         """Release handles after a failure (files are removed by the base)."""
 
+    def _end_piece(self, number: int) -> dict:
+        """Make every record written so far durable; return the JSON-ready facts
+        ``_adopt_piece`` needs to take piece ``number`` back."""
+        raise NotImplementedError(f"{self.format_name} packs cannot be resumed")
+
+    def _adopt_piece(self, number: int, state: dict, records: list["PieceRecord"]) -> None:
+        """Take piece ``number`` back from the reopened partial output, checking
+        it is whole (raise ``PieceLost`` if not); its records follow those
+        already counted."""
+        raise NotImplementedError(f"{self.format_name} packs cannot be resumed")
+
+    def _reopen(self, temp_path: str) -> None:
+        """Open the partial output of an interrupted pack to continue it."""
+        raise NotImplementedError(f"{self.format_name} packs cannot be resumed")
+
+    def _payloads(self, number: int, state: dict, records: list["PieceRecord"]):
+        """The payloads of an adopted piece, in record order (for the running
+        SHA-256 of every payload)."""
+        raise NotImplementedError(f"{self.format_name} packs cannot be resumed")
+
+    def _after_adopting(self) -> None:
+        """Called once the pieces to keep are adopted, before new records come:
+        drop whatever the partial output holds beyond them."""
+
     def renamed_keys(self) -> list[RenamedKey]:
         """Records stored under another name than their key, after ``finish``
         (none, unless the format restricts names: tar)."""
@@ -155,6 +199,38 @@ class Writer:
         self.crcs.append(crc)
         self.payload_bytes += len(record.payload)
         self.count += 1
+
+    def end_piece(self, number: int) -> dict:
+        """Piece ``number`` is complete: make it durable and return its facts."""
+        try:
+            return self._end_piece(number)
+        except _WRITE_ERRORS as exc:
+            raise self._failure(exc)
+
+    def adopt_piece(self, number: int, state: dict, records: list["PieceRecord"]) -> None:
+        """Count piece ``number`` of an interrupted pack as written (see ``_adopt_piece``)."""
+        self._adopt_piece(number, state, records)
+        for payload in self._payloads(number, state, records):
+            self._sha.update(payload)
+        for r in records:
+            self.keys.append(r.key)
+            self.labels.append(r.label)
+            self.crcs.append(r.crc)
+            self.payload_bytes += r.size
+        self.count += len(records)
+
+    def done_adopting(self) -> None:
+        self._after_adopting()
+
+    def suspend(self) -> None:
+        """Stop without removing the partial output (for a later resume)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._discard()
+        finally:
+            self._lock.release()
 
     @property
     def payload_sha256(self) -> str:
