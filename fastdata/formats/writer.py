@@ -61,6 +61,9 @@ class Writer:
 
     #: Whether the format can take pieces back from a partial output.
     resumable = False
+    #: Set by a resumable pack: records are committed only at ``end_piece``
+    #: (and shards cut there), so an interrupted pack ends on a piece boundary.
+    piece_mode = False
 
     format_name = ""
     #: Whether the output is a folder (True) or a single file (False).
