@@ -45,6 +45,13 @@ from fastdata.machine import human_bytes
                    "cores]. Every N gives the same files byte for byte, except the manifest's "
                    "created_at (and LMDB's lock.mdb).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted pack to OUTPUT (Ctrl-C, kill, crash, power "
+                   "loss): the pieces it finished (shards; for lmdb/hdf5 commits of 1000 "
+                   "images) are checked and kept, the rest is packed, and the result is the "
+                   "one an uninterrupted pack gives. Give the same SOURCE and options "
+                   "(--workers may differ); a changed source or option is refused. Without "
+                   "--resume, a pack starts over and removes what an interrupted one left.")
 @click.option("--strict", is_flag=True,
               help="Stop at the first corrupt or unreadable image (default: skip it and list it "
                    "in the summary and in OUTPUT.report.json, for tar/tfrecord "
@@ -78,8 +85,8 @@ from fastdata.machine import human_bytes
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         workers, overwrite, strict, verify_decode, max_pixels, extensions, shuffle, as_json,
-         progress):
+         workers, overwrite, resume, strict, verify_decode, max_pixels, extensions, shuffle,
+         as_json, progress):
     """Pack the image folder SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -97,7 +104,9 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
       fastdata pack cifar/ cifar.lmdb --encoding raw
       fastdata pack imagenet/train train-%06d.tar --shard-size 1GB --shuffle 0
 
-    Nothing is left half-written: the output appears only when complete.
+    Nothing is left half-written: the output appears only when complete. An
+    interrupted pack keeps the pieces it finished beside OUTPUT (hidden), and the
+    same command with --resume continues it.
     """
     from fastdata.packers.pack import PackOptions
     from fastdata.packers.pack import pack as run_pack
@@ -110,7 +119,7 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     options = PackOptions(format=format_, overwrite=overwrite, strict=strict,
                           verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
                           workers=workers, extensions=extensions, shuffle=parse_seed(shuffle),
-                          **limit)
+                          resume=resume, **limit)
 
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)

@@ -70,9 +70,12 @@ class Writer:
     output_is_dir = False
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 resume_path: str | None = None) -> None:
+                 resume_path: str | None = None, detached_dir: str | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.overwrite = overwrite
+        if detached_dir is not None:
+            self._init_detached(detached_dir)
+            return
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
         base = os.path.basename(self.path)
@@ -111,6 +114,26 @@ class Writer:
         except BaseException:
             self._drop()
             raise
+
+    def _init_detached(self, folder: str) -> None:
+        """A writer of pieces only, into ``folder`` (a cluster worker's): no lock,
+        no output of its own, nothing published; ``end_piece`` returns what the
+        pack's writer adopts."""
+        self.temp_path = folder
+        self.payload_bytes = 0
+        self.count = 0
+        self.keys, self.labels, self.crcs = [], [], []
+        self._sha = hashlib.sha256()
+        self._done = True  # nothing to abort: the caller owns the folder
+        self._lock = None
+        self.piece_mode = True
+        self._open(folder)
+
+    @classmethod
+    def output_stem(cls, path, **options) -> str:
+        """The path this writer's lock, temporary output and pack state are
+        named after (the output itself; sharded formats: the sidecars' stem)."""
+        return os.path.abspath(os.fspath(path))
 
     def _make_temp(self, parent: str, base: str) -> str:
         if self.output_is_dir:
@@ -203,12 +226,25 @@ class Writer:
         self.payload_bytes += len(record.payload)
         self.count += 1
 
+    def begin_piece(self, number: int) -> None:
+        """The records written next belong to piece ``number``."""
+        self._piece = number
+
     def end_piece(self, number: int) -> dict:
         """Piece ``number`` is complete: make it durable and return its facts."""
         try:
             return self._end_piece(number)
         except _WRITE_ERRORS as exc:
             raise self._failure(exc)
+
+    def check_piece(self, number: int, state: dict, records: list["PieceRecord"]) -> None:
+        """Raise ``PieceLost`` unless piece ``number`` is whole in the partial
+        output (formats whose pieces are files of their own check them here,
+        before any is adopted; the others check in ``_adopt_piece``)."""
+        self._check_piece(number, state, records)
+
+    def _check_piece(self, number: int, state: dict, records: list["PieceRecord"]) -> None:
+        pass
 
     def adopt_piece(self, number: int, state: dict, records: list["PieceRecord"]) -> None:
         """Count piece ``number`` of an interrupted pack as written (see ``_adopt_piece``)."""

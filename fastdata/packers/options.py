@@ -40,6 +40,9 @@ class PackOptions:
         shuffle: a seed (a whole number >= 0): the records in the seeded random
             order of :mod:`fastdata.packers.shuffle`, labels and keys with them;
             None: source order. Recorded as ``pack_options.shuffle``.
+        resume: continue the interrupted pack to this output: pieces already
+            written (and checked whole) are kept, the rest is packed; refused
+            when the source or the options (workers aside) changed. Not recorded.
     """
 
     format: str | None = None
@@ -53,3 +56,4 @@ class PackOptions:
     writer_options: dict[str, Any] = field(default_factory=dict)
     extensions: Iterable[str] | str | None = None
     shuffle: int | None = None
+    resume: bool = False

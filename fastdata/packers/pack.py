@@ -27,6 +27,10 @@ from fastdata.formats import FormatSpec, check_local, format_for_output, sharded
 from fastdata.formats.remote_files import as_local, is_remote
 from fastdata.image_header import check_max_pixels
 from fastdata.machine import usable_cores
+from fastdata.formats.writer import remove_path
+from fastdata.packers.journal import PackJournal, remove_stale_partials, state_dir
+from fastdata.packers.pieces import entries_to_prepare, pieces_to_keep, write_pieces
+from fastdata.packers.plan import PackPlan, ResumeRefused
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.options import PackOptions
 from fastdata.packers.shuffle import check_seed, shuffled
@@ -123,6 +127,10 @@ def pack(
     if is_remote(output):
         from fastdata.packers.upload import pack_to_url
 
+        if options.resume:
+            raise FastDataError("--resume of a pack to a URL is not supported: pack to a "
+                                "local folder with --resume, then upload it", path=output)
+
         return pack_to_url(pack, source, output, options, progress=progress, on_event=on_event)
     check_local(output)
     if not isinstance(source, Source):
@@ -145,41 +153,36 @@ def pack(
     extensions = _folder_extensions(src, options)
     seed = check_seed(options.shuffle)
 
-    # The writer first: it refuses an existing output before any scanning.
-    with _sigterm_as_interrupt(), writer_cls(output, overwrite=options.overwrite,
-                                              **writer_options) as writer:
-        if src is None:
-            src = ImageFolderSource(source_root, extensions=extensions)
-        if seed is not None:
-            src = shuffled(src, seed)
-        tally = _Tally(len(src.classes), on_event)
-        for msg in src.warnings():
-            tally.warn(msg)
-        items = _Prepared(src, options, min(workers, max(1, len(src) // 16)))
-        # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
-        bar = progress_bar(len(src), f"pack {os.path.basename(output)}", enabled=progress)
+    resume = bool(options.resume)
+    if resume and not writer_cls.resumable:
+        raise FastDataError(f"{spec.name} packs cannot be resumed; pack again without --resume",
+                            path=output)
+    journal = PackJournal(state_dir(writer_cls.output_stem(output, **writer_options)))
+    resume_path = _partial_to_resume(journal, output) if resume else None
+    # The writer first: it refuses an existing output (and a pack already
+    # running to it) before any scanning.
+    with _sigterm_as_interrupt():
+        writer = writer_cls(output, overwrite=options.overwrite,
+                            **({"resume_path": resume_path} if resume_path else {}),
+                            **writer_options)
         try:
-            for item in items:
-                bar.update(1)
-                if isinstance(item, SkippedFile):
-                    if options.strict:
-                        raise BadImageError(
-                            item.reason + " (strict=True stops at the first bad image)",
-                            path=os.path.join(source_root, item.key) if source_root
-                            else item.key, key=item.key)
-                    tally.skipped.append(item)
-                    continue
-                tally.add(item)
-                writer.write(Record(writer.count, item.key, item.label, item.payload,
-                                    item.encoding, item.width, item.height))
-        except BaseException:
-            items.close(terminate=True)
+            manifest, tally, src = _pack_into(writer, spec, journal, source, src, source_root,
+                                              extensions, seed, options, writer_options,
+                                              workers, progress, on_event, output)
+        except ResumeRefused:
+            writer.suspend()  # the interrupted pack stays as it was
             raise
-        finally:
-            bar.close()
-            items.close()
-        _check_written(src, tally, writer.count, source_root)
-        manifest = writer.finish(_manifest(spec, src, tally, writer, options, writer_options))
+        except BaseException as exc:
+            if (writer.resumable and _resumable_failure(exc) and journal.exists()
+                    and not journal.finishing):
+                writer.suspend()
+                journal.close()
+                _say_how_to_resume(exc, journal)
+            else:
+                writer.abort()
+                journal.remove()
+            raise
+        journal.remove()
         renamed = writer.renamed_keys()
 
     output = getattr(writer, "output_path", output)
@@ -200,6 +203,130 @@ def pack(
         ignored_extensions=dict(manifest.source.get("ignored_extensions") or {}),
         renamed=renamed,
     )
+
+
+def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed,
+               options: PackOptions, writer_options, workers, progress, on_event, output):
+    """Scan, plan, prepare and write everything into ``writer``; returns the
+    published manifest, the tally and the source."""
+    if src is None:
+        src = ImageFolderSource(source_root, extensions=extensions)
+    if seed is not None:
+        src = shuffled(src, seed)
+    tally = _Tally(len(src.classes), on_event)
+    for msg in src.warnings():
+        tally.warn(msg)
+    kept: dict = {}
+    plan = None
+    total = len(src)
+    if writer.resumable:
+        writer.piece_mode = True
+        plan = PackPlan.build(src, src.classes,
+                              _resume_options(spec, options, writer_options),
+                              sharded=spec.sharded,
+                              max_records=getattr(writer, "max_records", None),
+                              max_bytes=getattr(writer, "max_bytes", None),
+                              stored_size=getattr(writer, "stored_size_of", None))
+        if options.resume and not journal.exists():
+            tally.warn("no interrupted pack of this output to resume (it stopped before "
+                       "its plan was saved); packing from the start")
+        if options.resume and journal.exists():
+            saved = PackPlan.from_json(journal.plan_json(), journal.folder)
+            saved.check_same(plan, output)
+            kept = pieces_to_keep(writer, plan, journal, prefix_only=not spec.sharded,
+                                  warn=tally.warn)
+        else:
+            _discard_earlier_partial(journal, tally)
+            remove_stale_partials(writer)
+            journal.start(plan.to_json(), writer.temp_path)
+        todo = entries_to_prepare(src, plan, kept)
+        todo_count = total - sum(plan.pieces[k][1] - plan.pieces[k][0] for k in kept)
+    else:
+        todo, todo_count = iter(src), total
+    items = _Prepared(todo, options, min(workers, max(1, todo_count // 16)))
+    # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
+    bar = progress_bar(total, f"pack {os.path.basename(output)}", enabled=progress)
+    try:
+        if plan is not None:
+            write_pieces(writer, plan, kept, items, journal, tally, strict=options.strict,
+                         source_root=source_root, adopted_already=not spec.sharded,
+                         on_entries=bar.update)
+        else:
+            _write_all(writer, items, tally, options, source_root, bar)
+    except BaseException:
+        items.close(terminate=True)
+        raise
+    finally:
+        bar.close()
+        items.close()
+    _check_written(src, tally, writer.count, source_root)
+    # From here an interruption drops the partial output, as before pieces existed:
+    # the publish moves its files, so what is left would not resume.
+    journal.finishing = True
+    manifest = writer.finish(_manifest(spec, src, tally, writer, options, writer_options))
+    return manifest, tally, src
+
+
+def _write_all(writer, items, tally: "_Tally", options: PackOptions, source_root, bar) -> None:
+    """Write every prepared item (formats that cannot resume)."""
+    for item in items:
+        bar.update(1)
+        if isinstance(item, SkippedFile):
+            if options.strict:
+                raise BadImageError(
+                    item.reason + " (strict=True stops at the first bad image)",
+                    path=os.path.join(source_root, item.key) if source_root
+                    else item.key, key=item.key)
+            tally.skipped.append(item)
+            continue
+        tally.add(item)
+        writer.write(Record(writer.count, item.key, item.label, item.payload,
+                            item.encoding, item.width, item.height))
+
+
+def _resume_options(spec: FormatSpec, options: PackOptions, writer_options) -> dict:
+    """What a resume must find unchanged: the recorded options and the limit."""
+    return {**_recorded_options(spec, options, writer_options),
+            "max_pixels": options.max_pixels}
+
+
+def _partial_to_resume(journal: PackJournal, output: str) -> str | None:
+    if not journal.exists():
+        return None  # killed before its plan was saved: the pack starts from the beginning
+    partial = journal.partial()
+    if partial is None:
+        raise FastDataError("the partial output of the interrupted pack is gone; pack "
+                            "again without --resume", path=output)
+    return partial
+
+
+def _discard_earlier_partial(journal: PackJournal, tally: "_Tally") -> None:
+    """A pack without --resume starts over: the partial output of an earlier,
+    interrupted pack to the same output goes (the lock says it is not running)."""
+    if not journal.exists():
+        return
+    partial = journal.partial()
+    if partial:
+        remove_path(partial)
+    journal.remove()
+    tally.warn("the partial output of an interrupted pack to this output was removed; "
+               "--resume would have continued it")
+
+
+def _resumable_failure(exc: BaseException) -> bool:
+    """An interruption (Ctrl-C, SIGTERM): the pieces written so far are kept
+    for --resume. After an error (a full disk, a bad option) the partial output
+    goes, as it always did: it would hold the space the error asks for."""
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def _say_how_to_resume(exc: BaseException, journal: PackJournal) -> None:
+    import sys
+
+    done = len(journal.pieces())
+    print(f"fastdata: {done} finished piece{'s' if done != 1 else ''} kept in "
+          f"{journal.folder}; the same command with --resume continues the pack",
+          file=sys.stderr)
 
 
 def _folder_extensions(src: Source | None, options: PackOptions) -> tuple[str, ...] | None:
@@ -225,14 +352,14 @@ def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict
 
 
 class _Prepared:
-    """Every entry of a source prepared, in source order, by worker processes when
+    """Every entry prepared, in order, by worker processes when
     ``workers`` > 1. The pool starts here, at once (before any thread of ours
     exists); ``close()`` stops it."""
 
-    def __init__(self, src: Source, options: PackOptions, workers: int) -> None:
+    def __init__(self, entries, options: PackOptions, workers: int) -> None:
         self._stop = threading.Event()
         jobs = ((entry, options.verify_decode, options.preprocess, options.max_pixels)
-                for entry in _until(src, self._stop))
+                for entry in _until(entries, self._stop))
         self._pool = start_pool(workers)
         self._chunks = None
         if self._pool is None:
@@ -319,6 +446,17 @@ def _check_written(src: Source, tally: _Tally, written: int, root: str | None) -
             tally.warn(f"every image of class {name!r} was skipped; its label {label} is kept")
 
 
+def _recorded_options(spec: FormatSpec, options: PackOptions, writer_options) -> dict:
+    """The options recorded in the manifest's ``pack_options``."""
+    return {"format": spec.name, "strict": options.strict,
+            "verify_decode": options.verify_decode,
+            "preprocess": options.preprocess.to_dict(),
+            "extensions": None if options.extensions is None
+            else [e[1:] for e in parse_extensions(options.extensions)],
+            "shuffle": check_seed(options.shuffle),
+            **writer_options}
+
+
 def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: PackOptions,
               writer_options: dict[str, Any]) -> Manifest:
     pre = options.preprocess
@@ -342,13 +480,7 @@ def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: Pac
                 "ignored": described.get("ignored", 0),
                 **{k: v for k, v in described.items()
                    if k not in ("root", "files", "ignored")}},
-        pack_options={"format": spec.name, "strict": options.strict,
-                      "verify_decode": options.verify_decode,
-                      "preprocess": pre.to_dict(),
-                      "extensions": None if options.extensions is None
-                      else [e[1:] for e in parse_extensions(options.extensions)],
-                      "shuffle": check_seed(options.shuffle),
-                      **writer_options},
+        pack_options=_recorded_options(spec, options, writer_options),
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         fastdata_version=__version__,
     )

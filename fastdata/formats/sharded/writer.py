@@ -59,7 +59,7 @@ class ShardFile:
         self._file.close()
 
 
-class ShardedWriter(Writer):
+class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interface
     """Base of writers that roll shard files (tar, TFRecord).
 
     Shards are written into a temporary folder beside the output and moved to
@@ -80,13 +80,14 @@ class ShardedWriter(Writer):
     """
 
     output_is_dir = True
+    resumable = True
     #: Shard names carry the total ("-00000-of-00008").
     total_in_name = False
     #: Extensions of this format, first one preferred.
     extensions: tuple[str, ...] = ()
 
-    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None
-                 ) -> None:
+    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
+                 resume_path: str | None = None, detached_dir: str | None = None) -> None:
         self.max_records, self.max_bytes = parse_shard_size(shard_size)
         sharded = self.max_records is not None or self.max_bytes is not None
         self.layout = parse_output(path, self.extensions, sharded=sharded,
@@ -103,7 +104,16 @@ class ShardedWriter(Writer):
         # the sidecars' stem ("out.tar") so patterns with "%" never reach the
         # file system and two formats' outputs with one prefix never share a lock.
         super().__init__(os.path.join(self.layout.directory, self.layout.sidecar_stem),
-                         overwrite=overwrite)
+                         overwrite=overwrite, resume_path=resume_path,
+                         detached_dir=detached_dir)
+
+    @classmethod
+    def output_stem(cls, path, *, shard_size=None, **options) -> str:
+        max_records, max_bytes = parse_shard_size(shard_size)
+        layout = parse_output(path, cls.extensions,
+                              sharded=max_records is not None or max_bytes is not None,
+                              total_in_name=cls.total_in_name).with_current_names()
+        return os.path.join(layout.directory, layout.sidecar_stem)
 
     def _output_name(self) -> str:
         return self._given
@@ -153,6 +163,8 @@ class ShardedWriter(Writer):
         pass
 
     def _temp_shard_name(self, number: int) -> str:
+        if self.piece_mode:  # named after the piece: a resumed pack adds shards between
+            return f"piece-{getattr(self, '_piece', 0):06d}{self.layout.extension}"
         return f"shard-{number:06d}{self.layout.extension}"
 
     def _stored_size(self, record: Record) -> int:
@@ -160,8 +172,16 @@ class ShardedWriter(Writer):
         byte ``shard_size`` counts."""
         return len(record.payload)
 
+    def stored_size_of(self, key: str, label: int, size: int, encoding: str) -> int:
+        """Bytes a record of ``size`` payload bytes takes in a shard (a pack's
+        plan cuts byte-sized shards with it before any image is read)."""
+        # A negative index of its own each time: the formats cache the last
+        # record they sized by its index.
+        self._sized = getattr(self, "_sized", 0) + 1
+        return self._stored_size(Record(-self._sized, key, label, bytes(size), encoding))
+
     def _write(self, record: Record, crc: int) -> None:
-        if self._shard is not None and (
+        if self._shard is not None and not self.piece_mode and (
                 (self.max_records is not None and self._shard_count >= self.max_records)
                 or (self.max_bytes is not None and self._shard_count > 0
                     and self._shard.position + self._stored_size(record) > self.max_bytes)):
@@ -188,6 +208,81 @@ class ShardedWriter(Writer):
             temp = os.path.basename(shard.path)
             listener(number, [os.path.join(self.temp_path, name)
                               for name in self._shard_files(temp)], self.final_shard_names(number))
+
+    # -- pieces (resumable packs): a piece is one shard, or none when all its
+    # images were skipped ------------------------------------------------------
+
+    def _end_piece(self, number: int) -> dict:
+        if self._shard is None:
+            return {"shard": None}
+        renamed_before = len(self._renamed_rows())
+        first_row = len(self._rows) - self._shard_count
+        self._finish_shard()
+        info = self._shards[-1]
+        temp = os.path.basename(info["temp"])
+        files = {name: file_sha256(os.path.join(self.temp_path, name))
+                 for name in self._shard_files(temp)[1:]}
+        return {"shard": {k: v for k, v in info.items() if k not in ("temp", "first")}
+                | {"temp": temp, "size": os.path.getsize(info["temp"])},
+                "side_files": files,
+                "rows": [list(row[1:]) for row in self._rows[first_row:]],
+                "renamed": [list(r[:2]) + [r[3]] for r in self._renamed_rows()[renamed_before:]]}
+
+    def _renamed_rows(self) -> list:
+        """(key, stem, shard, reason) of records stored under another name (tar)."""
+        return []
+
+    def _reopen(self, temp_path: str) -> None:
+        if not os.path.isdir(temp_path):
+            from fastdata.formats.writer import PieceLost
+
+            raise PieceLost("the partial output is gone", path=temp_path)
+
+    def _check_piece(self, number: int, state: dict, records: list) -> None:
+        from fastdata.formats.writer import PieceLost
+
+        shard = state.get("shard")
+        if shard is None:
+            if records:
+                raise PieceLost(f"piece {number} has records but no shard", path=self.temp_path)
+            return
+        path = os.path.join(self.temp_path, shard["temp"])
+        try:
+            whole = (os.path.getsize(path) == shard["size"]
+                     and file_sha256(path) == shard["sha256"]
+                     and all(file_sha256(os.path.join(self.temp_path, name)) == digest
+                             for name, digest in state.get("side_files", {}).items()))
+        except OSError:
+            whole = False
+        if not whole or len(state["rows"]) != len(records):
+            raise PieceLost(f"piece {number} is not whole in the partial output", path=path)
+
+    def _adopt_piece(self, number: int, state: dict, records: list) -> None:
+        shard = state.get("shard")
+        if shard is None:
+            return
+        number_now = len(self._shards)
+        extra = {k: v for k, v in shard.items() if k not in ("temp", "size", "count", "sha256")}
+        self._shards.append({"temp": os.path.join(self.temp_path, shard["temp"]),
+                             "count": shard["count"], "sha256": shard["sha256"],
+                             "first": self.count, **extra})
+        self._rows.extend((number_now, *row) for row in state["rows"])
+        self._adopt_renamed(number_now, state.get("renamed", []))
+
+    def _adopt_renamed(self, shard: int, renamed: list) -> None:
+        """Take back the renamed keys of an adopted shard (tar)."""
+
+    def _payloads(self, number: int, state: dict, records: list):
+        if state.get("shard") is None:
+            return
+        with open(os.path.join(self.temp_path, state["shard"]["temp"]), "rb") as f:
+            for offset, length, *_ in state["rows"]:
+                f.seek(offset)
+                yield self._payload_of(f.read(length))
+
+    def _payload_of(self, stored: bytes) -> bytes:
+        """A record's payload from the bytes its index row points at."""
+        return stored
 
     def final_shard_names(self, number: int) -> list[str] | None:
         """The published names of shard ``number``'s files, when they do not

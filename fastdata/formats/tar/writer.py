@@ -35,12 +35,14 @@ class TarWriter(ShardedWriter):
     extensions = EXTENSIONS
 
     def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
-                 write_json: bool = False) -> None:
+                 write_json: bool = False, resume_path: str | None = None,
+                 detached_dir: str | None = None) -> None:
         self.write_json = bool(write_json)
         self._stems: dict[str, str] = {}  # member stem -> key, in the current shard
         self._planned: tuple[int, tuple] | None = None
         self._renamed: list[tuple[str, str, int, str]] = []  # key, stem, shard, reason
-        super().__init__(path, overwrite=overwrite, shard_size=shard_size)
+        super().__init__(path, overwrite=overwrite, shard_size=shard_size,
+                         resume_path=resume_path, detached_dir=detached_dir)
 
     # -- member layout ----------------------------------------------------------
 
@@ -74,6 +76,12 @@ class TarWriter(ShardedWriter):
 
     def _stored_size(self, record: Record) -> int:
         return self._plan(record)[4]
+
+    def _renamed_rows(self) -> list:
+        return self._renamed
+
+    def _adopt_renamed(self, shard: int, renamed: list) -> None:
+        self._renamed.extend((key, stem, shard, reason) for key, stem, reason in renamed)
 
     def renamed_keys(self) -> list[RenamedKey]:
         total = len(self._shards)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import crc32c
 
 from fastdata.formats.sharded.writer import ShardedWriter
-from fastdata.formats.tfrecord.example import encode_example_parts
+from fastdata.formats.tfrecord.example import encode_example_parts, parse_example
 from fastdata.formats.tfrecord.schema import (
     _CRC,
     _LENGTH,
@@ -53,11 +53,12 @@ class TFRecordWriter(ShardedWriter):
     extensions = EXTENSIONS
     total_in_name = True
 
-    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None
-                 ) -> None:
+    def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
+                 resume_path: str | None = None, detached_dir: str | None = None) -> None:
         self._index_rows: list[tuple[int, int]] = []
         self._last_encoded: tuple[int, list[bytes], int] | None = None
-        super().__init__(path, overwrite=overwrite, shard_size=shard_size)
+        super().__init__(path, overwrite=overwrite, shard_size=shard_size,
+                         resume_path=resume_path, detached_dir=detached_dir)
 
     def _begin_shard(self, path: str) -> None:
         self._index_rows = []
@@ -95,6 +96,10 @@ class TFRecordWriter(ShardedWriter):
     def _end_shard(self) -> dict:
         write_shard_index(self._shard.path + SHARD_INDEX_SUFFIX, self._index_rows)
         return {}
+
+    def _payload_of(self, stored: bytes) -> bytes:
+        example = parse_example(stored[HEADER_SIZE:len(stored) - FOOTER_SIZE])
+        return example[IMAGE_KEY][1][0]
 
     def _shard_files(self, name: str) -> list[str]:
         return [name, name + SHARD_INDEX_SUFFIX]

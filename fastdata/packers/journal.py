@@ -1,0 +1,147 @@
+"""What an interrupted pack leaves for ``--resume``: a folder beside the output,
+``.NAME.pack-state/``, holding the plan (``plan.json``), the name of the partial
+output (``partial``) and the journal of finished pieces (``journal.jsonl``).
+
+A journal line is appended, flushed and fsynced after its piece is durable in
+the partial output, so every line names a piece that can be taken back; a line
+cut short by a crash is ignored. The folder goes when the pack is published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+from fastdata.formats.output import fsync_dir
+from fastdata.records import PieceRecord
+
+PLAN_FILE = "plan.json"
+PARTIAL_FILE = "partial"
+JOURNAL_FILE = "journal.jsonl"
+
+
+@dataclass
+class PieceDone:
+    """A journaled piece: what each of its entries became, and the writer's state."""
+
+    number: int
+    records: list[PieceRecord]
+    #: Per entry: None for a record, or (key, reason) for a skipped image.
+    skipped: list[tuple[str, str]]
+    #: Per written record: (source_bytes, encoding, width, height).
+    facts: list[tuple[int, str, int, int]]
+    state: dict
+
+
+def state_dir(output_stem: str) -> str:
+    """The state folder of the output whose sidecars are named after ``output_stem``."""
+    parent, base = os.path.split(output_stem)
+    return os.path.join(parent, f".{base}.pack-state")
+
+
+class PackJournal:
+    """The state folder of one pack."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._journal = None
+        #: Set once every piece is written and the output is being published.
+        self.finishing = False
+
+    def exists(self) -> bool:
+        return os.path.isfile(os.path.join(self.folder, PLAN_FILE))
+
+    def start(self, plan_json: str, partial: str) -> None:
+        """Begin a fresh state: the plan and the partial output's name."""
+        self.remove()
+        os.makedirs(self.folder)
+        _write_durably(os.path.join(self.folder, PARTIAL_FILE), os.path.basename(partial))
+        _write_durably(os.path.join(self.folder, PLAN_FILE), plan_json)
+        fsync_dir(self.folder)
+        fsync_dir(os.path.dirname(self.folder))
+
+    def plan_json(self) -> str:
+        with open(os.path.join(self.folder, PLAN_FILE), encoding="utf-8") as f:
+            return f.read()
+
+    def partial(self) -> str | None:
+        """The partial output's path, when it is still there."""
+        try:
+            with open(os.path.join(self.folder, PARTIAL_FILE), encoding="utf-8") as f:
+                name = f.read().strip()
+        except OSError:
+            return None
+        path = os.path.join(os.path.dirname(self.folder), name)
+        return path if name and os.path.lexists(path) else None
+
+    def pieces(self) -> dict[int, PieceDone]:
+        """The journaled pieces (a torn last line is left out)."""
+        done: dict[int, PieceDone] = {}
+        try:
+            f = open(os.path.join(self.folder, JOURNAL_FILE), encoding="utf-8")
+        except FileNotFoundError:
+            return done
+        with f:
+            for line in f:
+                try:
+                    piece = _parse(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    break  # cut short by a crash: nothing after it was journaled
+                done[piece.number] = piece
+        return done
+
+    def record(self, number: int, outcomes: list, state: dict) -> None:
+        """Journal piece ``number`` durably. ``outcomes``: per entry, a record
+        ``[key, label, crc, size, source_bytes, encoding, width, height]`` or a
+        skip ``[key, reason]``."""
+        if self._journal is None:
+            self._journal = open(os.path.join(self.folder, JOURNAL_FILE), "a", encoding="utf-8")
+        line = json.dumps({"piece": number, "outcomes": outcomes, "state": state},
+                          ensure_ascii=True, separators=(",", ":"))
+        self._journal.write(line + "\n")
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+    def remove(self) -> None:
+        self.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _parse(data: dict) -> PieceDone:
+    records, skipped, facts = [], [], []
+    for outcome in data["outcomes"]:
+        if len(outcome) == 2:
+            skipped.append((str(outcome[0]), str(outcome[1])))
+            continue
+        key, label, crc, size, source_bytes, encoding, width, height = outcome
+        records.append(PieceRecord(key, int(label), int(crc), int(size)))
+        facts.append((int(source_bytes), str(encoding), int(width), int(height)))
+    return PieceDone(int(data["piece"]), records, skipped, facts, dict(data["state"]))
+
+
+def _write_durably(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def remove_stale_partials(writer) -> None:
+    """Remove the temporary outputs (``.NAME.partial-XXXX``) that killed packs to
+    this output left, other than ``writer``'s own. Only a pack holding the
+    output's lock calls this, so none of them belongs to a running pack; a
+    ``.old`` one (an old dataset moved aside by an interrupted overwrite) stays."""
+    from fastdata.formats.writer import remove_path
+
+    parent, own = os.path.split(writer.temp_path)
+    prefix = f".{os.path.basename(writer.path)}.partial-"
+    for name in os.listdir(parent):
+        if name.startswith(prefix) and name != own and not name.endswith(".old"):
+            remove_path(os.path.join(parent, name))
