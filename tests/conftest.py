@@ -41,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import toyformat
+from emulators import azure_env, azure_server, gcs_env, gcs_server  # noqa: F401
 from PIL import Image
 from servers import http_server, s3_env, s3_server, s3_server_auth, s3_server_fresh  # noqa: F401
 

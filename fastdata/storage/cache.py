@@ -28,8 +28,8 @@ import time
 from collections import OrderedDict
 
 from fastdata.errors import FastDataError
+from fastdata.storage.endpoints import endpoint_of
 from fastdata.storage.objects import open_remote
-from fastdata.storage.stores import endpoint_of
 from fastdata.storage.urls import basename, local_path, parse_url
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

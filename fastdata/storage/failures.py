@@ -8,6 +8,7 @@ import os
 import re
 
 from fastdata.errors import StorageError
+from fastdata.storage.endpoints import ENDPOINT_OPTION_NAMES, endpoint_of
 from fastdata.storage.urls import parse_url
 
 _CREDENTIAL_HINTS = {
@@ -27,7 +28,8 @@ _SECRET_PAIRS = re.compile(
 def redact(text: str, storage_options: dict | None = None) -> str:
     """``text`` with every known secret value and signed-URL parameter masked."""
     secrets = [str(v) for k, v in (storage_options or {}).items()
-               if k != "endpoint" and isinstance(v, (str, bytes)) and len(str(v)) >= 4]
+               if k not in ENDPOINT_OPTION_NAMES and isinstance(v, (str, bytes))
+               and len(str(v)) >= 4]
     secrets += [v for k, v in os.environ.items()
                 if _SECRET_VARS.search(k) and k.startswith(("AWS_", "GOOGLE_", "AZURE_"))
                 and len(v) >= 4]
@@ -63,8 +65,6 @@ def storage_error(exc: BaseException, url: str, storage_options: dict | None = N
     """The StorageError to raise for ``exc``, an obstore failure on ``url``."""
     from obstore.exceptions import (NotFoundError, PermissionDeniedError,
                                     UnauthenticatedError)
-
-    from fastdata.storage.stores import endpoint_of
 
     parsed = parse_url(url)
     debug = str(exc)

@@ -6,7 +6,8 @@ AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION,
 AWS_ENDPOINT_URL; GOOGLE_SERVICE_ACCOUNT, GOOGLE_APPLICATION_CREDENTIALS;
 AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, ...). This module adds
 what it does not do: plain-http endpoints allowed when the endpoint says
-http://, AWS_PROFILE (through boto3, when installed), bounded retries and
+http:// (wherever it is set: see endpoints.py), ``endpoint`` taken for GCS's
+``base_url``, AWS_PROFILE (through boto3, when installed), bounded retries and
 timeouts, and the split of ``storage_options`` into store, client and retry
 settings. obstore is imported inside functions so that ``import fastdata``
 stays light.
@@ -20,8 +21,9 @@ import os
 import threading
 from datetime import timedelta
 
-from fastdata.storage.forked import mark_runtime
 from fastdata.errors import StorageError
+from fastdata.storage.endpoints import endpoint_of
+from fastdata.storage.forked import mark_runtime
 from fastdata.storage.urls import ParsedURL
 
 #: storage_options keys that configure the HTTP client rather than the store.
@@ -48,26 +50,11 @@ DEFAULT_CLIENT = {
 DEFAULT_RETRIES = {"max_retries": 4, "retry_timeout": 60.0, "init_backoff": 0.2,
                    "max_backoff": 4.0}
 
-_ENDPOINT_VARS = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
-                  "gs": ("GOOGLE_CLOUD_STORAGE_ENDPOINT",), "az": ("AZURE_STORAGE_ENDPOINT",)}
-_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+# AZURITE_ too: obstore reads AZURITE_BLOB_STORAGE_URL for the Azure emulator.
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_")
 
 _stores: dict[tuple, object] = {}
 _lock = threading.Lock()
-
-
-def endpoint_of(parsed: ParsedURL, storage_options: dict | None) -> str:
-    """The endpoint requests go to, as shown in messages (never a credential)."""
-    if parsed.scheme in ("http", "https"):
-        return f"{parsed.scheme}://{parsed.bucket}"
-    options = storage_options or {}
-    if options.get("endpoint"):
-        return str(options["endpoint"])
-    for var in _ENDPOINT_VARS.get(parsed.scheme, ()):
-        if os.environ.get(var):
-            return os.environ[var]
-    return {"s3": "the S3 endpoint", "gs": "Google Cloud Storage",
-            "az": "Azure Blob Storage"}[parsed.scheme]
 
 
 def get_store(parsed: ParsedURL, storage_options: dict | None = None):
@@ -134,6 +121,9 @@ def _build_store(parsed: ParsedURL, options: dict):
                 common["credential_provider"] = provider
             return S3Store(parsed.bucket, config=config, **common)
         if parsed.scheme == "gs":
+            # One name for the endpoint on every cloud: obstore calls GCS's "base_url".
+            if "endpoint" in config:
+                config.setdefault("base_url", config.pop("endpoint"))
             return GCSStore(parsed.bucket, config=config, **common)
         if parsed.account:
             config.setdefault("account_name", parsed.account)
