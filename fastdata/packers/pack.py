@@ -64,6 +64,11 @@ class _Tally:
         if self.on_event:
             self.on_event(msg)
 
+    def note(self, msg: str) -> None:
+        """Tell the user about the run itself (not the data): not in the report."""
+        if self.on_event:
+            self.on_event(msg)
+
     def add(self, item: Prepared) -> None:
         """Count a prepared image that is about to be written."""
         if item.encoding == "raw":
@@ -228,13 +233,13 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
                               max_bytes=getattr(writer, "max_bytes", None),
                               stored_size=getattr(writer, "stored_size_of", None))
         if options.resume and not journal.exists():
-            tally.warn("no interrupted pack of this output to resume (it stopped before "
+            tally.note("no interrupted pack of this output to resume (it stopped before "
                        "its plan was saved); packing from the start")
         if options.resume and journal.exists():
             saved = PackPlan.from_json(journal.plan_json(), journal.folder)
             saved.check_same(plan, output)
             kept = pieces_to_keep(writer, plan, journal, prefix_only=not spec.sharded,
-                                  warn=tally.warn)
+                                  warn=tally.note)
         else:
             _discard_earlier_partial(journal, tally)
             remove_stale_partials(writer)
@@ -309,7 +314,7 @@ def _discard_earlier_partial(journal: PackJournal, tally: "_Tally") -> None:
     if partial:
         remove_path(partial)
     journal.remove()
-    tally.warn("the partial output of an interrupted pack to this output was removed; "
+    tally.note("the partial output of an interrupted pack to this output was removed; "
                "--resume would have continued it")
 
 
