@@ -32,6 +32,20 @@ class PieceLost(FastDataError):
     """A piece of an interrupted pack is no longer whole in its partial output."""
 
 
+def check_piece_payload(number: int, index: int, record: PieceRecord, payload,
+                        path: str) -> None:
+    """Raise ``PieceLost`` unless ``payload`` (None: missing) is record ``index``
+    of piece ``number`` as the journal describes it (its size and CRC-32)."""
+    if payload is None:
+        raise PieceLost(f"piece {number}: record {index} is missing from the partial output",
+                        path=path, key=record.key, record=index)
+    if len(payload) != record.size or zlib.crc32(payload) != record.crc:
+        raise PieceLost(f"piece {number}: record {index} differs from the journal "
+                        f"({len(payload)} bytes, CRC-32 {zlib.crc32(payload):08x}; "
+                        f"expected {record.size} bytes, {record.crc:08x})",
+                        path=path, key=record.key, record=index)
+
+
 #: What a failed write raises: OS errors, h5py's RuntimeError for a failed flush,
 #: and fastdata's own errors that wrap either (see ``Writer._failure``).
 _WRITE_ERRORS = (OSError, RuntimeError, FastDataError)

@@ -22,9 +22,10 @@ from fastdata.formats.lmdb.schema import (
     sample_key,
 )
 from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
-from fastdata.formats.output import free_bytes
-from fastdata.formats.writer import Writer
-from fastdata.records import Manifest, Record
+from fastdata.formats.lmdb.snapshot import drop_last_commit
+from fastdata.formats.output import free_bytes, is_disk_full
+from fastdata.formats.writer import PieceLost, Writer, check_piece_payload, remove_path
+from fastdata.records import Manifest, PieceRecord, Record
 
 
 class LMDBWriter(Writer):
@@ -32,23 +33,43 @@ class LMDBWriter(Writer):
 
     Puts are committed in batches (``commit_every`` records or ``commit_bytes``
     bytes) and the map grows by doubling when it fills, so no size needs to be
-    guessed up front.
+    guessed up front. In ``piece_mode`` a piece is one transaction, committed by
+    ``end_piece`` (see "Resuming" below).
+
+    Resuming: a piece's commit is durable when ``end_piece`` returns (the
+    environment is then opened with ``sync=True``: LMDB writes and syncs the
+    data pages before the meta page that names them, so a power loss leaves
+    the previous commit whole), and each piece starts with a freshly opened
+    environment (see ``_fresh_env``). A piece's state: the record count after
+    it, the map size and its LMDB transaction id. ``adopt_piece`` checks each
+    record's size and CRC-32. ``done_adopting`` drops what lies past the
+    adopted records: a piece committed but never journaled is taken back as a
+    whole commit (``snapshot.py``), anything else (an interrupted ``finish``)
+    deleted. A resumed ``data.mdb`` is byte-identical to an uninterrupted one,
+    but after that deletion (same records, pages placed differently).
     """
 
     format_name = "lmdb"
     output_is_dir = True
+    resumable = True
 
     def __init__(self, path, *, overwrite: bool = False, commit_every: int = 1000,
-                 commit_bytes: int = 64 << 20, map_size: int = 1 << 30) -> None:
+                 commit_bytes: int = 64 << 20, map_size: int = 1 << 30,
+                 resume_path: str | None = None) -> None:
         self._commit_every = commit_every
         self._commit_bytes = commit_bytes
         self._map_size = map_size
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._env = None
-        super().__init__(path, overwrite=overwrite)
+        self._durable = False  # whether each commit is synced (piece mode)
+        self._txnid = 0  # the LMDB transaction of the last adopted piece
+        super().__init__(path, overwrite=overwrite, resume_path=resume_path)
 
     def _open(self, temp_path: str) -> None:
+        self._open_env(temp_path, durable=False)
+
+    def _open_env(self, temp_path: str, *, durable: bool, create: bool = True) -> None:
         import lmdb
 
         free = free_bytes(temp_path)
@@ -59,15 +80,20 @@ class LMDBWriter(Writer):
         try:
             # meminit: zero the unused part of each page before it is written;
             # otherwise stale heap bytes land in data.mdb and two packs of the
-            # same source differ byte for byte.
+            # same source differ byte for byte. The sync flags change when the
+            # file is synced, never what it holds.
             self._env = lmdb.open(temp_path, map_size=self._map_size, subdir=True,
-                                  metasync=False, sync=False, readahead=False, meminit=True)
+                                  metasync=durable, sync=durable, readahead=False,
+                                  meminit=True, create=create)
         except lmdb.Error as exc:
             raise _as_os_error(exc, 0, temp_path) from exc
+        self._durable = durable
 
     def _write(self, record: Record, crc: int) -> None:
         self._pending.append((sample_key(record.index), record.payload))
         self._pending_bytes += len(record.payload)
+        if self.piece_mode:
+            return  # committed whole by end_piece
         if len(self._pending) >= self._commit_every or self._pending_bytes >= self._commit_bytes:
             self._flush()
 
@@ -96,6 +122,8 @@ class LMDBWriter(Writer):
     def _close(self, manifest: Manifest) -> Manifest:
         import lmdb
 
+        if self.piece_mode:
+            self._fresh_env()  # as after every piece (a resumed pack may end here)
         self._flush()
         info = self._env.info()
         stat = self._env.stat()
@@ -124,6 +152,109 @@ class LMDBWriter(Writer):
         if self._env is not None:
             self._env.close()
             self._env = None
+
+    # -- pieces of a resumable pack ------------------------------------------------
+
+    def _end_piece(self, number: int) -> dict:
+        self._fresh_env()
+        self._flush()  # one transaction, synced before and after its meta page
+        return {"count": self.count, "map_size": self._map_size,
+                "txnid": self._env.info()["last_txnid"]}
+
+    def _fresh_env(self) -> None:
+        """Reopen the environment, with synced commits. LMDB gives a transaction
+        the page buffers of earlier ones without zeroing them, so the unused
+        bytes of its pages depend on what this process wrote before: a resumed
+        pack starts with none, and so, this way, does each piece."""
+        self._env.close()
+        self._env = None
+        self._open_env(self.temp_path, durable=True)
+
+    def _reopen(self, temp_path: str) -> None:
+        if not os.path.isfile(os.path.join(temp_path, DATA_FILE)):
+            raise PieceLost(f"the partial output has no {DATA_FILE}: nothing of it can be "
+                            "resumed", path=temp_path)
+        try:
+            self._open_env(temp_path, durable=True, create=False)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise
+            raise PieceLost(f"LMDB cannot open the partial output ({exc}): nothing of it "
+                            "can be resumed", path=temp_path) from exc
+
+    def _adopt_piece(self, number: int, state: dict, records: list[PieceRecord]) -> None:
+        import lmdb
+
+        if state.get("count") != self.count + len(records):
+            raise PieceLost(f"piece {number}: the journal says {state.get('count')} records "
+                            f"after it, its records end at {self.count + len(records)}",
+                            path=self.temp_path)
+        try:
+            with self._env.begin(buffers=True) as txn:
+                for i, record in enumerate(records, start=self.count):
+                    check_piece_payload(number, i, record, txn.get(sample_key(i)),
+                                        self.temp_path)
+        except lmdb.Error as exc:
+            raise PieceLost(f"piece {number} cannot be read back ({exc})",
+                            path=self.temp_path) from exc
+        self._map_size = int(state.get("map_size", self._map_size))
+        self._txnid = state.get("txnid")
+
+    def _payloads(self, number: int, state: dict, records: list[PieceRecord]):
+        with self._env.begin(buffers=True) as txn:
+            for i in range(self.count, self.count + len(records)):
+                yield txn.get(sample_key(i))
+
+    def _after_adopting(self) -> None:
+        import lmdb
+
+        if self.count == 0:
+            # Nothing adopted: start from an empty environment, as a fresh pack does.
+            self._discard()
+            for name in os.listdir(self.temp_path):
+                remove_path(os.path.join(self.temp_path, name))
+            self._open(self.temp_path)
+            return
+        try:
+            if self._holds_beyond() and isinstance(self._txnid, int):
+                self._drop_unjournaled_piece()
+            # The map size the uninterrupted pack had here: each commit stores it
+            # in a meta page, so another one would change data.mdb.
+            self._env.set_mapsize(self._map_size)
+            self._map_size = self._env.info()["map_size"]
+            if self._holds_beyond():
+                self._delete_beyond()
+        except lmdb.Error as exc:
+            raise _as_os_error(exc, 0, self.temp_path) from exc
+
+    def _holds_beyond(self) -> bool:
+        """Whether the environment holds keys past the adopted records."""
+        with self._env.begin() as txn:
+            return txn.cursor().set_range(sample_key(self.count))
+
+    def _drop_unjournaled_piece(self) -> None:
+        """Take back the last commit when it is the one right after the last
+        adopted piece (a piece committed but never journaled): the environment
+        is then as the uninterrupted pack had it (see ``snapshot.py``)."""
+        page_size = self._env.stat()["psize"]
+        self._env.close()
+        self._env = None
+        dropped = drop_last_commit(os.path.join(self.temp_path, DATA_FILE), page_size,
+                                   self._txnid)
+        self._open_env(self.temp_path, durable=True, create=False)
+        if dropped and self._env.stat()["entries"] != self.count:
+            raise PieceLost(f"after dropping its last commit the partial output holds "
+                            f"{self._env.stat()['entries']} records, not the {self.count} "
+                            "adopted; pack again without resuming", path=self.temp_path)
+
+    def _delete_beyond(self) -> None:
+        """Delete every key past the adopted records, in one commit (where
+        ``_drop_unjournaled_piece`` cannot help: an interrupted ``finish``)."""
+        with self._env.begin(write=True) as txn:
+            cursor = txn.cursor()
+            beyond = cursor.set_range(sample_key(self.count))
+            while beyond and cursor.delete():
+                pass
 
 
 def _as_os_error(exc: Exception, batch_bytes: int, folder: str) -> OSError:
