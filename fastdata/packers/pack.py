@@ -352,7 +352,10 @@ def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict
             raise UnknownFormatError(
                 f"shard_size= applies to sharded formats ({', '.join(sharded_formats())}), "
                 f"not {spec.name}", path=output)
-        writer_options["shard_size"] = options.shard_size
+        size = options.shard_size
+        # "10000" from the command line and 10000 from Python are one option.
+        writer_options["shard_size"] = int(size) if isinstance(size, str) and \
+            size.strip().isdigit() else size
     return writer_options
 
 

@@ -112,6 +112,10 @@ class PackPlan:
         if diff:
             raise ResumeRefused(f"cannot resume: the source changed since the interrupted "
                                 f"pack: {diff}; pack again without --resume", path=where)
+        if self.pieces != fresh.pieces:  # another fastdata version cuts otherwise
+            raise ResumeRefused("cannot resume: this fastdata cuts the pack into other "
+                                "pieces than the one that was interrupted; pack again "
+                                "without --resume", path=where)
 
 
 def cut(entries: list[PlanEntry], max_records: int | None, max_bytes: int | None,
