@@ -40,12 +40,15 @@ class SourceEntry:
         label: class index into the source's ``classes``.
         path: the file holding the image, or None when ``data`` holds it.
         data: the encoded image itself, or None when ``path`` names a file.
+        metadata: per-sample facts beyond the label (JSON values: boxes,
+            captions, weights ...), stored with the record; None: none.
     """
 
     key: str
     label: int
     path: str | None = None
     data: bytes | None = None
+    metadata: dict | None = None
 
 
 @runtime_checkable
