@@ -41,9 +41,17 @@ go in as HWC uint8 arrays with no decoding; GIFs are decoded by fastdata on the
 CPU and handed to DALI as PPM, so the other records of the batch still decode
 on the GPU.
 
+A dataset at a URL (s3://, gs://, az://, http(s)://): DALI's readers open local
+files only, so the whole dataset (every shard, and each TFRecord shard's
+``.idx``) is downloaded into fastdata's shared cache first; when it is larger
+than ``FASTDATA_CACHE_LIMIT`` the external source reads it instead (a warning;
+an error with ``reader="dali"``). The external source reads URLs through
+fastdata's readers.
+
 Modules: ``options`` (:class:`DALIOptions`), ``device`` (importing DALI, CUDA
 devices), ``plan`` (shard, device and reader: :class:`PipelinePlan`),
 ``readers`` (the adapters to DALI's readers), ``indexes`` (their index files),
+``downloads`` (local copies of a remote dataset's shards for them),
 ``external`` (:class:`ExternalBatches`), ``pipeline`` (:func:`build_pipeline`, and
 :func:`plan_and_build` for a :class:`DALIOptions`),
 ``loader`` (:class:`DALILoader`).

@@ -6,7 +6,10 @@ dataset index. DALI's webdataset reader takes its own format (wds2idx,
 ``v1.2``), generated here from the tar headers. Generated files go to
 ``index_dir``, else ``$FASTDATA_CACHE_DIR/dali-index``, else
 ``~/.cache/fastdata/dali-index``, named after each shard's path, size and
-mtime so that a rewritten shard never meets a stale index.
+mtime so that a rewritten shard never meets a stale index. A remote shard is
+read from its copy in the download cache (see fastdata.dali.downloads), whose
+mtime the cache touches on every use: its index is named after the copy's
+path, size and identity (its inode and the shard's SHA-256) instead.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import tempfile
 from typing import Any
 
+from fastdata.dali.downloads import ShardFiles
 from fastdata.errors import FastDataError
 
 #: Version tag of the webdataset index files written here (DALI's wds2idx format).
@@ -38,11 +42,13 @@ def cache_dir(index_dir: str | os.PathLike | None) -> str:
     return os.path.join(base, "dali-index")
 
 
-def cached_index_path(shard: str, kind: str, index_dir: str | os.PathLike | None) -> str:
+def cached_index_path(shard: str, kind: str, index_dir: str | os.PathLike | None,
+                      identity: str | None = None) -> str:
     """Where the generated ``kind`` index of ``shard`` lives (keyed by its path,
-    size and mtime)."""
+    size and mtime, or ``identity`` in place of the mtime)."""
     st = os.stat(shard)
-    tag = f"{os.path.realpath(shard)}\0{st.st_size}\0{st.st_mtime_ns}\0{kind}"
+    version = f"id {identity}" if identity is not None else str(st.st_mtime_ns)
+    tag = f"{os.path.realpath(shard)}\0{st.st_size}\0{version}\0{kind}"
     digest = hashlib.sha256(tag.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     return os.path.join(cache_dir(index_dir), f"{os.path.basename(shard)}.{digest}.{kind}.idx")
 
@@ -65,18 +71,23 @@ def write_atomic(path: str, text: str) -> None:
         raise
 
 
-def tfrecord_index_paths(reader: Any, index_dir: str | os.PathLike | None) -> list[str]:
+def _identity(files: ShardFiles, shard: int) -> str | None:
+    return files.identities[shard] if files.identities is not None else None
+
+
+def tfrecord_index_paths(reader: Any, files: ShardFiles,
+                         index_dir: str | os.PathLike | None) -> list[str]:
     """The tfrecord2idx index of every shard of a TFRecord reader: fastdata's
-    ``<shard>.idx`` where it exists, else one generated from the dataset index."""
-    from fastdata.formats.tfrecord.schema import SHARD_INDEX_SUFFIX, shard_index_text
+    ``<shard>.idx`` where it exists (``files.side``), else one generated from
+    the dataset index."""
+    from fastdata.formats.tfrecord.schema import shard_index_text
 
     out = []
-    for shard, path in enumerate(reader.shard_paths):
-        beside = path + SHARD_INDEX_SUFFIX
-        if os.path.isfile(beside):
-            out.append(beside)
+    for shard, path in enumerate(files.paths):
+        if files.side[shard] is not None:
+            out.append(files.side[shard])
             continue
-        target = cached_index_path(path, "tfrecord", index_dir)
+        target = cached_index_path(path, "tfrecord", index_dir, _identity(files, shard))
         if not os.path.isfile(target):
             # The dataset index points at whole framed records, as tfrecord2idx does.
             rows = reader.shard_rows(shard)
@@ -86,19 +97,21 @@ def tfrecord_index_paths(reader: Any, index_dir: str | os.PathLike | None) -> li
     return out
 
 
-def webdataset_index_paths(reader: Any, index_dir: str | os.PathLike | None
+def webdataset_index_paths(reader: Any, files: ShardFiles,
+                           index_dir: str | os.PathLike | None
                            ) -> tuple[list[str], int] | None:
-    """DALI webdataset index files for every shard of a tar reader, and the
-    longest ``.cls`` member in bytes; None when a record has no ``.cls`` member
-    (its label comes from ``.json``, which the DALI reader path does not parse)."""
+    """DALI webdataset index files for every shard of a tar reader (``files``:
+    their local files), and the longest ``.cls`` member in bytes; None when a
+    record has no ``.cls`` member (its label comes from ``.json``, which the
+    DALI reader path does not parse)."""
     paths, digits = [], 1
-    for shard, path in enumerate(reader.shard_paths):
-        target = cached_index_path(path, "wds", index_dir)
+    for shard, path in enumerate(files.paths):
+        target = cached_index_path(path, "wds", index_dir, _identity(files, shard))
         if os.path.isfile(target):
             paths.append(target)
             digits = max(digits, _read_width(target))
             continue
-        built = build_wds_index(reader, shard)
+        built = build_wds_index(reader, shard, path)
         if built is None:
             return None
         text, width = built
@@ -119,9 +132,9 @@ def _read_width(index_path: str) -> int:
         return _MAX_DIGITS
 
 
-def build_wds_index(reader: Any, shard: int) -> tuple[str, int] | None:
-    """(wds2idx text, widest label member) of one tar shard, or None when a
-    record has no label member.
+def build_wds_index(reader: Any, shard: int, path: str) -> tuple[str, int] | None:
+    """(wds2idx text, widest label member) of one tar shard (read at ``path``, a
+    local file), or None when a record has no label member.
 
     Each index line names the sample's image member that the reader indexes
     (as component ``img``) and its ``.cls`` member (as ``cls``).
@@ -132,7 +145,6 @@ def build_wds_index(reader: Any, shard: int) -> tuple[str, int] | None:
     from fastdata.formats.tar.members import iter_sample_members
     from fastdata.formats.tar.schema import LABEL_EXT
 
-    path = reader.shard_paths[shard]
     offsets = reader.shard_rows(shard)["offset"].tolist()
     wanted = {off: i for i, off in enumerate(offsets)}
     image: list[Any] = [None] * len(offsets)
@@ -147,7 +159,8 @@ def build_wds_index(reader: Any, shard: int) -> tuple[str, int] | None:
     if None in image:
         first = reader.shard_ranges()[shard][0]
         raise FastDataError(f"the dataset index points at no tar member for record "
-                            f"{first + image.index(None)}; re-pack the dataset", path=path)
+                            f"{first + image.index(None)}; re-pack the dataset",
+                            path=reader.shard_paths[shard])  # the URL of a remote shard
     if None in label:
         return None
     return _wds_index_text(image, label), max(c.size for c in label)

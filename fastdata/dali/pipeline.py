@@ -25,7 +25,10 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
 
     Args:
         path: a packed dataset (any format), as ``fastdata.formats.open_reader`` takes
-            it: also a shard pattern or a list of shards from another tool.
+            it: also a shard pattern or a list of shards from another tool, or
+            a URL (s3://, gs://, az://, http(s)://). DALI's own readers read
+            a remote dataset from local copies: all its shards are downloaded
+            into the shared cache first (see fastdata.dali.downloads).
         batch_size: samples per batch.
         **options: the other fields of :class:`DALIOptions`:
 
@@ -79,7 +82,8 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
 
     Raises:
         FastDataError: DALI is not installed, no GPU for device="gpu", or the
-            dataset cannot be read this way.
+            dataset cannot be read this way (with ``reader="dali"``: also a
+            remote dataset larger than ``FASTDATA_CACHE_LIMIT``).
         ValueError: an option is out of range.
     """
     import_dali()  # before the options: without DALI, say how to install it first
@@ -92,7 +96,8 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
 
     Raises:
         FastDataError: DALI is not installed, no GPU for device="gpu", or the
-            dataset cannot be read this way.
+            dataset cannot be read this way (with ``reader="dali"``: also a
+            remote dataset larger than ``FASTDATA_CACHE_LIMIT``).
         ValueError: the shard or the device is out of range.
     """
     _, fn, types = import_dali()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,10 +86,13 @@ def place(options: DALIOptions) -> Placement:
 
 def absolute(path: str | os.PathLike | Sequence[str | os.PathLike]) -> str | list[str]:
     """``path`` (or each shard of a list) made absolute: DALI's worker processes
-    may not share this one's working directory."""
+    may not share this one's working directory. URLs (s3://, gs://, az://,
+    http(s)://) stay URLs; ``file://`` URLs become plain paths."""
+    from fastdata.formats.remote_files import absolute as absolute_one
+
     if isinstance(path, (list, tuple)):  # shard files written by another tool
-        return [os.path.abspath(os.fspath(p)) for p in path]
-    return os.path.abspath(os.fspath(path))
+        return [absolute_one(p) for p in path]
+    return absolute_one(path)
 
 
 def make_plan(path: str | list[str], reader: Any, options: DALIOptions, where: Placement
@@ -143,9 +147,12 @@ def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
         return None
     try:
         return load(spec.dali)(reader, request)
-    except NativeUnavailable:
+    except NativeUnavailable as exc:
         if choice == "dali":
             raise
+        if exc.warn_on_fallback:
+            warnings.warn(f"{exc}; reading it through fastdata's reader in an external "
+                          f"source instead", stacklevel=5)
         return None
 
 

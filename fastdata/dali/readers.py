@@ -9,6 +9,10 @@ prepares what DALI's reader needs (index files) and returns a
 pipeline. When DALI's reader cannot read the dataset, it raises
 :class:`NativeUnavailable` and the planner falls back to the external source
 (unless ``reader="dali"`` was asked for).
+
+DALI's readers open local files only: the shards of a dataset at a URL are
+downloaded whole into the shared cache first (see fastdata.dali.downloads),
+unless the cache limit is smaller than the dataset (:class:`CacheTooSmall`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fastdata.dali.downloads import ShardFiles, cache_shortfall, shard_files
 from fastdata.dali.indexes import (
     IMAGE_COMPONENT,
     LABEL_COMPONENT,
@@ -33,6 +38,16 @@ READER_NAME = "fastdata_reader"
 
 class NativeUnavailable(FastDataError):
     """DALI's own reader cannot read this dataset (the external source can)."""
+
+    #: The planner warns when it falls back to the external source for this reason.
+    warn_on_fallback = False
+
+
+class CacheTooSmall(NativeUnavailable):
+    """A remote dataset is larger than the download cache may hold
+    (``FASTDATA_CACHE_LIMIT``), and DALI's readers need all of it on disk."""
+
+    warn_on_fallback = True
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,21 @@ def _require_decodable(name: str, request: NativeRequest) -> None:
                                 path=request.path)
 
 
+def _local_files(name: str, reader: Any, request: NativeRequest,
+                 side_suffix: str | None = None) -> ShardFiles:
+    """The local files of the dataset's shards: for a dataset at a URL, the
+    whole dataset downloaded into the cache (see fastdata.dali.downloads).
+
+    Raises:
+        CacheTooSmall: the dataset is larger than the cache limit.
+    """
+    shortfall = cache_shortfall(reader)
+    if shortfall is not None:
+        raise CacheTooSmall(f"DALI's {name} reader reads local files only, and {shortfall}",
+                            path=request.path)
+    return shard_files(reader, side_suffix)
+
+
 def _common(request: NativeRequest) -> dict[str, Any]:
     """Keywords every DALI reader takes, from the request."""
     opts = request.options
@@ -97,18 +127,21 @@ def _common(request: NativeRequest) -> dict[str, Any]:
 
 def tfrecord_reader(reader: Any, request: NativeRequest) -> NativeReader:
     """DALI's ``fn.readers.tfrecord`` over a TFRecord dataset's shards, with their
-    tfrecord2idx files (generated where a shard has none).
+    tfrecord2idx files (generated where a shard has none). A remote dataset's
+    shards and ``.idx`` files are downloaded into the cache first (all of them).
 
     Raises:
-        NativeUnavailable: the records are not images DALI decodes.
+        NativeUnavailable: the records are not images DALI decodes, or the
+            dataset is remote and larger than the cache limit.
     """
-    from fastdata.formats.tfrecord.schema import DEFAULT_FEATURE_KEYS
+    from fastdata.formats.tfrecord.schema import DEFAULT_FEATURE_KEYS, SHARD_INDEX_SUFFIX
 
     _require_decodable("tfrecord", request)
     keys = dict(getattr(reader, "feature_keys", DEFAULT_FEATURE_KEYS))
+    files = _local_files("tfrecord", reader, request, SHARD_INDEX_SUFFIX)
     build = functools.partial(
-        _tfrecord_node, paths=list(reader.shard_paths),
-        index_paths=tfrecord_index_paths(reader, request.options.index_dir),
+        _tfrecord_node, paths=files.paths,
+        index_paths=tfrecord_index_paths(reader, files, request.options.index_dir),
         image_key=keys["image"], label_key=keys["label"], common=_common(request))
     return NativeReader("tfrecord", build)
 
@@ -133,20 +166,23 @@ def webdataset_reader(reader: Any, request: NativeRequest) -> NativeReader:
 
     The index names the image member fastdata's reader picks as component
     ``img`` and the label member as ``cls``; the ASCII-decimal label bytes
-    become an int64 inside the pipeline (:func:`ascii_label`).
+    become an int64 inside the pipeline (:func:`ascii_label`). A remote
+    dataset's shards are downloaded into the cache first (all of them).
 
     Raises:
-        NativeUnavailable: the records are not images DALI decodes, or a
-            sample has no ``.cls`` label member.
+        NativeUnavailable: the records are not images DALI decodes, a sample
+            has no ``.cls`` label member, or the dataset is remote and larger
+            than the cache limit.
     """
     _require_decodable("webdataset", request)
-    found = webdataset_index_paths(reader, request.options.index_dir)
+    files = _local_files("webdataset", reader, request)
+    found = webdataset_index_paths(reader, files, request.options.index_dir)
     if found is None:
         raise NativeUnavailable("some tar samples have no .cls label member; DALI's "
                                 "webdataset reader path needs one; use reader='auto'",
                                 path=request.path)
     index_paths, width = found
-    build = functools.partial(_webdataset_node, paths=list(reader.shard_paths),
+    build = functools.partial(_webdataset_node, paths=files.paths,
                               index_paths=index_paths, width=width, common=_common(request))
     return NativeReader("webdataset", build)
 
