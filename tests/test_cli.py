@@ -624,7 +624,7 @@ def _default_sigint():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupted_pack_leaves_nothing(slow_tree, tmp_path, sig):
+def test_interrupted_pack_keeps_its_state_for_resume(slow_tree, tmp_path, sig):
     workdir = tmp_path / "work"
     workdir.mkdir()
     out = workdir / "out.lmdb"
@@ -648,12 +648,15 @@ def test_interrupted_pack_leaves_nothing(slow_tree, tmp_path, sig):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, (proc.returncode, stderr)
-    assert "interrupted" in stderr
+    assert "interrupted" in stderr and "--resume" in stderr
     assert "Traceback" not in stderr
     assert stdout == ""
     assert not out.exists()
     assert not Path(f"{out}.report.json").exists()
-    assert os.listdir(workdir) == []
+    result = invoke("pack", slow_tree, out, "--verify-decode", "--resume")
+    assert result.exit_code == 0, result.output
+    assert len(fastdata.open_dataset(out)) == 400
+    assert os.listdir(workdir) == ["out.lmdb"]
 
 
 def test_library_errors_speak_api_terms_and_the_cli_flags(image_tree, tmp_path):

@@ -48,7 +48,8 @@ def _handle_errors(func):
             click.echo(f"error: {cli_terms(str(exc))}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("interrupted: nothing was written (partial output removed)", err=True)
+            # An interrupted pack has said what it kept for --resume.
+            click.echo("interrupted", err=True)
             sys.exit(130)
 
     return wrapper

@@ -3,8 +3,8 @@
 The steps: resolve the format and the source, start the writer (which refuses
 an existing output before anything is scanned), put the source in a seeded
 random order if asked (``shuffle=``), prepare every image (in worker
-processes, order kept), write the records, then the manifest; the writer
-publishes the output atomically.
+processes, order kept; or on a Dask cluster, see ``cluster.py``), write the
+records, then the manifest; the writer publishes the output atomically.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastdata import __version__
-from fastdata.errors import BadImageError, FastDataError, SourceError, UnknownFormatError
+from fastdata.errors import FastDataError, SourceError, UnknownFormatError
 from fastdata.formats import FormatSpec, check_local, format_for_output, sharded_formats
 from fastdata.formats.remote_files import as_local, is_remote
 from fastdata.image_header import check_max_pixels
 from fastdata.machine import usable_cores
 from fastdata.formats.writer import remove_path
+from fastdata.packers.cluster import SchedulerLost
 from fastdata.packers.journal import PackJournal, remove_stale_partials, state_dir
-from fastdata.packers.pieces import entries_to_prepare, pieces_to_keep, write_pieces
+from fastdata.packers.pieces import entries_to_prepare, pieces_to_keep, write_items, write_pieces
 from fastdata.packers.plan import PackPlan, ResumeRefused
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.options import PackOptions
@@ -37,7 +38,7 @@ from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.progress import progress_bar
-from fastdata.records import Manifest, Record
+from fastdata.records import Manifest
 
 __all__ = ["PackOptions", "PackSummary", "SkippedFile", "pack"]
 
@@ -94,6 +95,7 @@ def pack(
     options: PackOptions | None = None,
     progress: bool | None = None,
     on_event: Callable[[str], None] | None = None,
+    scheduler: Any = None,
 ) -> PackSummary:
     """Pack ``source`` into ``output``.
 
@@ -110,6 +112,10 @@ def pack(
         options: pack options (defaults: keep bytes, skip bad images).
         progress: show a progress bar (None: only on a terminal).
         on_event: called with each warning as it happens (the CLI prints them).
+        scheduler: pack on a Dask cluster: its scheduler's address
+            (``"tcp://HOST:8786"``) or a ``distributed.Client``. The workers
+            must see the source and the output's folder at the same paths; the
+            output is the one a local pack gives (see fastdata.packers.cluster).
 
     Returns:
         The summary (``files`` lists what was written). Skipped files,
@@ -124,13 +130,19 @@ def pack(
         UnknownFormatError: the format cannot be chosen, or the output's
             extension contradicts ``options.format``.
         FastDataError: impossible options (for example raw storage of images of
-            different sizes).
+            different sizes); a scheduler that cannot be reached.
+        SchedulerLost: the scheduler went away during the pack (the finished
+            pieces are kept for ``resume``).
     """
     options = options or PackOptions()
     started = time.perf_counter()
     output = as_local(os.fspath(output))
     if is_remote(output):
         from fastdata.packers.upload import pack_to_url
+
+        if scheduler is not None:
+            raise FastDataError("a pack to a URL cannot run on a Dask cluster yet: pack to "
+                                "a folder the workers share, then copy it there", path=output)
 
         if options.resume:
             raise FastDataError("--resume of a pack to a URL is not supported: pack to a "
@@ -173,7 +185,8 @@ def pack(
         try:
             manifest, tally, src = _pack_into(writer, spec, journal, source, src, source_root,
                                               extensions, seed, options, writer_options,
-                                              workers, progress, on_event, output)
+                                              workers, progress, on_event, output,
+                                              scheduler)
         except ResumeRefused:
             writer.suspend()  # the interrupted pack stays as it was
             raise
@@ -211,7 +224,8 @@ def pack(
 
 
 def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed,
-               options: PackOptions, writer_options, workers, progress, on_event, output):
+               options: PackOptions, writer_options, workers, progress, on_event, output,
+               scheduler=None):
     """Scan, plan, prepare and write everything into ``writer``; returns the
     published manifest, the tally and the source."""
     if src is None:
@@ -248,22 +262,16 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
         todo_count = total - sum(plan.pieces[k][1] - plan.pieces[k][0] for k in kept)
     else:
         todo, todo_count = iter(src), total
-    items = _Prepared(todo, options, min(workers, max(1, todo_count // 16)))
-    # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
-    bar = progress_bar(total, f"pack {os.path.basename(output)}", enabled=progress)
-    try:
-        if plan is not None:
-            write_pieces(writer, plan, kept, items, journal, tally, strict=options.strict,
-                         source_root=source_root, adopted_already=not spec.sharded,
-                         on_entries=bar.update)
-        else:
-            _write_all(writer, items, tally, options, source_root, bar)
-    except BaseException:
-        items.close(terminate=True)
-        raise
-    finally:
-        bar.close()
-        items.close()
+    if scheduler is not None:
+        from fastdata.packers.cluster import write_on_cluster
+
+        write_on_cluster(scheduler, writer, spec, src, plan, kept, journal, tally, options,
+                         writer_options, source_root, output,
+                         lambda: progress_bar(total, f"pack {os.path.basename(output)}",
+                                              enabled=progress))
+    else:
+        _write_local(writer, spec, plan, kept, todo, todo_count, journal, tally, options,
+                     workers, source_root, progress, output)
     _check_written(src, tally, writer.count, source_root)
     # From here an interruption drops the partial output, as before pieces existed:
     # the publish moves its files, so what is left would not resume.
@@ -272,21 +280,27 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
     return manifest, tally, src
 
 
-def _write_all(writer, items, tally: "_Tally", options: PackOptions, source_root, bar) -> None:
-    """Write every prepared item (formats that cannot resume)."""
-    for item in items:
-        bar.update(1)
-        if isinstance(item, SkippedFile):
-            if options.strict:
-                raise BadImageError(
-                    item.reason + " (strict=True stops at the first bad image)",
-                    path=os.path.join(source_root, item.key) if source_root
-                    else item.key, key=item.key)
-            tally.skipped.append(item)
-            continue
-        tally.add(item)
-        writer.write(Record(writer.count, item.key, item.label, item.payload,
-                            item.encoding, item.width, item.height))
+def _write_local(writer, spec, plan, kept, todo, todo_count, journal, tally, options,
+                 workers, source_root, progress, output) -> None:
+    """Prepare ``todo`` in local worker processes and write it (with the kept pieces)."""
+    items = _Prepared(todo, options, min(workers, max(1, todo_count // 16)))
+    # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
+    bar = progress_bar(len(plan.entries) if plan else todo_count,
+                       f"pack {os.path.basename(output)}", enabled=progress)
+    try:
+        if plan is not None:
+            write_pieces(writer, plan, kept, items, journal, tally, strict=options.strict,
+                         source_root=source_root, adopted_already=not spec.sharded,
+                         on_entries=bar.update)
+        else:
+            write_items(writer, items, tally, strict=options.strict, source_root=source_root,
+                        on_entries=bar.update)
+    except BaseException:
+        items.close(terminate=True)
+        raise
+    finally:
+        bar.close()
+        items.close()
 
 
 def _resume_options(spec: FormatSpec, options: PackOptions, writer_options) -> dict:
@@ -319,15 +333,18 @@ def _discard_earlier_partial(journal: PackJournal, tally: "_Tally") -> None:
 
 
 def _resumable_failure(exc: BaseException) -> bool:
-    """An interruption (Ctrl-C, SIGTERM): the pieces written so far are kept
-    for --resume. After an error (a full disk, a bad option) the partial output
-    goes, as it always did: it would hold the space the error asks for."""
-    return isinstance(exc, KeyboardInterrupt)
+    """An interruption (Ctrl-C, SIGTERM, a lost Dask scheduler): the pieces
+    written so far are kept for --resume. After an error (a full disk, a bad
+    option) the partial output goes, as it always did: it would hold the space
+    the error asks for."""
+    return isinstance(exc, (KeyboardInterrupt, SchedulerLost))
 
 
 def _say_how_to_resume(exc: BaseException, journal: PackJournal) -> None:
     import sys
 
+    if isinstance(exc, FastDataError):
+        return  # its own message says the pieces are kept
     done = len(journal.pieces())
     print(f"fastdata: {done} finished piece{'s' if done != 1 else ''} kept in "
           f"{journal.folder}; the same command with --resume continues the pack",

@@ -108,6 +108,23 @@ def write_pieces(writer, plan: PackPlan, kept: dict[int, PieceDone], items: Iter
         journal.record(number, outcomes, writer.end_piece(number))
 
 
+def write_items(writer, items, tally, *, strict: bool, source_root: str | None,
+                on_entries: Callable[[int], None]) -> None:
+    """Write every prepared item, in order (formats that cannot resume)."""
+    for item in items:
+        on_entries(1)
+        if isinstance(item, SkippedFile):
+            if strict:
+                raise BadImageError(
+                    item.reason + " (strict=True stops at the first bad image)",
+                    path=_source_path(source_root, item.key), key=item.key)
+            tally.skipped.append(item)
+            continue
+        tally.add(item)
+        writer.write(Record(writer.count, item.key, item.label, item.payload,
+                            item.encoding, item.width, item.height))
+
+
 def replay(piece: PieceDone, tally) -> None:
     """Count a kept piece's entries in ``tally`` as if they were packed now."""
     for record, (source_bytes, encoding, width, height) in zip(piece.records, piece.facts):

@@ -1,0 +1,314 @@
+"""Packing on a Dask cluster (``pack(..., scheduler=)``, ``--scheduler``): a real
+scheduler and real worker processes on 127.0.0.1 (README: "Packing on a Dask
+cluster"). The output is a local pack's, byte for byte (the manifest's
+created_at apart); a worker killed mid-pack has its pieces redone; a lost
+scheduler leaves the finished pieces for ``--resume``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import build_tree, free_port, list_partials, run_python, uniform_spec
+
+import fastdata
+from fastdata.errors import BadImageError, FastDataError
+from fastdata.formats import read_manifest
+from fastdata.packers.preprocess import Preprocess
+
+REPO = str(Path(__file__).resolve().parent.parent)
+#: Files that hold process state, not data (LMDB's lock file).
+NOT_DATA = {"lock.mdb"}
+VARIANTS = {"keep": {}, "resize": {"preprocess": Preprocess(resize=12)}}
+SPEC = uniform_spec(per_class=12, exts=(".png", ".jpg", ".bmp"))
+BAD = next(key for key in SPEC if key.startswith("dog/img00") and key.endswith(".png"))
+
+
+@pytest.fixture(scope="module")
+def dd():
+    """distributed, imported by this module's tests only (not when collected):
+    it makes every exception pickle through tblib (copyreg), which other
+    tests' restricted unpicklers refuse (DALI's), so the table is put back."""
+    import copyreg
+
+    saved = dict(copyreg.dispatch_table)
+    yield pytest.importorskip("distributed")
+    copyreg.dispatch_table.clear()
+    copyreg.dispatch_table.update(saved)
+
+
+@pytest.fixture(scope="module")
+def cluster(dd):
+    """A scheduler and 2 single-thread worker processes; a client of them."""
+    with dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=":0") as cluster, \
+            dd.Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """36 images, one of them damaged (a skip inside a piece)."""
+    root = tmp_path_factory.mktemp("cluster") / "src"
+    build_tree(root, SPEC)
+    data = (root / BAD).read_bytes()
+    (root / BAD).write_bytes(data[: len(data) // 2])
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_packs(source, tmp_path_factory):
+    """The local pack of (format, variant), made once each."""
+    made: dict = {}
+
+    def local(fmt: str, variant: str) -> Path:
+        if (fmt, variant) not in made:
+            folder = tmp_path_factory.mktemp(f"local-{fmt}-{variant}")
+            fastdata.pack(source, _output(folder, fmt), options=_options(fmt, variant),
+                          progress=False)
+            made[fmt, variant] = folder
+        return made[fmt, variant]
+
+    return local
+
+
+def _output(folder: Path, fmt: str) -> Path:
+    return folder / {"tar": "out-%06d.tar", "tfrecord": "out.tfrecord",
+                     "lmdb": "out.lmdb", "hdf5": "out.h5"}[fmt]
+
+
+def _options(fmt: str, variant: str, **more) -> fastdata.PackOptions:
+    sharded = fmt in ("tar", "tfrecord")
+    return fastdata.PackOptions(shard_size=3 if sharded else None, **VARIANTS[variant], **more)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too: nothing may be left over),
+    the manifest's created_at blanked wherever it is stored."""
+    files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name not in NOT_DATA}
+    manifest = next(p for p in folder.iterdir() if p.name.endswith((".fastdata.json", ".lmdb",
+                                                                    ".h5")))
+    stamp = json.dumps(read_manifest(str(manifest)).created_at).encode()
+    for name, data in files.items():
+        files[name] = data.replace(stamp, b'"CREATED_AT"')
+        if name.endswith(".report.json"):  # it names the output: the folders differ
+            files[name] = data.replace(str(folder).encode(), b"FOLDER")
+    return files
+
+
+def assert_same_pack(cluster_folder: Path, local_folder: Path) -> None:
+    got, want = _files(cluster_folder), _files(local_folder)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+
+
+def _worker_pids(client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cluster_pack_writes_the_local_pack(dd, cluster, source, local_packs, tmp_path, fmt,
+                                            variant):
+    with dd.get_task_stream(client=cluster) as stream:
+        summary = fastdata.pack(source, _output(tmp_path, fmt),
+                                options=_options(fmt, variant), progress=False,
+                                scheduler=cluster)
+    assert summary.records == 35 and [s.key for s in summary.skipped] == [BAD]
+    assert_same_pack(tmp_path, local_packs(fmt, variant))
+    # One task per piece (a shard of 3 entries), each run by a worker process.
+    ran = [t for t in stream.data if "fastdata-pack" in str(t["key"])]
+    assert len(ran) == 12
+    pids = _worker_pids(cluster)
+    assert {pids[t["worker"]] for t in ran} <= set(pids.values())
+    assert os.getpid() not in pids.values()
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_cluster_pack_of_a_single_file_format(cluster, source, local_packs, tmp_path, fmt):
+    summary = fastdata.pack(source, _output(tmp_path, fmt), options=_options(fmt, "resize"),
+                            progress=False, scheduler=cluster.scheduler.address)
+    assert summary.records == 35 and [s.key for s in summary.skipped] == [BAD]
+    assert_same_pack(tmp_path, local_packs(fmt, "resize"))
+
+
+def test_strict_names_the_first_bad_image_in_plan_order(cluster, source, tmp_path):
+    with pytest.raises(BadImageError) as err:
+        fastdata.pack(source, tmp_path / "out" / "x.tar", options=_options(
+            "tar", "keep", strict=True), progress=False, scheduler=cluster)
+    assert err.value.key == BAD and "strict" in str(err.value)
+    assert not list_partials(tmp_path / "out")  # nothing left, as after a local pack
+    assert not list((tmp_path / "out").glob("*.fastdata.json"))
+    assert not list((tmp_path / "out").glob(".*.pack-state"))
+
+
+class _When(threading.Thread):
+    """Runs ``action`` once ``condition()`` holds (checked every 2 ms)."""
+
+    def __init__(self, condition, action) -> None:
+        super().__init__(daemon=True)
+        self.condition, self.action = condition, action
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if self.condition():
+                self.action()
+                return
+            time.sleep(0.002)
+
+    def __enter__(self) -> "_When":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.join()
+
+
+def _journaled(folder: Path) -> int:
+    """Pieces the pack to ``folder`` has journaled so far."""
+    journals = list(folder.glob(".*.pack-state/journal.jsonl"))
+    return journals[0].read_text().count("\n") if journals else 0
+
+
+def test_a_killed_worker_has_its_pieces_redone(cluster, source, local_packs, tmp_path):
+    victim, victim_pid = sorted(_worker_pids(cluster).items())[0]
+    seen = {}
+
+    def victim_has_a_piece() -> bool:
+        seen["pieces"] = [key for key in cluster.processing(workers=[victim])[victim]
+                          if "fastdata-pack" in str(key)]
+        return bool(seen["pieces"])
+
+    def kill() -> None:
+        os.kill(victim_pid, signal.SIGKILL)
+        seen["journaled"] = _journaled(tmp_path)
+
+    with _When(victim_has_a_piece, kill):
+        fastdata.pack(source, _output(tmp_path, "tar"), options=_options("tar", "resize"),
+                      progress=False, scheduler=cluster.scheduler.address)
+    assert seen["journaled"] < 12  # it died with its piece, in the middle of the pack
+    assert victim not in _worker_pids(cluster)
+    assert_same_pack(tmp_path, local_packs("tar", "resize"))
+
+
+def test_workers_that_cannot_see_the_output_folder_fail_in_one_line(cluster, source,
+                                                                    tmp_path):
+    """As if the partial output were on a disk the workers do not share: it
+    goes away under them once a piece is journaled."""
+    import shutil
+
+    def remove_partial() -> None:
+        for partial in tmp_path.glob(".*.partial-*"):
+            shutil.rmtree(partial)
+
+    with _When(lambda: _journaled(tmp_path), remove_partial), \
+            pytest.raises(FastDataError) as err:
+        fastdata.pack(source, _output(tmp_path, "tar"), options=_options("tar", "keep"),
+                      progress=False, scheduler=cluster)
+    assert "shared file system" in str(err.value) and "\n" not in str(err.value)
+
+
+class _Scheduler:
+    """``dask scheduler`` and one ``dask worker`` (no nanny: its pid is the
+    worker's), as separate processes."""
+
+    def __init__(self, dd, folder: Path) -> None:
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get(
+            "PYTHONPATH", "")]))
+        common = dict(cwd=folder, env=env, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)
+        self.scheduler = subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
+             self.address.rsplit(":", 1)[1], "--no-dashboard"], **common)
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "dask", "worker", self.address, "--no-nanny",
+             "--nthreads", "1", "--no-dashboard"], **common)
+        with dd.Client(self.address, timeout=30) as client:
+            client.wait_for_workers(1, timeout=30)
+
+    def close(self) -> None:
+        for proc in (self.worker, self.scheduler):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("resume_on", ["local", "cluster"])
+def test_a_lost_scheduler_keeps_the_finished_pieces(dd, cluster, source, local_packs, tmp_path,
+                                                     resume_on):
+    (tmp_path / "procs").mkdir()
+    lost = _Scheduler(dd, tmp_path / "procs")
+    folder = tmp_path / "out"
+
+    def lose_scheduler() -> None:
+        os.kill(lost.worker.pid, signal.SIGSTOP)  # no piece finishes from here
+        lost.scheduler.kill()
+
+    out = _output(folder, "tar")
+    try:
+        with _When(lambda: _journaled(folder), lose_scheduler), \
+                pytest.raises(FastDataError) as err:
+            fastdata.pack(source, out, options=_options("tar", "keep"), progress=False,
+                          scheduler=lost.address)
+    finally:
+        lost.close()
+    message = str(err.value)
+    assert f"lost the Dask scheduler at {lost.address}" in message and "--resume" in message
+    assert "\n" not in message
+    state = next(folder.glob(".*.pack-state"))
+    journaled = (state / "journal.jsonl").read_text().count("\n")
+    assert f"the {journaled} finished piece" in message and 0 < journaled < 12
+    assert not list(folder.glob("*.fastdata.json"))  # nothing published
+
+    resume = _options("tar", "keep", resume=True)
+    if resume_on == "local":
+        fastdata.pack(source, out, options=resume, progress=False)
+    else:
+        with dd.get_task_stream(client=cluster) as stream:
+            fastdata.pack(source, out, options=resume, progress=False, scheduler=cluster)
+        ran = [t for t in stream.data if "fastdata-pack" in str(t["key"])]
+        assert len(ran) == 12 - journaled  # only the missing pieces
+    assert_same_pack(folder, local_packs("tar", "keep"))
+
+
+def test_cli_scheduler_that_does_not_answer_is_one_error_line(source, tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastdata.cli", "pack", str(source), str(tmp_path / "x.tar"),
+         "--scheduler", address], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=REPO))
+    assert time.monotonic() - started < 15
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and address in lines[0], \
+        proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_cluster_pack_to_a_url_is_refused(source):
+    with pytest.raises(FastDataError, match="Dask cluster"):
+        fastdata.pack(source, "s3://bucket/x.tar", scheduler="tcp://127.0.0.1:1")
+
+
+def test_a_local_pack_does_not_import_dask(source, tmp_path):
+    proc = run_python(f"""
+        import sys
+        import fastdata
+        fastdata.pack({str(source)!r}, {str(tmp_path / 'x.tar')!r}, progress=False)
+        print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))
+    """, env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
