@@ -129,18 +129,8 @@ def _identities(reader: Any, paths: list[str]) -> list[str]:
             for i, p in enumerate(paths)]
 
 
-#: One cache per process and cache settings (it holds the locks on the copies
-#: it returned; one made per pipeline would leave its lock descriptors open).
-_caches: dict[tuple, Any] = {}
-
-
 def shard_cache() -> Any:
-    """This process's :class:`fastdata.storage.ShardCache` for DALI's downloads."""
-    from fastdata.storage import ShardCache
+    """This process's shard cache (shared with fastdata's own remote reads)."""
+    from fastdata.formats.remote_files import process_cache
 
-    key = (os.getpid(), os.environ.get("FASTDATA_CACHE_DIR"),
-           os.environ.get("FASTDATA_CACHE_LIMIT"), os.environ.get("XDG_CACHE_HOME"))
-    cache = _caches.get(key)
-    if cache is None:
-        cache = _caches[key] = ShardCache()
-    return cache
+    return process_cache()

@@ -50,7 +50,7 @@ def local_copy(path) -> str:
     """A local file with the contents of ``path``: itself, or a cached download."""
     if not is_remote(path):
         return path
-    return _process_cache().local(path)
+    return process_cache().local(path)
 
 
 #: One ShardCache per process and cache settings: it holds a shared lock on
@@ -59,7 +59,9 @@ def local_copy(path) -> str:
 _caches: dict[tuple, object] = {}
 
 
-def _process_cache():
+def process_cache():
+    """This process's :class:`fastdata.storage.ShardCache` for the current cache
+    settings (downloads of LMDB/HDF5 files, DALI's shard copies)."""
     from fastdata.storage import ShardCache
 
     key = (os.getpid(), os.environ.get("FASTDATA_CACHE_DIR"),

@@ -277,13 +277,7 @@ class Writer:
 
     def suspend(self) -> None:
         """Stop without removing the partial output (for a later resume)."""
-        if self._done:
-            return
-        self._done = True
-        try:
-            self._discard()
-        finally:
-            self._lock.release()
+        self._stop(remove=False)
 
     @property
     def payload_sha256(self) -> str:
@@ -306,13 +300,19 @@ class Writer:
 
     def abort(self) -> None:
         """Drop everything written so far. Safe to call more than once."""
+        self._stop(remove=True)
+
+    def _stop(self, *, remove: bool) -> None:
         if self._done:
             return
         self._done = True
         try:
             self._discard()
         finally:
-            self._drop()
+            if remove:
+                self._drop()
+            else:
+                self._lock.release()
 
     def _drop(self) -> None:
         """Remove the temporary output and let go of the output's lock."""
