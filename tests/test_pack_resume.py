@@ -330,3 +330,19 @@ def test_lmdb_killed_while_publishing_resumes(tmp_path, monkeypatch, tree, refer
         m.pop("bytes")
         m.pop("shards")
     assert got == expected
+
+
+def test_hdf5_pieces_with_worker_processes(tmp_path, monkeypatch):
+    """Pack workers forked while the HDF5 file is open hold its descriptor: the
+    file closed and opened again at a piece end must not trip over HDF5's own
+    file lock (the output's lock already keeps other packs out)."""
+    monkeypatch.setattr(fastdata.packers.plan, "SINGLE_FILE_PIECE_ENTRIES", 8)
+    tree = build_tree(tmp_path / "src", uniform_spec(classes=("a", "b"), per_class=24))
+    outputs = {}
+    for workers in (1, 2):  # 48 images: 2 worker processes
+        out = tmp_path / f"w{workers}.h5"
+        fastdata.pack(tree.root, out, options=fastdata.PackOptions(
+            workers=workers, writer_options={"chunk_bytes": 4096, "flush_bytes": 4096}),
+            progress=False)
+        outputs[workers] = _records(out)
+    assert outputs[1] == outputs[2]

@@ -98,7 +98,7 @@ class HDF5Writer(Writer):
             # No chunk cache: whole chunks are written once anyway, and with one a
             # full disk fails inside a later flush or close, after which HDF5
             # crashes the process (segfault); without, the write itself fails.
-            self._file = h5py.File(temp_path, "w", rdcc_nbytes=0)
+            self._file = h5py.File(temp_path, "w", rdcc_nbytes=0, locking=False)
             self._file.attrs[SCHEMA_ATTR] = SCHEMA
         except OSError as exc:
             raise FastDataError(f"cannot create the HDF5 file ({exc})", path=temp_path) from exc
@@ -247,7 +247,10 @@ class HDF5Writer(Writer):
     def _open_partial(self, temp_path: str) -> None:
         import h5py
 
-        self._file = h5py.File(temp_path, "r+", rdcc_nbytes=0)
+        # No HDF5 file lock: the output's own lock keeps other packs out, and
+        # pack worker processes forked while the file is open inherit the
+        # descriptor HDF5 locked, so reopening it after a piece would fail.
+        self._file = h5py.File(temp_path, "r+", rdcc_nbytes=0, locking=False)
         # Metadata reaches the file only when a piece ends: a killed pack leaves
         # the file as its last piece left it, not half-updated by evictions.
         config = self._file.id.get_mdc_config()
