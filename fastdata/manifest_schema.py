@@ -77,7 +77,7 @@ def _check_classes(data: dict, count: int, path: str | None) -> None:
     if len(counts) != len(classes):
         raise ManifestError(f"manifest lists {len(classes)} classes but {len(counts)} class "
                             f"counts; {_HINT}", path=path)
-    if sum(counts) != count:
+    if classes and sum(counts) != count:  # no classes: unlabelled records (label -1)
         raise ManifestError(f"manifest class counts add up to {sum(counts)}, not its record "
                             f"count {count}; {_HINT}", path=path)
 

@@ -27,7 +27,7 @@ _FLAG_PHRASES = (
 )
 _FLAG_NAMES = re.compile(
     r"\b(shard_size|max_size|max_pixels|center_crop|quality|workers|resize|format|extensions"
-    r"|shuffle)=\s?")
+    r"|shuffle|path_column|label_column)=\s?")
 
 
 def cli_terms(message: str) -> str:

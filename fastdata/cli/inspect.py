@@ -44,7 +44,8 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     rows = [
         ("format", f"{m.format} ({written})"),
         ("records", f"{m.count:,}"),
-        ("classes", f"{len(m.classes)}: {classes}"),
+        ("classes", f"{len(m.classes)}: {classes}" if m.classes
+         else "none (unlabelled records, label -1)"),
         ("encoding", _encoding_text(m.encoding or {})),
         ("size", ", ".join(sizes) or "not recorded"),
         ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")),

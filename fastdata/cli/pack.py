@@ -82,6 +82,16 @@ from fastdata.machine import human_bytes
                    "leading + adds to that default instead of replacing it: --extensions "
                    "+gif packs GIFs too. Files with other extensions are ignored and "
                    "counted in the summary.")
+@click.option("--path-column", metavar="NAME", default=None,
+              help="For a list or Parquet SOURCE: the column holding each image. In a "
+                   ".csv/.tsv/.jsonl list its file path, relative to the list's folder or "
+                   "absolute [default: path]; in Parquet the image struct (bytes, path), its "
+                   "bytes or its path [default: image].")
+@click.option("--label-column", metavar="NAME", default=None,
+              help="For a list or Parquet SOURCE: the column holding the labels, class names "
+                   "(classes: the sorted names) or integers (kept as given; classes \"0\" to "
+                   "the largest) [default: label, when there is one; without a label column "
+                   "the records are unlabelled: label -1, no classes].")
 @click.option("--shuffle", metavar="SEED", default=None,
               help="Write the records in a random order drawn from SEED (a whole number "
                    ">= 0) instead of class by class; labels and keys travel with their "
@@ -96,13 +106,17 @@ from fastdata.machine import human_bytes
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
          workers, overwrite, resume, scheduler, strict, verify_decode, max_pixels, extensions,
-         shuffle, as_json, progress):
-    """Pack the image folder SOURCE into the dataset OUTPUT.
+         path_column, label_column, shuffle, as_json, progress):
+    """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
     images are found recursively inside each class folder, with torchvision's
     extensions unless --extensions says otherwise. Labels are the indices of
-    the sorted class names, as torchvision assigns them. By default
+    the sorted class names, as torchvision assigns them. SOURCE may also be a
+    list of image files (.csv, .tsv: a header row naming a path column and
+    optionally a label column; .jsonl: one JSON object per line), or a .parquet
+    file or folder of them in the Hugging Face image layout; their other
+    columns are kept as each record's metadata. By default
     the original file bytes are stored unchanged, with the label and the path
     relative to SOURCE; --resize/--encoding preprocess them once at pack time.
 
@@ -113,6 +127,8 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
       fastdata pack images/ train.h5 --resize 256 --encoding jpeg --quality 90
       fastdata pack cifar/ cifar.lmdb --encoding raw
       fastdata pack imagenet/train train-%06d.tar --shard-size 1GB --shuffle 0
+      fastdata pack train.csv train.lmdb --label-column species
+      fastdata pack hf/data/ train.h5
 
     Nothing is left half-written: the output appears only when complete. An
     interrupted pack keeps the pieces it finished beside OUTPUT (hidden), and the
@@ -122,6 +138,7 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     from fastdata.packers.pack import pack as run_pack
     from fastdata.packers.preprocess import Preprocess, parse_resize
     from fastdata.packers.shuffle import parse_seed
+    from fastdata.packers.sources.dispatch import open_source
 
     pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
                      encoding=encoding, quality=quality)
@@ -134,13 +151,18 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     def on_event(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
 
+    if path_column is not None or label_column is not None:
+        source = open_source(source, path_column=path_column, label_column=label_column,
+                             extensions=extensions)
     summary = run_pack(source, output, options=options, progress=progress, on_event=on_event,
                        scheduler=scheduler)
     if as_json:
         _print_json(summary.to_dict())
         return
+    what = (f"{summary.records} images in {summary.classes} classes" if summary.classes
+            else f"{summary.records} unlabelled images")
     click.echo(
-        f"packed {summary.records} images in {summary.classes} classes into {summary.output} "
+        f"packed {what} into {summary.output} "
         f"({summary.format}) in {summary.seconds:.1f} s, {summary.rate:,.0f} img/s")
     click.echo(f"  bytes in {human_bytes(summary.bytes_in)}, on disk "
                f"{human_bytes(summary.bytes_out)}; encodings "

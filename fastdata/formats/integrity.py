@@ -132,6 +132,15 @@ def check_labels(labels: np.ndarray, manifest: Manifest, *, path: str) -> None:
     if not isinstance(manifest.classes, list):
         return  # not a manifest this reader accepts; refused where the manifest is read
     n_classes = len(manifest.classes)
+    if n_classes == 0:  # unlabelled records: every label is -1
+        bad = np.flatnonzero(labels != -1)
+        if len(bad):
+            i = int(bad[0])
+            raise CorruptDataError(
+                f"record {i} has label {int(labels[i])}, but the dataset has no classes (its "
+                f"records are unlabelled, label -1): the labels are damaged; re-pack it",
+                path=path, record=i)
+        return
     bad = np.flatnonzero((labels < 0) | (labels >= n_classes))
     if len(bad):
         i = int(bad[0])

@@ -30,12 +30,14 @@ from fastdata.machine import usable_cores
 from fastdata.formats.writer import remove_path
 from fastdata.packers.cluster import SchedulerLost
 from fastdata.packers.journal import PackJournal, remove_stale_partials, state_dir
-from fastdata.packers.pieces import entries_to_prepare, pieces_to_keep, write_items, write_pieces
+from fastdata.packers.pieces import (entries_to_prepare, pieces_to_keep,
+                                      write_items, write_pieces)
 from fastdata.packers.plan import PackPlan, ResumeRefused
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
 from fastdata.packers.options import PackOptions
 from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
+from fastdata.packers.sources.dispatch import open_source, source_kind
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest
@@ -82,10 +84,23 @@ class _Tally:
                     f"{item.width}x{item.height} and earlier ones "
                     f"{self.raw_shape[1]}x{self.raw_shape[0]}; pass resize=(h, w), or resize=N "
                     f"with center_crop=True", key=item.key)
+        _check_label(item.label, self.classes, item.key)
         self.fingerprint.update(f"{item.key}\t{item.label}\t{item.source_bytes}\n".encode())
-        self.class_counts[item.label] += 1
+        if item.label >= 0:  # -1: an unlabelled record, of no class
+            self.class_counts[item.label] += 1
         self.encodings[item.encoding] += 1
         self.bytes_in += item.source_bytes
+
+
+def _check_label(label: int, classes: int, key: str) -> None:
+    """A record's label indexes the classes; a source without classes is
+    unlabelled, and every label is -1."""
+    if classes and not 0 <= label < classes:
+        raise FastDataError(f"the source gives label {label}, not a class index (0..{classes - 1} "
+                            f"for {classes} classes)", key=key)
+    if not classes and label != -1:
+        raise FastDataError(f"the source gives label {label} but has no classes: a source "
+                            f"without classes is unlabelled, and every label is -1", key=key)
 
 
 def pack(
@@ -101,7 +116,10 @@ def pack(
 
     Args:
         source: a folder with one sub-folder per class (read as an
-            :class:`ImageFolderSource`), or any :class:`Source`.
+            :class:`ImageFolderSource`), a list file (``.csv``, ``.tsv``,
+            ``.jsonl``) or Parquet (a ``.parquet`` file, a folder of them),
+            read with ``fastdata.open_source`` before anything is written, or
+            any :class:`Source`.
         output: the dataset to write (a path, or an s3://, gs://, az:// URL: packed
             in a local staging folder, then uploaded with the manifest last; see
             fastdata.packers.upload); its extension selects the format. Without
@@ -152,6 +170,8 @@ def pack(
     check_local(output)
     if not isinstance(source, Source):
         check_local(source)
+        if source_kind(source) != "folder":  # a list or Parquet: read and checked now
+            source = open_source(source, extensions=options.extensions)
     output = os.path.abspath(os.fspath(output))
     spec = format_for_output(output, options.format)
     writer_cls = spec.load_writer()

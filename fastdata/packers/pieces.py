@@ -96,7 +96,7 @@ def write_pieces(writer, plan: PackPlan, kept: dict[int, PieceDone], items: Iter
                 if strict:
                     raise BadImageError(
                         item.reason + " (strict=True stops at the first bad image)",
-                        path=_source_path(source_root, item.key), key=item.key)
+                        path=source_path(source_root, item.key), key=item.key)
                 tally.skipped.append(item)
                 outcomes.append([item.key, item.reason])
                 continue
@@ -117,7 +117,7 @@ def write_items(writer, items, tally, *, strict: bool, source_root: str | None,
             if strict:
                 raise BadImageError(
                     item.reason + " (strict=True stops at the first bad image)",
-                    path=_source_path(source_root, item.key), key=item.key)
+                    path=source_path(source_root, item.key), key=item.key)
             tally.skipped.append(item)
             continue
         tally.add(item)
@@ -133,7 +133,11 @@ def replay(piece: PieceDone, tally) -> None:
     tally.skipped.extend(SkippedFile(key, reason) for key, reason in piece.skipped)
 
 
-def _source_path(root: str | None, key: str) -> str:
+def source_path(root: str | None, key: str) -> str:
+    """The file of ``key`` for a message: keys are relative to the source's root
+    folder, or to the folder of its list file."""
     import os
 
-    return os.path.join(root, key) if root else key
+    if not root:
+        return key
+    return os.path.join(root if os.path.isdir(root) else os.path.dirname(root), key)

@@ -37,7 +37,8 @@ class SourceEntry:
     Attributes:
         key: a unique name within the source ("/"-separated; for files the path
             relative to the source root).
-        label: class index into the source's ``classes``.
+        label: class index into the source's ``classes``; -1 for an unlabelled
+            record (a source without classes gives -1 for all).
         path: the file holding the image, or None when ``data`` holds it.
         data: the encoded image itself, or None when ``path`` names a file.
         metadata: per-sample facts beyond the label (JSON values: boxes,
@@ -124,7 +125,8 @@ class ImageFolderSource:
         if not os.path.exists(self.root):
             raise SourceError("source folder does not exist", path=self.root)
         if not os.path.isdir(self.root):
-            raise SourceError("source is not a folder (expected one sub-folder per class)",
+            raise SourceError("source is not a folder (expected one sub-folder per class), "
+                              "nor a list (.csv, .tsv, .jsonl) or Parquet (.parquet) file",
                               path=self.root)
         self.ignored = []
         self.classes = self._find_classes()

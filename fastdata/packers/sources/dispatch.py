@@ -1,0 +1,93 @@
+"""Choosing the source for a path: an image folder, a list file or Parquet."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from fastdata.errors import FastDataError
+from fastdata.packers.source import ImageFolderSource, Source
+
+#: List and table files, by extension (any letter case).
+FILE_KINDS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+              ".parquet": "parquet"}
+
+
+def source_kind(path: str | os.PathLike) -> str:
+    """What ``path`` is read as: "csv", "tsv", "jsonl" or "parquet" for a file
+    with one of those extensions (``.ndjson`` is JSON Lines too) and for a
+    folder holding ``.parquet`` files and no sub-folder (hidden ones aside);
+    "folder" for anything else (an ImageFolder tree, or a path that
+    :class:`ImageFolderSource` will say is missing or not a folder)."""
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        return "parquet" if _is_parquet_folder(text) else "folder"
+    return FILE_KINDS.get(os.path.splitext(text)[1].lower(), "folder")
+
+
+def open_source(path: str | os.PathLike, *, path_column: str | None = None,
+                label_column: str | None = None,
+                extensions: Iterable[str] | str | None = None) -> Source:
+    """The :class:`~fastdata.Source` for ``path``, chosen by :func:`source_kind`.
+
+    Args:
+        path: an image folder, a ``.csv``/``.tsv``/``.jsonl`` list, a
+            ``.parquet`` file or a folder of them.
+        path_column: the column holding each image: its path in a list
+            (default ``path``), the image struct, bytes or path in Parquet
+            (default ``image``).
+        label_column: the column holding the labels (default: ``label`` when
+            there is one; without, the records are unlabelled: label -1, no classes).
+        extensions: an image folder's extensions (see :class:`ImageFolderSource`).
+
+    Raises:
+        SourceError: what the chosen source refuses (missing, malformed ...).
+        FastDataError: an option that does not apply to this kind of source,
+            or a URL (sources are read from local paths).
+    """
+    from fastdata.formats.registry import check_local
+    from fastdata.formats.remote_files import is_remote
+
+    check_local(path)
+    if is_remote(os.fspath(path)):
+        raise FastDataError("sources are read from local paths: download the list or "
+                            "folder, then pack the local copy", path=os.fspath(path))
+    kind = source_kind(path)
+    if kind == "folder":
+        if path_column is not None or label_column is not None:
+            raise FastDataError("path_column= and label_column= apply to list files (.csv, "
+                                ".tsv, .jsonl) and Parquet, not to an image folder",
+                                path=os.fspath(path))
+        return ImageFolderSource(path, extensions=extensions)
+    if extensions is not None:
+        raise FastDataError("extensions= applies to an image folder, not to a list file or "
+                            "Parquet (they name their images)", path=os.fspath(path))
+    if kind == "parquet":
+        from fastdata.packers.sources.parquet import IMAGE_COLUMN, ParquetSource
+
+        return ParquetSource(path, image_column=path_column or IMAGE_COLUMN,
+                             label_column=label_column)
+    from fastdata.packers.sources.listed import PATH_COLUMN
+
+    if kind == "jsonl":
+        from fastdata.packers.sources.json_lines import JSONLinesSource
+
+        return JSONLinesSource(path, path_column=path_column or PATH_COLUMN,
+                               label_column=label_column)
+    from fastdata.packers.sources.csv_list import CSVSource
+
+    return CSVSource(path, path_column=path_column or PATH_COLUMN, label_column=label_column)
+
+
+def _is_parquet_folder(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            visible = [e for e in it if not e.name.startswith(".")]
+    except OSError:
+        return False
+    if any(e.is_dir() for e in visible):
+        return False
+    return any(e.name.lower().endswith(".parquet") for e in visible)
+
+
+__all__ = ["FILE_KINDS", "open_source", "source_kind"]
