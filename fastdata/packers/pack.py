@@ -286,7 +286,7 @@ def _write_all(writer, items, tally: "_Tally", options: PackOptions, source_root
             continue
         tally.add(item)
         writer.write(Record(writer.count, item.key, item.label, item.payload,
-                            item.encoding, item.width, item.height))
+                            item.encoding, item.width, item.height, item.metadata))
 
 
 def _resume_options(spec: FormatSpec, options: PackOptions, writer_options) -> dict:

@@ -102,9 +102,13 @@ def write_pieces(writer, plan: PackPlan, kept: dict[int, PieceDone], items: Iter
                 continue
             tally.add(item)
             writer.write(Record(writer.count, item.key, item.label, item.payload,
-                                item.encoding, item.width, item.height))
-            outcomes.append([item.key, item.label, writer.crcs[-1], len(item.payload),
-                             item.source_bytes, item.encoding, item.width, item.height])
+                                item.encoding, item.width, item.height, item.metadata))
+            outcome = [item.key, item.label, writer.crcs[-1], len(item.payload),
+                       item.source_bytes, item.encoding, item.width, item.height]
+            if item.metadata is not None:
+                # Formats that keep metadata in memory until finish take it back from here.
+                outcome.append(item.metadata.decode("utf-8"))
+            outcomes.append(outcome)
         journal.record(number, outcomes, writer.end_piece(number))
 
 
@@ -112,7 +116,7 @@ def replay(piece: PieceDone, tally) -> None:
     """Count a kept piece's entries in ``tally`` as if they were packed now."""
     for record, (source_bytes, encoding, width, height) in zip(piece.records, piece.facts):
         tally.add(Prepared(record.key, record.label, source_bytes, b"", encoding, width,
-                           height))
+                           height, record.metadata))
     tally.skipped.extend(SkippedFile(key, reason) for key, reason in piece.skipped)
 
 
