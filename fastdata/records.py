@@ -37,6 +37,8 @@ class Record:
         encoding: what ``payload`` holds ("jpeg", "png", ..., or "raw").
         width: image width in pixels (0 when unknown).
         height: image height in pixels (0 when unknown).
+        metadata: the sample's metadata as canonical UTF-8 JSON (see
+            :func:`metadata_json`), or None when it has none.
     """
 
     index: int
@@ -46,17 +48,45 @@ class Record:
     encoding: str
     width: int = 0
     height: int = 0
+    metadata: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PieceRecord:
     """What a resumed pack knows of a record it keeps: its key, label, CRC-32 and
-    payload size (the bytes themselves stay in the partial output)."""
+    payload size (the bytes themselves stay in the partial output), and its
+    metadata (canonical JSON, as the journal carries it; None: none)."""
 
     key: str
     label: int
     crc: int
     size: int
+    metadata: bytes | None = None
+
+
+def metadata_json(metadata: Any) -> bytes:
+    """The stored form of a sample's metadata: canonical UTF-8 JSON, compact,
+    keys in the order given (``json.dumps(meta, ensure_ascii=False,
+    separators=(",", ":"))``).
+
+    Raises:
+        TypeError: ``metadata`` is not a dict.
+        ValueError: it holds a value JSON cannot represent (bytes, a set, NaN
+            or infinity, an object), or text that is not valid Unicode; the
+            message says which.
+    """
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict (a JSON object), not "
+                         f"{type(metadata).__name__}")
+    try:
+        text = json.dumps(metadata, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)
+        return text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        detail = ("a float NaN or infinity: JSON has neither" if "Out of range float" in
+                  str(exc) else f"{type(exc).__name__}: {exc}")
+        raise ValueError(f"metadata cannot be stored as JSON ({detail}); give JSON values: "
+                         f"dict, list, str, int, finite float, bool, None") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
         ("size", ", ".join(sizes) or "not recorded"),
         ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")),
         ("checksums", _checksums_text(m.checksums or {})),
+        ("metadata", _metadata_text(m)),
         ("source", _source_text(m.source or {})),
         ("order", _order_text(m)),
         ("created", m.created_at or "not recorded"),
@@ -93,6 +94,18 @@ def _encoding_text(enc: dict) -> str:
         if enc.get(field):
             text += f", {field} {_plain(enc[field])}"
     return text
+
+
+def _metadata_text(m) -> str:
+    """Whether records carry per-sample metadata, how many, and where it is."""
+    extra = m.extra if isinstance(m.extra, dict) else {}
+    meta = extra.get("metadata")
+    if not isinstance(meta, dict):
+        return "none" if m.fastdata_version else "none found"
+    records = meta.get("records")
+    count = f"{records:,} of {m.count:,} records" if isinstance(records, int) else "present"
+    where = ", ".join(f"{k} {_plain(v)}" for k, v in meta.items() if k != "records")
+    return count + (f" ({where})" if where else "")
 
 
 def _checksums_text(checksums: dict) -> str:

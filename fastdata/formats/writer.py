@@ -82,6 +82,9 @@ class Writer:
     format_name = ""
     #: Whether the output is a folder (True) or a single file (False).
     output_is_dir = False
+    #: Whether the format stores per-sample metadata (``Record.metadata``); a
+    #: format that does not refuses a record with metadata rather than drop it.
+    stores_metadata = False
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
                  resume_path: str | None = None, detached_dir: str | None = None) -> None:
@@ -114,6 +117,7 @@ class Writer:
         self.keys: list[str] = []
         self.labels: list[int] = []
         self.crcs: list[int] = []
+        self._init_metadata()
         self._sha = hashlib.sha256()
         self._done = False
         try:
@@ -137,11 +141,27 @@ class Writer:
         self.payload_bytes = 0
         self.count = 0
         self.keys, self.labels, self.crcs = [], [], []
+        self._init_metadata()
         self._sha = hashlib.sha256()
         self._done = True  # nothing to abort: the caller owns the folder
         self._lock = None
         self.piece_mode = True
         self._open(folder)
+
+    def _init_metadata(self) -> None:
+        #: Per record: the CRC32 of its metadata JSON (0 when it has none).
+        self.metadata_crcs: list[int] = []
+        #: Records that have metadata; a dataset stores metadata only when > 0.
+        self.metadata_records = 0
+
+    @property
+    def has_metadata(self) -> bool:
+        """Whether any record written so far has metadata."""
+        return self.metadata_records > 0
+
+    def _count_metadata(self, metadata: bytes | None) -> None:
+        self.metadata_crcs.append(0 if metadata is None else zlib.crc32(metadata))
+        self.metadata_records += metadata is not None
 
     @classmethod
     def output_stem(cls, path, **options) -> str:
@@ -183,6 +203,8 @@ class Writer:
         raise NotImplementedError
 
     def _write(self, record: Record, crc: int) -> None:
+        """Store ``record`` (its ``metadata`` too, when it has some and the
+        format stores metadata: see ``has_metadata`` and ``metadata_crcs``)."""
         raise NotImplementedError
 
     def _close(self, manifest: Manifest) -> Manifest:
@@ -201,7 +223,9 @@ class Writer:
     def _adopt_piece(self, number: int, state: dict, records: list["PieceRecord"]) -> None:
         """Take piece ``number`` back from the reopened partial output, checking
         it is whole (raise ``PieceLost`` if not); its records follow those
-        already counted."""
+        already counted. Each record's ``metadata`` is the one the journal
+        holds: a format that keeps metadata in memory until ``finish`` takes
+        it from there, one that wrote it into the piece checks it is there."""
         raise NotImplementedError(f"{self.format_name} packs cannot be resumed")
 
     def _reopen(self, temp_path: str) -> None:
@@ -228,6 +252,11 @@ class Writer:
         """Append one record. Records must come with dense indices 0, 1, 2, ..."""
         if record.index != self.count:
             raise ValueError(f"record index {record.index} out of order (expected {self.count})")
+        if record.metadata is not None and not self.stores_metadata:
+            raise FastDataError(f"the {self.format_name} format does not store per-sample "
+                                f"metadata, and record {record.index} has some; pack into a "
+                                f"format that does (lmdb, hdf5, tfrecord, tar)",
+                                path=self._output_name(), key=record.key)
         crc = zlib.crc32(record.payload)
         self._sha.update(record.payload)
         try:
@@ -237,6 +266,7 @@ class Writer:
         self.keys.append(record.key)
         self.labels.append(record.label)
         self.crcs.append(crc)
+        self._count_metadata(record.metadata)
         self.payload_bytes += len(record.payload)
         self.count += 1
 
@@ -269,6 +299,7 @@ class Writer:
             self.keys.append(r.key)
             self.labels.append(r.label)
             self.crcs.append(r.crc)
+            self._count_metadata(r.metadata)
             self.payload_bytes += r.size
         self.count += len(records)
 

@@ -1,6 +1,7 @@
 """Torch Datasets over packed containers: the same sample everywhere.
 
-A sample is ``(image, label)``; the image is a uint8 CHW tensor by default.
+A sample is ``(image, label)`` (``(image, label, metadata)`` with
+``with_metadata=True``); the image is a uint8 CHW tensor by default.
 Map-style datasets implement ``__getitems__`` so a DataLoader fetches a whole
 batch in one call (one transaction, one pass over the file).
 """
@@ -70,6 +71,9 @@ class PackedDataset(SamplePipeline, Dataset):
             (N, H, W, 3) uint8 array; needs ``size=(h, w)`` or raw records, and
             ``output="bytes"`` then gives the decoded pixels.
         progress: progress bar while filling the cache (None: on a terminal).
+        with_metadata: samples are ``(image, label, metadata)``, metadata the
+            record's dict (``{}`` when it has none; see :meth:`metadata`).
+            Batch them with ``fastdata.collate``, which keeps the dicts as a list.
         **reader_options: format options passed to the reader.
     """
 
@@ -92,6 +96,7 @@ class PackedDataset(SamplePipeline, Dataset):
         decode_threads: int | None = None,
         cache: str | None = None,
         progress: bool | None = None,
+        with_metadata: bool = False,
         **reader_options: Any,
     ) -> None:
         if cache not in (None, "ram", "decoded"):
@@ -100,7 +105,8 @@ class PackedDataset(SamplePipeline, Dataset):
         self._init_samples(reader_class(path, verify=verify, **reader_options),
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
-                           keep_gray=keep_gray, max_pixels=max_pixels)
+                           keep_gray=keep_gray, max_pixels=max_pixels,
+                           with_metadata=with_metadata)
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None
@@ -166,22 +172,23 @@ class PackedDataset(SamplePipeline, Dataset):
         """Samples of ``indices`` (a Batch when ``stack`` and the shapes allow):
         each record is read once and decoded once."""
         decoded_cache = getattr(self.cache, "kind", None) == "decoded"
-        if decoded_cache:
-            rows = [i % len(self) for i in indices]
-            if stack:
-                images = _batch_tensor((len(rows), *self.cache.shape[1:]))
-                np.take(self.cache.pixels, rows, axis=0, out=images.numpy())
-                return self._batch(images, rows)
-            images = [array_to_output(self.cache.pixels[i].copy(), self.output) for i in rows]
-            return self._samples(rows, images)
         try:
-            payloads = self._read(indices)
+            metas = self.reader.metadata_many(indices) if self.with_metadata else None
+            payloads = None if decoded_cache else self._read(indices)
         except CorruptDataError as exc:
             if len(indices) == 1 or self.on_error == "raise":
                 self._corrupt(exc, indices[0])
                 return []
             # Find the bad records one by one and keep the good ones.
             return [s for i in indices for s in self._load([i])]
+        if decoded_cache:
+            rows = [i % len(self) for i in indices]
+            if stack:
+                images = _batch_tensor((len(rows), *self.cache.shape[1:]))
+                np.take(self.cache.pixels, rows, axis=0, out=images.numpy())
+                return self._batch(images, rows, metas)
+            images = [array_to_output(self.cache.pixels[i].copy(), self.output) for i in rows]
+            return self._samples(rows, images, metas)
         if stack and self._raw_as_stored():
             # Pre-decoded: the payloads are the pixels, copied once into the batch.
             shape = self.decode.raw_shape
@@ -191,31 +198,35 @@ class PackedDataset(SamplePipeline, Dataset):
                 flat = memoryview(images.numpy()).cast("B")
                 for k, data in enumerate(payloads):
                     flat[k * nbytes:(k + 1) * nbytes] = data
-                return self._batch(images, indices)
+                return self._batch(images, indices, metas)
         if self.output in ("bytes", "pil"):
-            return self._samples(indices, self._convert_all(payloads, self._convert))
+            return self._samples(indices, self._convert_all(payloads, self._convert), metas)
         arrays = self._convert_all(payloads, self.decode)
         if stack and not any(isinstance(a, Failed) for a in arrays):
             if len({a.shape for a in arrays}) == 1:
                 images = _batch_tensor((len(arrays), *arrays[0].shape))
                 np.stack(arrays, out=images.numpy())
-                return self._batch(images, indices)
+                return self._batch(images, indices, metas)
             self.mixed_sizes.batch([(a.shape[2], *a.shape[:2]) for a in arrays], self.path)
         return self._samples(indices, [a if isinstance(a, Failed)
-                                       else array_to_output(a, self.output) for a in arrays])
+                                       else array_to_output(a, self.output) for a in arrays],
+                             metas)
 
-    def _batch(self, images: torch.Tensor, indices: Sequence[int]):
+    def _batch(self, images: torch.Tensor, indices: Sequence[int], metas: list | None):
         from fastdata.loaders.collate import Batch
 
         labels = self.reader.labels[np.asarray(indices, dtype=np.int64) % len(self)]
         return Batch(images.permute(0, 3, 1, 2),
-                     torch.from_numpy(labels.astype(np.int64, copy=True)))
+                     torch.from_numpy(labels.astype(np.int64, copy=True)), metas)
 
-    def _samples(self, indices: list[int], images: list) -> list:
-        """(image, label) pairs with the transforms applied; a decode failure
-        raises a DecodeError naming the record, or is skipped and counted."""
+    def _samples(self, indices: list[int], images: list, metas: list | None) -> list:
+        """(image, label) pairs with the transforms applied (and the metadata
+        after them when ``metas`` is given); a decode failure raises a
+        DecodeError naming the record, or is skipped and counted."""
         labels = self.reader.labels
-        samples = (self._sample(i, image, int(labels[i])) for i, image in zip(indices, images))
+        samples = [self._sample(i, image, int(labels[i])) for i, image in zip(indices, images)]
+        if metas is not None:
+            samples = [None if s is None else (*s, m) for s, m in zip(samples, metas)]
         return [s for s in samples if s is not None]
 
     def _raw_as_stored(self) -> bool:

@@ -101,6 +101,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
         decoder, size, keep_gray, max_pixels: decoding options, as for map-style datasets.
+        with_metadata: samples are ``(image, label, metadata)``, metadata the
+            record's dict (``{}`` when it has none); batch them with
+            ``fastdata.collate``, which keeps the dicts as a list.
         **reader_options: format options passed to the reader (for TFRecord:
             ``feature_keys``, ``chunk_size``).
     """
@@ -129,6 +132,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         size: int | tuple[int, int] | None = None,
         keep_gray: bool = False,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        with_metadata: bool = False,
         **reader_options: Any,
     ) -> None:
         spec = detect_format(path)
@@ -139,7 +143,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self._init_samples(spec.load_reader()(path, verify=verify, **reader_options),
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
-                           keep_gray=keep_gray, max_pixels=max_pixels)
+                           keep_gray=keep_gray, max_pixels=max_pixels,
+                           with_metadata=with_metadata)
         if shuffle_buffer is not None:  # the name of the window before block shuffling
             shuffle_window = shuffle_buffer
         if batch_size is not None and int(batch_size) < 1:
@@ -287,12 +292,15 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         order = epoch_order(plan.n, self.order, position.epoch, starts)
         labels = self.reader.labels
         watch_sizes = self.output in ("tensor", "numpy") and self.transform is None
-        for index, data in self._records(plan, order, position):
+        for index, data, meta in self._records(plan, order, position):
+            if isinstance(meta, CorruptDataError):  # this record's metadata is damaged
+                self._corrupt(meta, index)
+                continue
             sample = self._sample(index, self._try_convert(data), int(labels[index]))
             if sample is not None:
                 if watch_sizes:
                     self.mixed_sizes.sample(tuple(sample[0].shape), self.path)
-                yield sample
+                yield sample if meta is None else (*sample, meta)
 
     def _start_position(self, worker: int, workers: int) -> WorkerPosition:
         """This worker's starting point: a loaded worker state, a resume point,
@@ -310,9 +318,11 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                               drop_last=self.drop_last, taken=0)
 
     def _records(self, plan: Slice, order, position: WorkerPosition
-                 ) -> Iterator[tuple[int, bytes]]:
-        """(index, payload) of this worker's positions from ``position.taken``
-        on, read in chunks; ``position.taken`` counts each one as it is handed on."""
+                 ) -> Iterator[tuple[int, bytes, Any]]:
+        """(index, payload, metadata) of this worker's positions from
+        ``position.taken`` on, read in chunks; ``position.taken`` counts each
+        one as it is handed on. The metadata is None unless ``with_metadata``
+        (then the record's dict, or the CorruptDataError reading it raised)."""
         positions = worker_positions(plan, position.worker, position.workers)
         base = position.taken
         chunks = _Chunks(plan, order, positions[base:])
@@ -326,13 +336,30 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                 payloads = ahead.take(k)
                 got = zip(indices, payloads) if payloads is not None \
                     else self._read_rest(indices)  # damage, or no read-ahead: one by one
+                metas = self._chunk_metadata(indices)
                 for index, data in got:
                     position.taken = done + place[index] + 1  # skipped ones count too
-                    yield index, data
+                    yield index, data, metas.get(index)
                 done += len(indices)
                 position.taken = done
         finally:
             ahead.close()
+
+    def _chunk_metadata(self, indices: list[int]) -> dict[int, Any]:
+        """The metadata of a chunk's records by index (one read for the chunk;
+        after damage, record by record, a damaged one given as its error)."""
+        if not self.with_metadata:
+            return {}
+        try:
+            return dict(zip(indices, self.reader.metadata_many(indices)))
+        except CorruptDataError:
+            found: dict[int, Any] = {}
+            for index in indices:
+                try:
+                    found[index] = self.reader.metadata(index)
+                except CorruptDataError as exc:
+                    found[index] = exc
+            return found
 
     def _read_rest(self, indices: list[int]) -> Iterator[tuple[int, bytes]]:
         """Records by random access, in batches; a batch that fails is read again

@@ -232,10 +232,11 @@ def loader(
     )
     if num_workers > 0:
         options["prefetch_factor"] = 4
-    if not iterable:
+    if not iterable or getattr(dataset, "with_metadata", False):
         from fastdata.loaders.collate import collate
 
-        options["collate_fn"] = collate  # batches stacked once by __getitems__
+        # Batches stacked once by __getitems__; metadata dicts kept as lists.
+        options["collate_fn"] = collate
     if seed is not None and shuffle and not iterable:
         generator = torch.Generator()
         generator.manual_seed(seed)

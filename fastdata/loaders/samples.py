@@ -73,7 +73,8 @@ class SamplePipeline:
     def _init_samples(self, reader: Reader, *, transform: Callable | None,
                       target_transform: Callable | None, output: str, on_error: str,
                       decoder: str, size, keep_gray: bool,
-                      max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
+                      max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                      with_metadata: bool = False) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
         if on_error not in ON_ERROR:
@@ -85,6 +86,8 @@ class SamplePipeline:
         self.target_transform = target_transform
         self.output = output
         self.on_error = on_error
+        #: Samples are ``(image, label, metadata)`` (see :meth:`metadata`).
+        self.with_metadata = bool(with_metadata)
         self.skipped = 0
         self.mixed_sizes = MixedSizeNotice()
 
@@ -105,6 +108,16 @@ class SamplePipeline:
     @property
     def class_to_idx(self) -> dict[str, int]:
         return self.reader.manifest.class_to_idx
+
+    @property
+    def has_metadata(self) -> bool:
+        """Whether the records carry metadata (the source gave some)."""
+        return self.reader.has_metadata
+
+    def metadata(self, index: int) -> dict:
+        """Record ``index``'s metadata: the dict the source gave (boxes, captions,
+        ...), as JSON gives it back; an empty dict when it has none."""
+        return self.reader.metadata(index)
 
     # -- payload -> sample ------------------------------------------------------
 

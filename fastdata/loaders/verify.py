@@ -11,6 +11,8 @@ What is checked, in order:
    libjpeg's corrupt-data warnings count as damage, see
    ``fastdata.loaders.strict``); damage that stops a sequential read is
    reported for that record, and the records after it are read one at a time;
+   in a dataset with per-sample metadata, every record's metadata JSON against
+   its own CRC32 (the arrays of those against their SHA-256) and as JSON;
 4. whole files against the manifest: the SHA-256 and size of every tar and
    TFRecord shard (headers, padding, ``.cls`` members and framing included;
    a shard of another pack shows up here) and each TFRecord ``.idx`` file
@@ -117,6 +119,8 @@ def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
     # Records cannot be located through a damaged index: the walk would read
     # the wrong bytes (and report the damage again, record by record).
     checked = 0 if layout else _check_records(reader, decode, on_problem, on_progress)
+    if not layout:
+        _check_metadata(reader, on_problem)
     bars = []
 
     def on_bytes(n: int) -> None:  # a bar only for formats that hash files
@@ -152,6 +156,35 @@ def _check_records(reader, decode: bool, on_problem, on_progress) -> int:
         on_problem(_error_problem(reader, next_index, exc))
         checked += _check_rest(reader, next_index + 1, decode_one, on_problem, on_progress)
     return checked
+
+
+def _check_metadata(reader, on_problem) -> None:
+    """Each record's metadata against its CRC32, and as JSON."""
+    try:
+        if not reader.has_metadata:
+            return
+        reader.metadata_crcs()  # the array itself first: its SHA-256
+    except CorruptDataError as exc:
+        on_problem(_error_problem(reader, None, exc))
+        return
+    for start in range(0, len(reader), _METADATA_BATCH):
+        batch = list(range(start, min(start + _METADATA_BATCH, len(reader))))
+        try:
+            found = reader.metadata_bytes_many(batch, check=False)
+        except CorruptDataError:
+            found = None  # one at a time, to name each damaged record
+        for k, index in enumerate(batch):
+            try:
+                data = found[k] if found is not None else \
+                    reader.metadata_bytes_many([index], check=False)[0]
+                reader.check_metadata(index, data)
+                reader.parse_metadata(index, data)
+            except CorruptDataError as exc:
+                on_problem(_error_problem(reader, index, exc))
+
+
+#: Records whose metadata is read at a time by verify.
+_METADATA_BATCH = 256
 
 
 def _check_rest(reader, start: int, decode_one, on_problem, on_progress) -> int:

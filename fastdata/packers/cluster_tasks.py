@@ -14,9 +14,9 @@ import tempfile
 from fastdata.errors import FastDataError
 from fastdata.formats.output import fsync_dir, fsync_file
 from fastdata.formats.writer import remove_path
+from fastdata.packers.pieces import write_outcome
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare
 from fastdata.packers.source import SourceEntry
-from fastdata.records import Record
 
 #: Names of the private folders tasks write in, inside the partial output.
 PRIVATE_PREFIX = ".piece-"
@@ -43,7 +43,8 @@ def pack_shard_piece(number: int, entries: list[SourceEntry], prepare_options: t
     try:
         writer = writer_cls(output, detached_dir=private, **writer_options)
         writer.begin_piece(number)
-        outcomes = [_write(writer, prepare((entry, *prepare_options))) for entry in entries]
+        outcomes = [write_outcome(writer, prepare((entry, *prepare_options)))
+                    for entry in entries]
         state = writer.end_piece(number)
         if state.get("shard") is not None:
             names = writer._shard_files(state["shard"]["temp"])
@@ -70,15 +71,6 @@ def known_keys(prefix: str, dask_worker=None) -> list[str]:
     state (queued, running, cancelled but still running, done); run with
     ``Client.run``, which passes ``dask_worker``."""
     return [str(key) for key in dask_worker.state.tasks if str(key).startswith(prefix)]
-
-
-def _write(writer, item: Prepared | SkippedFile) -> list:
-    if isinstance(item, SkippedFile):
-        return [item.key, item.reason]
-    writer.write(Record(writer.count, item.key, item.label, item.payload, item.encoding,
-                        item.width, item.height))
-    return [item.key, item.label, writer.crcs[-1], len(item.payload), item.source_bytes,
-            item.encoding, item.width, item.height]
 
 
 def _check_source(root: str | None, entries: list[SourceEntry]) -> None:

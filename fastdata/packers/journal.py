@@ -94,8 +94,8 @@ class PackJournal:
 
     def record(self, number: int, outcomes: list, state: dict) -> None:
         """Journal piece ``number`` durably. ``outcomes``: per entry, a record
-        ``[key, label, crc, size, source_bytes, encoding, width, height]`` or a
-        skip ``[key, reason]``."""
+        ``[key, label, crc, size, source_bytes, encoding, width, height]`` (and
+        its metadata's JSON text when it has some) or a skip ``[key, reason]``."""
         if self._journal is None:
             self._journal = open(os.path.join(self.folder, JOURNAL_FILE), "a", encoding="utf-8")
         line = json.dumps({"piece": number, "outcomes": outcomes, "state": state},
@@ -120,8 +120,11 @@ def _parse(data: dict) -> PieceDone:
         if len(outcome) == 2:
             skipped.append((str(outcome[0]), str(outcome[1])))
             continue
-        key, label, crc, size, source_bytes, encoding, width, height = outcome
-        records.append(PieceRecord(key, int(label), int(crc), int(size)))
+        key, label, crc, size, source_bytes, encoding, width, height, *meta = outcome
+        if len(meta) > 1 or (meta and not isinstance(meta[0], str)):
+            raise ValueError("a record's metadata is not one JSON text")
+        metadata = meta[0].encode("utf-8") if meta else None
+        records.append(PieceRecord(key, int(label), int(crc), int(size), metadata))
         facts.append((int(source_bytes), str(encoding), int(width), int(height)))
     return PieceDone(int(data["piece"]), records, skipped, facts, dict(data["state"]))
 

@@ -88,23 +88,8 @@ def write_pieces(writer, plan: PackPlan, kept: dict[int, PieceDone], items: Iter
             on_entries(end - start)
             continue
         writer.begin_piece(number)
-        outcomes = []
-        for _ in range(start, end):
-            item = next(items)
-            on_entries(1)
-            if isinstance(item, SkippedFile):
-                if strict:
-                    raise BadImageError(
-                        item.reason + " (strict=True stops at the first bad image)",
-                        path=source_path(source_root, item.key), key=item.key)
-                tally.skipped.append(item)
-                outcomes.append([item.key, item.reason])
-                continue
-            tally.add(item)
-            writer.write(Record(writer.count, item.key, item.label, item.payload,
-                                item.encoding, item.width, item.height))
-            outcomes.append([item.key, item.label, writer.crcs[-1], len(item.payload),
-                             item.source_bytes, item.encoding, item.width, item.height])
+        outcomes = [_take(writer, next(items), tally, strict, source_root, on_entries)
+                    for _ in range(start, end)]
         journal.record(number, outcomes, writer.end_piece(number))
 
 
@@ -112,24 +97,44 @@ def write_items(writer, items, tally, *, strict: bool, source_root: str | None,
                 on_entries: Callable[[int], None]) -> None:
     """Write every prepared item, in order (formats that cannot resume)."""
     for item in items:
-        on_entries(1)
-        if isinstance(item, SkippedFile):
-            if strict:
-                raise BadImageError(
-                    item.reason + " (strict=True stops at the first bad image)",
-                    path=source_path(source_root, item.key), key=item.key)
-            tally.skipped.append(item)
-            continue
+        _take(writer, item, tally, strict, source_root, on_entries)
+
+
+def _take(writer, item, tally, strict: bool, source_root: str | None, on_entries) -> list:
+    """Count one prepared item in ``tally`` and write it (a skipped image stops
+    a strict pack); its journal outcome."""
+    on_entries(1)
+    if isinstance(item, SkippedFile):
+        if strict:
+            raise BadImageError(item.reason + " (strict=True stops at the first bad image)",
+                                path=source_path(source_root, item.key), key=item.key)
+        tally.skipped.append(item)
+    else:
         tally.add(item)
-        writer.write(Record(writer.count, item.key, item.label, item.payload,
-                            item.encoding, item.width, item.height))
+    return write_outcome(writer, item)
+
+
+def write_outcome(writer, item) -> list:
+    """Write a prepared item (a skipped one is only noted); what the journal
+    records of it: ``[key, label, crc, size, source_bytes, encoding, width,
+    height(, metadata)]`` or ``[key, reason]``."""
+    if isinstance(item, SkippedFile):
+        return [item.key, item.reason]
+    writer.write(Record(writer.count, item.key, item.label, item.payload,
+                        item.encoding, item.width, item.height, item.metadata))
+    outcome = [item.key, item.label, writer.crcs[-1], len(item.payload),
+               item.source_bytes, item.encoding, item.width, item.height]
+    if item.metadata is not None:
+        # Formats that keep metadata in memory until finish take it back from here.
+        outcome.append(item.metadata.decode("utf-8"))
+    return outcome
 
 
 def replay(piece: PieceDone, tally) -> None:
     """Count a kept piece's entries in ``tally`` as if they were packed now."""
     for record, (source_bytes, encoding, width, height) in zip(piece.records, piece.facts):
         tally.add(Prepared(record.key, record.label, source_bytes, b"", encoding, width,
-                           height))
+                           height, record.metadata))
     tally.skipped.extend(SkippedFile(key, reason) for key, reason in piece.skipped)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastdata.errors import FastDataError
 from fastdata.packers.source import SourceEntry
+from fastdata.records import metadata_json
 
 #: Version of the saved plan.
 PLAN_VERSION = 1
@@ -37,12 +38,15 @@ class ResumeRefused(FastDataError):
 
 @dataclass(frozen=True, slots=True)
 class PlanEntry:
-    """What the plan knows of one source entry: enough to notice a change."""
+    """What the plan knows of one source entry: enough to notice a change
+    (its metadata by size and digest; -1 and "" when it has none)."""
 
     key: str
     label: int
     size: int
     mtime_ns: int
+    metadata_size: int = -1
+    metadata_digest: str = ""
 
 
 @dataclass
@@ -64,12 +68,13 @@ class PackPlan:
         """The plan of ``entries`` (the source in pack order, read once, keeping
         no image bytes). ``options`` are
         what a resume must find unchanged. Sharded formats: a piece per shard,
-        ``stored_size(key, label, size, encoding)`` the bytes a record takes in
-        a shard (for a byte ``max_bytes``)."""
+        ``stored_size(key, label, size, encoding, metadata_size)`` the bytes a
+        record takes in a shard (for a byte ``max_bytes``)."""
         planned = [_plan_entry(e) for e in entries]
         if sharded:
             def framing(e: PlanEntry) -> int:
-                return stored_size(e.key, e.label, max(e.size, 0), "jpeg") if stored_size \
+                return stored_size(e.key, e.label, max(e.size, 0), "jpeg",
+                                   max(e.metadata_size, 0)) if stored_size \
                     else max(e.size, 0)
             pieces = cut(planned, max_records, max_bytes, framing)
         else:
@@ -81,7 +86,7 @@ class PackPlan:
         return json.dumps({
             "version": PLAN_VERSION, "classes": self.classes, "options": self.options,
             "pieces": self.pieces,
-            "entries": [[e.key, e.label, e.size, e.mtime_ns] for e in self.entries],
+            "entries": [_entry_json(e) for e in self.entries],
         }, ensure_ascii=True, separators=(",", ":"))
 
     @classmethod
@@ -138,16 +143,38 @@ def cut(entries: list[PlanEntry], max_records: int | None, max_bytes: int | None
     return pieces
 
 
+def _entry_json(e: PlanEntry) -> list:
+    row = [e.key, e.label, e.size, e.mtime_ns]
+    if e.metadata_digest:  # only entries with metadata: plans without stay as they were
+        row += [e.metadata_size, e.metadata_digest]
+    return row
+
+
 def _plan_entry(entry: SourceEntry) -> PlanEntry:
+    meta = _metadata_facts(getattr(entry, "metadata", None))
     if entry.data is not None:
         # Bytes held by the source: their digest stands for a file's mtime.
         digest = int.from_bytes(hashlib.sha256(entry.data).digest()[:7], "big")
-        return PlanEntry(entry.key, entry.label, len(entry.data), digest)
+        return PlanEntry(entry.key, entry.label, len(entry.data), digest, *meta)
     try:
         st = os.stat(entry.path)
-        return PlanEntry(entry.key, entry.label, st.st_size, st.st_mtime_ns)
-    except OSError:
-        return PlanEntry(entry.key, entry.label, -1, -1)  # unreadable: skipped when packed
+        return PlanEntry(entry.key, entry.label, st.st_size, st.st_mtime_ns, *meta)
+    except OSError:  # unreadable: skipped when packed
+        return PlanEntry(entry.key, entry.label, -1, -1, *meta)
+
+
+def _metadata_facts(metadata) -> tuple[int, str]:
+    """(stored size, digest) of an entry's metadata, so that a resume notices
+    metadata that changed; (-1, "") when it has none. Metadata that cannot be
+    stored is digested by its repr (the pack skips that entry)."""
+    if metadata is None:
+        return -1, ""
+    try:
+        stored = metadata_json(metadata)
+        size = len(stored)
+    except (TypeError, ValueError):
+        stored, size = repr(metadata).encode("utf-8", "backslashreplace"), -1
+    return size, hashlib.sha256(stored).hexdigest()[:16]
 
 
 def _changed_options(saved: dict, fresh: dict) -> list[str]:

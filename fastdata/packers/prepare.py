@@ -14,6 +14,7 @@ from fastdata.errors import BadImageError, exception_text
 from fastdata.packers.checks import check_image
 from fastdata.packers.preprocess import Preprocess
 from fastdata.packers.source import SourceEntry
+from fastdata.records import metadata_json
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Prepared:
     encoding: str
     width: int
     height: int
+    #: The entry's metadata as canonical JSON (``fastdata.records.metadata_json``).
+    metadata: bytes | None = None
 
 
 def prepare(job: tuple[SourceEntry, bool, Preprocess, int | None]) -> Prepared | SkippedFile:
@@ -44,18 +47,20 @@ def prepare(job: tuple[SourceEntry, bool, Preprocess, int | None]) -> Prepared |
         # Keys are stored as UTF-8 in every format: such a name cannot be stored.
         return SkippedFile(printable_key(entry.key), BAD_NAME)
     try:
+        meta = _metadata(entry)
         data = _read(entry)
         info = check_image(data, key=entry.key, verify_decode=verify_decode,
                            max_pixels=max_pixels)
         if pre.identity:
             return Prepared(entry.key, entry.label, len(data), data, info.encoding,
-                             info.width, info.height)
+                            info.width, info.height, meta)
         try:
             payload, encoding, width, height = pre.apply(data, info.encoding)
         except Exception as exc:  # any decoder/encoder failure makes this image bad
             raise BadImageError(f"cannot be decoded for preprocessing: {exception_text(exc)}",
                                 key=entry.key) from None
-        return Prepared(entry.key, entry.label, len(data), payload, encoding, width, height)
+        return Prepared(entry.key, entry.label, len(data), payload, encoding, width, height,
+                        meta)
     except BadImageError as exc:
         return SkippedFile(entry.key, exc.message)
 
@@ -122,6 +127,18 @@ def _worker_init() -> None:
         cv2.setNumThreads(1)  # one process per core already
     except ImportError:
         pass
+
+
+def _metadata(entry: SourceEntry) -> bytes | None:
+    """The entry's metadata as stored; metadata that JSON cannot hold makes the
+    entry bad (skipped, or the pack stopped under strict)."""
+    metadata = getattr(entry, "metadata", None)
+    if metadata is None:
+        return None
+    try:
+        return metadata_json(metadata)
+    except (TypeError, ValueError) as exc:
+        raise BadImageError(str(exc), key=entry.key) from None
 
 
 def _read(entry: SourceEntry) -> bytes:

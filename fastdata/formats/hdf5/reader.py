@@ -34,6 +34,9 @@ from fastdata.formats.hdf5.schema import (
     LABEL_DTYPE,
     LABELS,
     MANIFEST,
+    METADATA,
+    METADATA_CRC32,
+    METADATA_OFFSETS,
     OFFSET_DTYPE,
     OFFSETS,
     PAYLOAD,
@@ -85,6 +88,7 @@ class HDF5Reader(Reader):
         self.merge_gap = merge_gap
         self.block_bytes = block_bytes
         self._offsets: np.ndarray | None = None
+        self._meta_offsets: np.ndarray | None = None
         super().__init__(path, verify=verify)
 
     # -- handles ----------------------------------------------------------------
@@ -92,6 +96,7 @@ class HDF5Reader(Reader):
     def __getstate__(self):
         state = super().__getstate__()
         state["_offsets"] = None  # per-record: reloaded in the receiving process
+        state["_meta_offsets"] = None
         return state
 
     def _open_handle(self):
@@ -245,6 +250,50 @@ class HDF5Reader(Reader):
         check_sha256(self.manifest, KEYS, keys_json(keys), path=self.path,
                      what=f"the keys (dataset {KEYS!r})")
         return keys
+
+    def _load_metadata_crcs(self) -> np.ndarray:
+        """The metadata CRC32s, loading the metadata offsets with them (both
+        checked against the manifest, the offsets against the JSON bytes)."""
+        f = self._get_file()
+        n = len(self)
+        try:
+            data = f.get(METADATA)
+            if data is None or data.ndim != 1 or data.dtype != np.uint8:
+                raise CorruptDataError(f"dataset {METADATA!r} is missing or not 1-D uint8; "
+                                       f"re-pack it", path=self.path, key=METADATA)
+            offsets = self._array(f, METADATA_OFFSETS, n + 1).astype(np.int64, copy=False)
+            crcs = self._array(f, METADATA_CRC32, n).astype(CRC32_DTYPE, copy=False)
+        except H5_ERRORS as exc:
+            raise CorruptDataError(f"the metadata cannot be read ({_h5_message(exc)}); the "
+                                   f"file is damaged, re-pack it", path=self.path,
+                                   key=METADATA) from None
+        for name, array, dtype in ((METADATA_OFFSETS, offsets, OFFSET_DTYPE),
+                                   (METADATA_CRC32, crcs, CRC32_DTYPE)):
+            check_sha256(self.manifest, name, array.astype(dtype, copy=False).tobytes(),
+                         path=self.path, what=f"the {name} (dataset {name!r})")
+        if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != data.shape[0]:
+            raise CorruptDataError(
+                f"dataset {METADATA_OFFSETS!r} does not describe the {data.shape[0]} bytes of "
+                f"{METADATA!r}; re-pack it", path=self.path, key=METADATA_OFFSETS)
+        self._meta_offsets = offsets
+        return crcs
+
+    def _read_metadata_many(self, indices: Sequence[int]) -> list[bytes | None]:
+        if self._meta_offsets is None:
+            self._metadata_crcs = self._load_metadata_crcs()
+        offsets = self._meta_offsets
+        out: list[bytes | None] = []
+        try:
+            data = self._get_file()[METADATA]
+            for i in indices:
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                out.append(data[a:b].tobytes() if b > a else None)
+        except H5_ERRORS as exc:
+            i = indices[len(out)]
+            raise CorruptDataError(f"the metadata of record {i} cannot be read "
+                                   f"({_h5_message(exc)}); the file is damaged, re-pack it",
+                                   path=self.path, key=self.key_of(i), record=i) from None
+        return out
 
     def _offsets_array(self) -> np.ndarray:
         if self._offsets is None:

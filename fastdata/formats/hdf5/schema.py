@@ -16,6 +16,19 @@ name            type, shape                content
                 string, scalar             spaces), written last
 ==============  =========================  =========================================
 
+In a dataset whose records carry metadata (the manifest's ``extra["metadata"]``
+names these), also
+
+======================  ==============  ======================================
+``metadata``            uint8, (M,)     every record's metadata JSON (canonical
+                                        UTF-8), concatenated in record order
+``metadata_offsets``    int64 LE,       record i's metadata is
+                        (N+1,)          ``metadata[metadata_offsets[i]:metadata_offsets[i+1]]``;
+                                        empty for a record without
+``metadata_crc32``      uint32 LE, (N,) zlib CRC32 of each record's metadata
+                                        JSON (0 for a record without)
+======================  ==============  ======================================
+
 and the root attribute ``fastdata_schema`` (``"fastdata-hdf5-1"``). The manifest
 is a dataset, not an attribute: attributes in compact storage are limited to
 64 KiB, which the class list of a large dataset can exceed.
@@ -42,6 +55,9 @@ LABELS = "labels"
 CRC32 = "crc32"
 KEYS = "keys"
 MANIFEST = "manifest"
+METADATA = "metadata"
+METADATA_OFFSETS = "metadata_offsets"
+METADATA_CRC32 = "metadata_crc32"
 
 PAYLOAD_DTYPE = "u1"
 OFFSET_DTYPE = "<i8"

@@ -20,6 +20,9 @@ from fastdata.formats.hdf5.schema import (
     LABEL_DTYPE,
     LABELS,
     MANIFEST,
+    METADATA,
+    METADATA_CRC32,
+    METADATA_OFFSETS,
     OFFSET_DTYPE,
     OFFSETS,
     PAYLOAD,
@@ -69,6 +72,7 @@ class HDF5Writer(Writer):
     format_name = "hdf5"
     output_is_dir = False
     resumable = True
+    stores_metadata = True
 
     def __init__(self, path, *, overwrite: bool = False,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, flush_bytes: int = FLUSH_BYTES,
@@ -81,6 +85,9 @@ class HDF5Writer(Writer):
         self._pending = bytearray()
         self._written = 0
         self._sizes: list[int] = []
+        # Each record's metadata JSON (b"": none), written at finish; a resumed
+        # pack takes it back from the journal (see Writer._adopt_piece).
+        self._metadata: list[bytes] = []
         self._file = None
         self._payload = None
         self._layout = ""
@@ -120,6 +127,7 @@ class HDF5Writer(Writer):
     def _write(self, record: Record, crc: int) -> None:
         self._pending += record.payload
         self._sizes.append(len(record.payload))
+        self._metadata.append(record.metadata or b"")
         if len(self._pending) >= self._flush_at:
             self._flush(final=False)
 
@@ -155,7 +163,8 @@ class HDF5Writer(Writer):
         if int(offsets[-1]) != self._written:
             raise FastDataError(f"payload holds {self._written} bytes, offsets add up to "
                                 f"{int(offsets[-1])}", path=self.path)
-        manifest = with_metadata_sha256(manifest, _array_digests(offsets, self))
+        meta_arrays = _metadata_arrays(self) if self.has_metadata else {}
+        manifest = with_metadata_sha256(manifest, _array_digests(offsets, self, meta_arrays))
         try:
             f.create_dataset(OFFSETS, data=offsets, track_times=False)
             f.create_dataset(LABELS, data=np.asarray(self.labels, dtype=LABEL_DTYPE),
@@ -164,6 +173,8 @@ class HDF5Writer(Writer):
                              track_times=False)
             f.create_dataset(KEYS, data=np.asarray(self.keys, dtype=object), shape=(n,),
                              dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
+            for name, array in meta_arrays.items():
+                f.create_dataset(name, data=array, track_times=False)
             # The manifest names the file size, known only once the manifest's own
             # space is allocated: write a placeholder of the final length, flush,
             # then fill it in place (a fixed-length dataset keeps the file size).
@@ -298,6 +309,7 @@ class HDF5Writer(Writer):
         del self._pending[:written - self._written]
         self._written = self._synced = written
         self._sizes.extend(r.size for r in records)
+        self._metadata.extend(r.metadata or b"" for r in records)
         self._piece_end = end
         if state.get("side_bytes"):
             self._sides[number] = end
@@ -364,14 +376,28 @@ def _is_side(data: bytes | None, state: dict) -> bool:
             and sha256_hex(data) == state.get("side_sha256"))
 
 
-def _array_digests(offsets: np.ndarray, writer: HDF5Writer) -> dict[str, str]:
+def _array_digests(offsets: np.ndarray, writer: HDF5Writer,
+                   meta_arrays: dict[str, np.ndarray]) -> dict[str, str]:
     """SHA-256 of each per-record dataset's bytes as stored (see fastdata.formats.integrity)."""
-    return {
+    digests = {
         OFFSETS: sha256_hex(offsets.astype(OFFSET_DTYPE).tobytes()),
         LABELS: sha256_hex(np.asarray(writer.labels, dtype=LABEL_DTYPE).tobytes()),
         CRC32: sha256_hex(np.asarray(writer.crcs, dtype=CRC32_DTYPE).tobytes()),
         KEYS: sha256_hex(keys_json(writer.keys)),
     }
+    if meta_arrays:  # the JSON itself is covered by its per-record CRC32
+        digests.update({name: sha256_hex(meta_arrays[name].tobytes())
+                        for name in (METADATA_OFFSETS, METADATA_CRC32)})
+    return digests
+
+
+def _metadata_arrays(writer: HDF5Writer) -> dict[str, np.ndarray]:
+    """The metadata datasets: the JSON bytes, their offsets and CRC32s."""
+    offsets = np.zeros(len(writer._metadata) + 1, dtype=OFFSET_DTYPE)
+    np.cumsum([len(m) for m in writer._metadata], out=offsets[1:])
+    return {METADATA: np.frombuffer(b"".join(writer._metadata), dtype=np.uint8),
+            METADATA_OFFSETS: offsets,
+            METADATA_CRC32: np.asarray(writer.metadata_crcs, dtype=CRC32_DTYPE)}
 
 
 def _manifest_text(manifest: Manifest) -> bytes:
@@ -389,5 +415,8 @@ def _with_layout(manifest: Manifest, writer: HDF5Writer, on_disk: int) -> Manife
         extra={"schema": SCHEMA, "payload": PAYLOAD, "offsets": OFFSETS, "labels": LABELS,
                "crc32": CRC32, "keys": KEYS, "manifest": MANIFEST,
                "layout": writer._layout,
-               "chunk_bytes": writer._chunk if writer._layout == "chunked" else None},
+               "chunk_bytes": writer._chunk if writer._layout == "chunked" else None,
+               **({"metadata": {"records": writer.metadata_records, "data": METADATA,
+                                "offsets": METADATA_OFFSETS, "crc32": METADATA_CRC32}}
+                  if writer.has_metadata else {})},
     )

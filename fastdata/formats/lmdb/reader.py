@@ -24,6 +24,8 @@ from fastdata.formats.lmdb.schema import (
     LABEL_DTYPE,
     LABELS_KEY,
     MANIFEST_KEY,
+    METADATA_CRC32_KEY,
+    metadata_key,
     sample_key,
 )
 from fastdata.formats.integrity import check_sha256
@@ -205,6 +207,33 @@ class LMDBReader(Reader):
             raise CorruptDataError(f"the stored keys are not a list of {len(self)} strings; "
                                    f"re-pack it", path=self.path, key=KEYS_KEY.decode())
         return keys
+
+    def _load_metadata_crcs(self) -> np.ndarray:
+        import lmdb
+
+        try:
+            with self._get_env().begin() as txn:
+                raw = txn.get(METADATA_CRC32_KEY)
+        except lmdb.Error as exc:
+            raise self._read_error(None, exc) from None
+        self._check_value(self.manifest, METADATA_CRC32_KEY, raw, "the metadata CRC32s")
+        if raw is None or len(raw) != len(self) * 4:
+            raise CorruptDataError("the metadata CRC32 array is missing or of the wrong "
+                                   "length; re-pack it", path=self.path,
+                                   key=METADATA_CRC32_KEY.decode())
+        return np.frombuffer(raw, dtype=CRC32_DTYPE)
+
+    def _read_metadata_many(self, indices: Sequence[int]) -> list[bytes | None]:
+        import lmdb
+
+        out: list[bytes | None] = []
+        try:
+            with self._get_env().begin() as txn:
+                for i in indices:
+                    out.append(txn.get(metadata_key(i)))
+        except lmdb.Error as exc:
+            raise self._read_error(indices[len(out)], exc) from None
+        return out
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         import lmdb

@@ -18,7 +18,10 @@ from fastdata.formats.lmdb.schema import (
     LABEL_DTYPE,
     LABELS_KEY,
     MANIFEST_KEY,
+    METADATA_CRC32_KEY,
+    METADATA_KEY_FORMAT,
     SAMPLE_KEY_FORMAT,
+    metadata_key,
     sample_key,
 )
 from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
@@ -52,6 +55,7 @@ class LMDBWriter(Writer):
     format_name = "lmdb"
     output_is_dir = True
     resumable = True
+    stores_metadata = True
 
     def __init__(self, path, *, overwrite: bool = False, commit_every: int = 1000,
                  commit_bytes: int = 64 << 20, map_size: int = 1 << 30,
@@ -92,6 +96,9 @@ class LMDBWriter(Writer):
     def _write(self, record: Record, crc: int) -> None:
         self._pending.append((sample_key(record.index), record.payload))
         self._pending_bytes += len(record.payload)
+        if record.metadata is not None:  # beside its payload, in the same commit
+            self._pending.append((metadata_key(record.index), record.metadata))
+            self._pending_bytes += len(record.metadata)
         if self.piece_mode:
             return  # committed whole by end_piece
         if len(self._pending) >= self._commit_every or self._pending_bytes >= self._commit_bytes:
@@ -132,9 +139,12 @@ class LMDBWriter(Writer):
             (CRC32_KEY, np.asarray(self.crcs, dtype=CRC32_DTYPE).tobytes()),
             (KEYS_KEY, json.dumps(self.keys, ensure_ascii=False).encode("utf-8")),
         ]
+        if self.has_metadata:
+            meta.append((METADATA_CRC32_KEY,
+                         np.asarray(self.metadata_crcs, dtype=CRC32_DTYPE).tobytes()))
         self._put_all(meta)
         on_disk = (info["last_pgno"] + 1) * stat["psize"]
-        manifest = with_metadata_sha256(_with_layout(manifest, on_disk),
+        manifest = with_metadata_sha256(_with_layout(manifest, on_disk, self),
                                         {key.decode(): sha256_hex(value) for key, value in meta})
         self._put_all([(MANIFEST_KEY, manifest.to_json().encode("utf-8"))])
         try:
@@ -194,6 +204,8 @@ class LMDBWriter(Writer):
                 for i, record in enumerate(records, start=self.count):
                     check_piece_payload(number, i, record, txn.get(sample_key(i)),
                                         self.temp_path)
+                    _check_piece_metadata(number, i, record, txn.get(metadata_key(i)),
+                                          self.temp_path)
         except lmdb.Error as exc:
             raise PieceLost(f"piece {number} cannot be read back ({exc})",
                             path=self.temp_path) from exc
@@ -242,10 +254,12 @@ class LMDBWriter(Writer):
         dropped = drop_last_commit(os.path.join(self.temp_path, DATA_FILE), page_size,
                                    self._txnid)
         self._open_env(self.temp_path, durable=True, create=False)
-        if dropped and self._env.stat()["entries"] != self.count:
+        expected = self.count + self.metadata_records  # a metadata key per record with some
+        if dropped and self._env.stat()["entries"] != expected:
             raise PieceLost(f"after dropping its last commit the partial output holds "
-                            f"{self._env.stat()['entries']} records, not the {self.count} "
-                            "adopted; pack again without resuming", path=self.temp_path)
+                            f"{self._env.stat()['entries']} entries, not the {expected} of "
+                            f"the {self.count} records adopted; pack again without resuming",
+                            path=self.temp_path)
 
     def _delete_beyond(self) -> None:
         """Delete every key past the adopted records, in one commit (where
@@ -255,6 +269,15 @@ class LMDBWriter(Writer):
             beyond = cursor.set_range(sample_key(self.count))
             while beyond and cursor.delete():
                 pass
+
+
+def _check_piece_metadata(number: int, index: int, record: PieceRecord, stored,
+                          path: str) -> None:
+    """Raise ``PieceLost`` unless the partial output holds record ``index``'s
+    metadata as the journal gives it (None: no metadata key)."""
+    if (None if stored is None else bytes(stored)) != record.metadata:
+        raise PieceLost(f"piece {number}: the metadata of record {index} differs from the "
+                        "journal", path=path, key=record.key, record=index)
 
 
 def _as_os_error(exc: Exception, batch_bytes: int, folder: str) -> OSError:
@@ -279,15 +302,20 @@ _HEADROOM = 16 << 20
 _OPEN_HEADROOM = 1 << 20
 
 
-def _with_layout(manifest: Manifest, on_disk: int) -> Manifest:
+def _with_layout(manifest: Manifest, on_disk: int, writer: LMDBWriter) -> Manifest:
     import dataclasses
 
     size = dict(manifest.bytes, on_disk=on_disk)
+    extra = {"key_schema": KEY_SCHEMA, "sample_key": SAMPLE_KEY_FORMAT,
+             "labels_key": LABELS_KEY.decode(), "crc32_key": CRC32_KEY.decode(),
+             "keys_key": KEYS_KEY.decode(), "manifest_key": MANIFEST_KEY.decode()}
+    if writer.has_metadata:
+        extra["metadata"] = {"records": writer.metadata_records,
+                             "key": METADATA_KEY_FORMAT,
+                             "crc32_key": METADATA_CRC32_KEY.decode()}
     return dataclasses.replace(
         manifest,
         bytes=size,
         shards=[{"path": DATA_FILE, "count": manifest.count, "bytes": on_disk}],
-        extra={"key_schema": KEY_SCHEMA, "sample_key": SAMPLE_KEY_FORMAT,
-               "labels_key": LABELS_KEY.decode(), "crc32_key": CRC32_KEY.decode(),
-               "keys_key": KEYS_KEY.decode(), "manifest_key": MANIFEST_KEY.decode()},
+        extra=extra,
     )

@@ -12,7 +12,10 @@ datasets of two formats with one prefix never share a sidecar:
   and size of the payload inside the shard, label, CRC32), a NumPy structured
   array readable with ``np.load(path, allow_pickle=False)``; this is what gives
   random access into shards;
-- ``NAME.fastdata.keys.json``: the source keys.
+- ``NAME.fastdata.keys.json``: the source keys;
+- ``NAME.fastdata.metadata.npy``: only when records carry metadata: rows of
+  the index's dtype pointing at each record's metadata JSON inside its shard
+  instead of its payload (size 0: the record has none; crc32: of the JSON).
 
 Datasets packed with the earlier naming have sidecars named after the prefix
 alone (``out.fastdata.json``): readers still find such a manifest when it is
@@ -39,6 +42,7 @@ from fastdata.formats.registry import MANIFEST_SUFFIX
 
 INDEX_SUFFIX = ".fastdata.index.npy"
 KEYS_SUFFIX = ".fastdata.keys.json"
+METADATA_SUFFIX = ".fastdata.metadata.npy"
 
 INDEX_DTYPE = np.dtype([
     ("shard", "<u4"), ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("crc32", "<u4"),
@@ -90,6 +94,10 @@ class ShardLayout:
     @property
     def keys_path(self) -> str:
         return os.path.join(self.directory, self.sidecar_stem + KEYS_SUFFIX)
+
+    @property
+    def metadata_path(self) -> str:
+        return os.path.join(self.directory, self.sidecar_stem + METADATA_SUFFIX)
 
     @property
     def legacy_manifest_path(self) -> str:

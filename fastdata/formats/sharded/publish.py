@@ -59,7 +59,8 @@ class PublishPlan:
         shard_files: a shard name -> the files making up that shard (the
             shard first, then side files named after it).
         owns_shard: whether a file name is one of this output's shard names.
-        sidecars: this output's index and keys file names (both namings').
+        sidecars: this output's index, keys and metadata index file names
+            (both namings').
         legacy_manifest: the name of this output's manifest in the earlier naming
             when one of this format is to be replaced, else None.
     """
@@ -165,12 +166,12 @@ def _set_old_aside(plan: PublishPlan, manifest: str, old: dict, token: str) -> N
         entry["path"] = aside
         changed = True
     extra = data.get("extra") if isinstance(data.get("extra"), dict) else {}
-    for key in ("index", "keys"):
-        name = extra.get(key)
+    for holder, key in _sidecar_fields(extra):
+        name = holder.get(key)
         if (_plain(name) and name in plan.sidecars and name in new_names
                 and os.path.lexists(plan.path(name))):
-            extra[key] = aside_name(name, token)
-            _link(plan.path(name), plan.path(extra[key]))
+            holder[key] = aside_name(name, token)
+            _link(plan.path(name), plan.path(holder[key]))
             changed = True
     if changed:
         fsync_dir(plan.directory)  # the second names exist before the manifest uses them
@@ -192,12 +193,22 @@ def remove_old(plan: PublishPlan, old: dict) -> None:
         if _plain(name) and plan.owns_shard(_original(name)):
             names.update(plan.shard_files(name))
     extra = old.get("extra") if isinstance(old.get("extra"), dict) else {}
-    names.update(n for n in (extra.get("index"), extra.get("keys")) if _plain(n))
+    names.update(n for n in (holder.get(key) for holder, key in _sidecar_fields(extra))
+                 if _plain(n))
     names.update(n for n in os.listdir(plan.directory) if _ASIDE.fullmatch(n))
     new_names = plan.new_names
     for name in sorted(names):
         if name not in new_names and plan.owns(_original(name)):
             _remove_file(plan.path(name))
+
+
+def _sidecar_fields(extra: dict) -> list[tuple[dict, str]]:
+    """(the object holding it, its field) of each sidecar a manifest's ``extra``
+    names: the index, the keys, and the metadata index when there is one."""
+    fields = [(extra, "index"), (extra, "keys")]
+    if isinstance(extra.get("metadata"), dict):
+        fields.append((extra["metadata"], "index"))
+    return fields
 
 
 def aside_name(name: str, token: str) -> str:

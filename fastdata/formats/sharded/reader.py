@@ -24,6 +24,7 @@ from fastdata.formats.remote_files import (RangedReads, absolute, exists, is_rem
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
+from fastdata.formats.sharded.metadata import ShardedMetadata
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
 from fastdata.records import MANIFEST_VERSION, Manifest
 
@@ -48,7 +49,7 @@ def _fd_limit() -> str:
         return "unknown"
 
 
-class ShardedReader(Reader):
+class ShardedReader(ShardedMetadata, Reader):
     """Reader over the shards of one dataset.
 
     Args:
@@ -71,7 +72,10 @@ class ShardedReader(Reader):
         self._local_shards: dict[int, str] = {}  # remote shards with a downloaded copy
         self._index: np.ndarray | None = None
         self._shard_paths: list[str] = []
+        self._shard_sizes: list[int] = []
         self._foreign_keys: list[str] | None = None
+        #: Rows (INDEX_DTYPE) locating each record's metadata JSON; loaded on first use.
+        self._meta_index: np.ndarray | None = None
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ManifestError("no shard files given (an empty list)")
@@ -83,8 +87,10 @@ class ShardedReader(Reader):
 
     # -- hooks ----------------------------------------------------------------
 
-    def _scan_shard(self, path: str) -> list[tuple[int, int, int, str]]:
-        """(offset, size, label, key) of every record of a foreign shard."""
+    def _scan_shard(self, path: str) -> list[tuple]:
+        """(offset, size, label, key) of every record of a foreign shard, and
+        where the record's metadata JSON lies (offset, size; size 0: none) for
+        formats that find such metadata."""
         raise NotImplementedError
 
     def _extract(self, raw: bytes, shard: int, offset: int) -> bytes:
@@ -147,6 +153,7 @@ class ShardedReader(Reader):
                     f"shard is truncated ({sizes[-1]} of {s['bytes']} bytes); re-pack "
                     f"it or restore the file", path=p)
         check_rows(index, sizes, index_path)  # before any row sizes an allocation
+        self._shard_sizes = sizes
 
     def _load_foreign(self, layout: ShardLayout) -> None:
         paths = self._explicit or (self._remote_shards() if is_remote(self.path)
@@ -158,11 +165,12 @@ class ShardedReader(Reader):
             raise ManifestError(
                 f"no fastdata manifest ({os.path.basename(layout.manifest_path)}) and no "
                 f"shard files found", path=self.path)
-        rows, keys = [], []
+        rows, keys, meta_rows = [], [], []
         for number, p in enumerate(paths):
-            for offset, size, label, key in self._scan_shard(p):
+            for offset, size, label, key, *meta in self._scan_shard(p):
                 rows.append((number, offset, size, label, 0))
                 keys.append(key)
+                meta_rows.append((number, *(meta or (0, 0)), label, 0))
         if not rows:
             raise ManifestError("shards hold no records", path=self.path)
         index = np.array(rows, dtype=INDEX_DTYPE)
@@ -181,6 +189,11 @@ class ShardedReader(Reader):
             pack_options={}, created_at="", fastdata_version="", version=MANIFEST_VERSION,
             extra={"foreign": True},
         )
+        meta_index = np.array(meta_rows, dtype=INDEX_DTYPE)
+        with_meta = int(np.count_nonzero(meta_index["size"]))
+        if with_meta:  # the .json members of another tool's tar
+            self._manifest.extra["metadata"] = {"records": with_meta, "foreign": True}
+            self._meta_index = meta_index
         for s, n in zip(self._manifest.shards, np.bincount(index["shard"],
                                                           minlength=len(paths)).tolist()):
             s["count"] = n
@@ -196,6 +209,7 @@ class ShardedReader(Reader):
         state.update(_fds={}, _local_shards={})
         if state.get("_foreign_keys") is None:
             state["_index"] = None  # reloaded (memory-light) from the .npy in the worker
+            state["_meta_index"] = None
         else:
             state["_labels"] = self._labels  # else every worker would re-scan the shards
         return state

@@ -15,6 +15,7 @@ from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
+from fastdata.formats.sharded.metadata import metadata_rows
 from fastdata.formats.sharded.publish import PublishPlan, publish
 from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
@@ -70,8 +71,10 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
 
     The base opens each shard as a :class:`ShardFile` (``self._shard``), which
     hashes and counts what is written. Subclasses implement
-    ``_append(record, crc) -> (offset, size)``, writing the record to
-    ``self._shard`` and returning where its payload lies, and may implement
+    ``_append(record, crc) -> (offset, size[, metadata_offset])``, writing the
+    record to ``self._shard`` and returning where its payload lies (and, for a
+    record with metadata, where its JSON lies: the base lists those places in
+    ``NAME.fastdata.metadata.npy``, see ``layout.py``), and may implement
     ``_begin_shard(path)`` (per-shard state) and ``_end_shard() -> dict``
     (a trailer written to ``self._shard``, extra per-shard facts); they may
     override ``_shard_files(name)`` to publish side files (per-shard index
@@ -81,6 +84,7 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
 
     output_is_dir = True
     resumable = True
+    stores_metadata = True
     #: Shard names carry the total ("-00000-of-00008").
     total_in_name = False
     #: Extensions of this format, first one preferred.
@@ -95,6 +99,8 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         self._given = os.path.abspath(os.fspath(path))
         self._shards: list[dict] = []
         self._rows: list[tuple] = []
+        #: Per record: (offset, size) of its metadata JSON in its shard; (0, 0): none.
+        self._meta_rows: list[tuple[int, int]] = []
         self._shard_count = 0
         self._shard: ShardFile | None = None
         self._files: list[str] = []
@@ -172,13 +178,17 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         byte ``shard_size`` counts."""
         return len(record.payload)
 
-    def stored_size_of(self, key: str, label: int, size: int, encoding: str) -> int:
-        """Bytes a record of ``size`` payload bytes takes in a shard (a pack's
-        plan cuts byte-sized shards with it before any image is read)."""
+    def stored_size_of(self, key: str, label: int, size: int, encoding: str,
+                       metadata_size: int = 0) -> int:
+        """Bytes a record of ``size`` payload bytes (and ``metadata_size`` bytes
+        of metadata JSON) takes in a shard (a pack's plan cuts byte-sized
+        shards with it before any image is read)."""
         # A negative index of its own each time: the formats cache the last
         # record they sized by its index.
         self._sized = getattr(self, "_sized", 0) + 1
-        return self._stored_size(Record(-self._sized, key, label, bytes(size), encoding))
+        metadata = bytes(metadata_size) if metadata_size > 0 else None
+        return self._stored_size(Record(-self._sized, key, label, bytes(size), encoding,
+                                        metadata=metadata))
 
     def _write(self, record: Record, crc: int) -> None:
         if self._shard is not None and not self.piece_mode and (
@@ -192,8 +202,11 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             self._begin_shard(path)
             self._shard_count = 0
             self._shard_first = record.index
-        offset, length = self._append(record, crc)
+        offset, length, *meta_at = self._append(record, crc)
         self._rows.append((len(self._shards), offset, length, record.label, crc))
+        meta = record.metadata
+        self._meta_rows.append((meta_at[0], len(meta)) if meta is not None and meta_at
+                               else (0, 0))
         self._shard_count += 1
 
     def _finish_shard(self) -> None:
@@ -222,11 +235,16 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         temp = os.path.basename(info["temp"])
         files = {name: file_sha256(os.path.join(self.temp_path, name))
                  for name in self._shard_files(temp)[1:]}
-        return {"shard": {k: v for k, v in info.items() if k not in ("temp", "first")}
-                | {"temp": temp, "size": os.path.getsize(info["temp"])},
-                "side_files": files,
-                "rows": [list(row[1:]) for row in self._rows[first_row:]],
-                "renamed": [list(r[:2]) + [r[3]] for r in self._renamed_rows()[renamed_before:]]}
+        state = {"shard": {k: v for k, v in info.items() if k not in ("temp", "first")}
+                 | {"temp": temp, "size": os.path.getsize(info["temp"])},
+                 "side_files": files,
+                 "rows": [list(row[1:]) for row in self._rows[first_row:]],
+                 "renamed": [list(r[:2]) + [r[3]]
+                             for r in self._renamed_rows()[renamed_before:]]}
+        meta_rows = self._meta_rows[first_row:]
+        if any(size for _, size in meta_rows):  # where the piece's metadata lies
+            state["metadata_rows"] = [list(row) for row in meta_rows]
+        return state
 
     def _renamed_rows(self) -> list:
         """(key, stem, shard, reason) of records stored under another name (tar)."""
@@ -254,7 +272,10 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
                              for name, digest in state.get("side_files", {}).items()))
         except OSError:
             whole = False
-        if not whole or len(state["rows"]) != len(records):
+        meta_rows = state.get("metadata_rows", [[0, 0]] * len(records))
+        sizes = [0 if r.metadata is None else len(r.metadata) for r in records]
+        if (not whole or len(state["rows"]) != len(records)
+                or [size for _, size in meta_rows] != sizes):
             raise PieceLost(f"piece {number} is not whole in the partial output", path=path)
 
     def _adopt_piece(self, number: int, state: dict, records: list) -> None:
@@ -267,6 +288,8 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
                              "count": shard["count"], "sha256": shard["sha256"],
                              "first": self.count, **extra})
         self._rows.extend((number_now, *row) for row in state["rows"])
+        self._meta_rows.extend(tuple(row) for row in
+                               state.get("metadata_rows", [[0, 0]] * len(state["rows"])))
         self._adopt_renamed(number_now, state.get("renamed", []))
 
     def _adopt_renamed(self, shard: int, renamed: list) -> None:
@@ -318,26 +341,49 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         np.save(os.path.join(self.temp_path, "index.npy"), index, allow_pickle=False)
         with open(os.path.join(self.temp_path, "keys.json"), "w", encoding="utf-8") as f:
             json.dump(self.keys, f, ensure_ascii=False)
+        extra = {"index": os.path.basename(self.layout.index_path),
+                 "keys": os.path.basename(self.layout.keys_path),
+                 "prefix": self.layout.prefix, **self._manifest_extra()}
+        if self.has_metadata:
+            self._save_metadata_index(index)
+            extra["metadata"] = {"records": self.metadata_records,
+                                 "index": os.path.basename(self.layout.metadata_path),
+                                 **self._metadata_extra()}
         manifest = with_metadata_sha256(manifest, self._sidecar_digests())
         manifest = dataclasses.replace(
             manifest,
             bytes=dict(manifest.bytes, on_disk=on_disk),
             shards=shards,
-            extra={"index": os.path.basename(self.layout.index_path),
-                   "keys": os.path.basename(self.layout.keys_path),
-                   "prefix": self.layout.prefix, **self._manifest_extra()},
+            extra=extra,
         )
         with open(os.path.join(self.temp_path, "manifest.json"), "w", encoding="utf-8") as f:
             f.write(manifest.to_json())
         return manifest
 
-    def _sidecar_digests(self) -> dict[str, str]:
-        """SHA-256 of the index and keys files as written, by their final names."""
+    def _metadata_extra(self) -> dict:
+        """Where the format keeps each record's metadata, for the manifest's
+        ``extra["metadata"]`` (the tar member, the TFRecord feature)."""
+        return {}
+
+    def _save_metadata_index(self, index: np.ndarray) -> None:
+        """``metadata.npy``: the index's rows, pointing at each record's metadata."""
+        np.save(os.path.join(self.temp_path, "metadata.npy"),
+                metadata_rows(index, self._meta_rows, self.metadata_crcs), allow_pickle=False)
+
+    def _sidecars(self) -> list[tuple[str, str]]:
+        """(name in the temporary folder, final name) of every sidecar but the manifest."""
         layout = self.layout
-        return {os.path.basename(layout.index_path): file_sha256(
-                    os.path.join(self.temp_path, "index.npy")),
-                os.path.basename(layout.keys_path): file_sha256(
-                    os.path.join(self.temp_path, "keys.json"))}
+        found = [("index.npy", os.path.basename(layout.index_path)),
+                 ("keys.json", os.path.basename(layout.keys_path))]
+        if self.has_metadata:
+            found.append(("metadata.npy", os.path.basename(layout.metadata_path)))
+        return found
+
+    def _sidecar_digests(self) -> dict[str, str]:
+        """SHA-256 of the index, keys (and metadata index) files as written, by
+        their final names."""
+        return {final: file_sha256(os.path.join(self.temp_path, temp))
+                for temp, final in self._sidecars()}
 
     def _publish(self) -> None:
         layout = self.layout
@@ -347,8 +393,7 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             temp_name = os.path.basename(info["temp"])
             final_name = layout.shard_name(number, total)
             moves += zip(self._shard_files(temp_name), self._shard_files(final_name))
-        moves += [("index.npy", os.path.basename(layout.index_path)),
-                  ("keys.json", os.path.basename(layout.keys_path))]
+        moves += self._sidecars()
         legacy = self._legacy_manifest() if self.overwrite else None
         publish(PublishPlan(
             directory=layout.directory, temp_dir=self.temp_path, moves=tuple(moves),
@@ -356,7 +401,7 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             overwrite=self.overwrite, shard_files=self._shard_files,
             owns_shard=lambda name: layout.owns(name, self.extensions),
             sidecars=(os.path.basename(layout.index_path), os.path.basename(layout.keys_path),
-                      *layout.legacy_sidecars),
+                      os.path.basename(layout.metadata_path), *layout.legacy_sidecars),
             legacy_manifest=os.path.basename(legacy) if legacy else None,
         ))
         self.replaced_legacy = [legacy] if legacy else []

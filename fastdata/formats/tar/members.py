@@ -8,7 +8,8 @@ the rest (lower-cased), and consecutive members with one key form one sample.
 A sample's image is its first member with an image extension (``jpg jpeg png
 bmp webp ppm pgm tif tiff gif``, in that order of preference); its label is
 the ASCII decimal in ``KEY.cls``, or else an integer ``"label"`` field in
-``KEY.json``. Other members are ignored.
+``KEY.json``; a ``KEY.json`` member is also the sample's metadata. Other
+members are ignored.
 """
 
 from __future__ import annotations
@@ -263,8 +264,9 @@ def iter_sample_members(path: str) -> Iterator[tuple[str, dict[str, TarMember]]]
         yield key, group
 
 
-def scan_samples(path: str) -> list[tuple[int, int, int, str]]:
-    """(image data offset, size, label, key) of every sample of a tar shard.
+def scan_samples(path: str) -> list[tuple[int, int, int, str, int, int]]:
+    """(image data offset, size, label, key, ``.json`` data offset, its size) of
+    every sample of a tar shard (0, 0 for a sample without a ``.json`` member).
 
     Raises:
         CorruptDataError: the tar is damaged (see :func:`iter_members`), or a
@@ -278,14 +280,16 @@ def scan_samples(path: str) -> list[tuple[int, int, int, str]]:
 
 
 def _sample(path: str, key: str, group: dict[str, TarMember], small: _Window
-            ) -> tuple[int, int, int, str]:
+            ) -> tuple[int, int, int, str, int, int]:
     image = next((group[e] for e in IMAGE_EXTS if e in group), None)
     if image is None:
         raise FastDataError(
             f"sample has no image member (found {', '.join(sorted(group)) or 'nothing'}; "
             f"expected one of {', '.join(IMAGE_EXTS)})", path=path, key=key)
     label = _label(path, key, group, small)
-    return image.offset, image.size, label, key
+    meta = group.get(JSON_EXT)
+    return (image.offset, image.size, label, key,
+            *((meta.offset, meta.size) if meta is not None else (0, 0)))
 
 
 def _label_bytes(path: str, key: str, member: TarMember, ext: str, small: _Window) -> bytes:

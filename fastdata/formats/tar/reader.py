@@ -36,7 +36,7 @@ class TarReader(ShardedReader):
     format_name = "tar"
     extensions = EXTENSIONS
 
-    def _scan_shard(self, path: str) -> list[tuple[int, int, int, str]]:
+    def _scan_shard(self, path: str) -> list[tuple[int, int, int, str, int, int]]:
         try:
             return scan_samples(path)
         except OSError as exc:

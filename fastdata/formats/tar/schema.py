@@ -15,8 +15,14 @@ member                content
                       re-encoding gives ``jpg``/``png``; pre-decoded pixels
                       are ``KEY.raw``, their shape in the manifest)
 ``KEY.cls``           the label, ASCII decimal (``b"3"``)
-``KEY.json``          only with the writer option ``write_json=True`` (off by
-                      default: an extra member costs >= 1 KiB per sample):
+``KEY.json``          a sample with metadata: its metadata, exactly as stored
+                      (canonical UTF-8 JSON, the dict the source gave), so
+                      webdataset's ``json`` field is that dict; the sample's
+                      key and label are not merged in (they are in ``.cls``
+                      and the keys sidecar, and a metadata field may have
+                      either name). A sample without metadata: no member, or
+                      with the writer option ``write_json=True`` (off by
+                      default: an extra member costs >= 1 KiB per sample)
                       ``{"key": original key, "label": n}``, UTF-8
 ====================  ========================================================
 
@@ -39,7 +45,9 @@ ends with two zero blocks.
 
 The dataset index (``NAME.fastdata.index.npy``, see fastdata.formats.sharded.layout)
 holds, per record, the offset and size of the image member's *data*, so a
-reader gets a record with one ``pread`` and no header parsing.
+reader gets a record with one ``pread`` and no header parsing; the metadata
+index (``NAME.fastdata.metadata.npy``, in datasets with metadata) holds those
+of each ``KEY.json`` member's data.
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ class TarWriter(ShardedWriter):
         overwrite: replace an existing dataset of that name.
         shard_size: records per shard (``10000``) or bytes per shard (``"256MB"``,
             counted on disk: headers and padding included).
-        write_json: also write a ``KEY.json`` member per sample.
+        write_json: also write a ``KEY.json`` member ``{"key", "label"}`` for
+            each sample without metadata (a sample with metadata always has a
+            ``KEY.json``: its metadata, exactly; see ``schema.py``).
     """
 
     format_name = "tar"
@@ -46,9 +48,9 @@ class TarWriter(ShardedWriter):
 
     # -- member layout ----------------------------------------------------------
 
-    def _plan(self, record: Record) -> tuple[str, str | None, list[bytes], int, int]:
+    def _plan(self, record: Record) -> tuple[str, str | None, list[bytes], int, int, int]:
         """(sample stem, why it is not the key's, chunks to write, offset of the
-        image data in them, total size)."""
+        image data in them, total size, offset of the ``.json`` data in them)."""
         if self._planned is not None and self._planned[0] == record.index:
             return self._planned[1]
         stem, renamed = unique_stem(record.key, self._stems)
@@ -59,12 +61,16 @@ class TarWriter(ShardedWriter):
         chunks = [head, record.payload, bytes(padding(size)),
                   member_header(f"{stem}.{LABEL_EXT}", len(label)), label,
                   bytes(padding(len(label)))]
-        if self.write_json:
+        meta = record.metadata
+        if meta is None and self.write_json:
             meta = json.dumps({"key": record.key, "label": int(record.label)},
                               ensure_ascii=False).encode("utf-8")
-            chunks += [member_header(f"{stem}.{JSON_EXT}", len(meta)), meta,
-                       bytes(padding(len(meta)))]
-        plan = (stem, renamed, chunks, len(head), sum(len(c) for c in chunks))
+        meta_at = 0
+        if meta is not None:
+            meta_head = member_header(f"{stem}.{JSON_EXT}", len(meta))
+            meta_at = sum(len(c) for c in chunks) + len(meta_head)
+            chunks += [meta_head, meta, bytes(padding(len(meta)))]
+        plan = (stem, renamed, chunks, len(head), sum(len(c) for c in chunks), meta_at)
         self._planned = (record.index, plan)
         return plan
 
@@ -73,6 +79,9 @@ class TarWriter(ShardedWriter):
     def _manifest_extra(self) -> dict:
         return {"member_schema": MEMBER_SCHEMA, "label_ext": LABEL_EXT,
                 "json_member": self.write_json}
+
+    def _metadata_extra(self) -> dict:
+        return {"member": JSON_EXT}
 
     def _stored_size(self, record: Record) -> int:
         return self._plan(record)[4]
@@ -92,15 +101,15 @@ class TarWriter(ShardedWriter):
         self._stems = {}
         self._planned = None  # planned against the previous shard's names
 
-    def _append(self, record: Record, crc: int) -> tuple[int, int]:
-        stem, renamed, chunks, data_at, total = self._plan(record)
+    def _append(self, record: Record, crc: int) -> tuple[int, int, int]:
+        stem, renamed, chunks, data_at, total, meta_at = self._plan(record)
         self._planned = None
-        offset = self._shard.position + data_at
+        start = self._shard.position
         self._shard.write(b"".join(chunks))
         self._stems[stem] = record.key
         if renamed:
             self._renamed.append((record.key, stem, len(self._shards), renamed))
-        return offset, len(record.payload)
+        return start + data_at, len(record.payload), start + meta_at
 
     def _end_shard(self) -> dict:
         self._shard.write(END_OF_ARCHIVE)

@@ -25,6 +25,11 @@ feature                type        value
 ``image/height``       int64       image height in pixels (0 when unknown)
 ``image/width``        int64       image width in pixels (0 when unknown)
 ``image/key``          bytes       the source key (relative path), UTF-8
+``fastdata/metadata``  bytes       only in the Example of a record with
+                                   metadata: its metadata, canonical UTF-8
+                                   JSON (one value; ``json.loads`` gives the
+                                   dict back). Flat values are not copied into
+                                   features of their own.
 =====================  ==========  ===========================================
 
 Map entries are written sorted by key (as protobuf's deterministic
@@ -58,6 +63,10 @@ LABEL_KEY = "image/class/label"
 HEIGHT_KEY = "image/height"
 WIDTH_KEY = "image/width"
 SOURCE_KEY_KEY = "image/key"
+#: The feature holding a record's metadata JSON. It sorts before every other
+#: feature name, so its map entry comes first in the Example (the writer
+#: relies on that to find where the JSON lies).
+METADATA_KEY = "fastdata/metadata"
 
 #: Names of the roles a reader can map to other feature names (``feature_keys``).
 DEFAULT_FEATURE_KEYS: dict[str, str] = {

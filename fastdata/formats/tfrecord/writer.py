@@ -16,6 +16,7 @@ from fastdata.formats.tfrecord.schema import (
     HEIGHT_KEY,
     IMAGE_KEY,
     LABEL_KEY,
+    METADATA_KEY,
     SCHEMA,
     SHARD_INDEX_SUFFIX,
     SOURCE_KEY_KEY,
@@ -29,7 +30,7 @@ from fastdata.records import Record
 
 def example_features(record: Record) -> dict[str, object]:
     """The Example features fastdata writes for ``record``."""
-    return {
+    features = {
         IMAGE_KEY: record.payload,
         FORMAT_KEY: record.encoding.encode("ascii"),
         LABEL_KEY: int(record.label),
@@ -37,6 +38,18 @@ def example_features(record: Record) -> dict[str, object]:
         WIDTH_KEY: int(record.width),
         SOURCE_KEY_KEY: record.key.encode("utf-8"),
     }
+    if record.metadata is not None:
+        features[METADATA_KEY] = record.metadata
+    return features
+
+
+def metadata_offset(parts: list[bytes], metadata: bytes) -> int:
+    """Where ``metadata`` lies in the serialized Example whose chunks are
+    ``parts`` (``encode_example_parts``): its feature's map entry comes first
+    (``METADATA_KEY`` sorts first), and the JSON ends that entry."""
+    alone, alone_size = encode_example_parts({METADATA_KEY: metadata})
+    # parts[0] and alone[0]: the head of each Example (tag and length).
+    return len(parts[0]) + (alone_size - len(alone[0])) - len(metadata)
 
 
 class TFRecordWriter(ShardedWriter):
@@ -75,7 +88,7 @@ class TFRecordWriter(ShardedWriter):
     def _stored_size(self, record: Record) -> int:
         return HEADER_SIZE + self._encoded(record)[1] + FOOTER_SIZE
 
-    def _append(self, record: Record, crc: int) -> tuple[int, int]:
+    def _append(self, record: Record, crc: int) -> tuple[int, int, int]:
         parts, size = self._encoded(record)
         self._last_encoded = None
         length = _LENGTH.pack(size)
@@ -91,7 +104,9 @@ class TFRecordWriter(ShardedWriter):
         self._shard.write(footer)
         framed = HEADER_SIZE + size + FOOTER_SIZE
         self._index_rows.append((offset, framed))
-        return offset, framed
+        meta = record.metadata
+        meta_at = 0 if meta is None else offset + HEADER_SIZE + metadata_offset(parts, meta)
+        return offset, framed, meta_at
 
     def _end_shard(self) -> dict:
         write_shard_index(self._shard.path + SHARD_INDEX_SUFFIX, self._index_rows)
@@ -103,6 +118,9 @@ class TFRecordWriter(ShardedWriter):
 
     def _shard_files(self, name: str) -> list[str]:
         return [name, name + SHARD_INDEX_SUFFIX]
+
+    def _metadata_extra(self) -> dict:
+        return {"feature": METADATA_KEY}
 
     def _manifest_extra(self) -> dict:
         return {
