@@ -312,3 +312,41 @@ def test_a_local_pack_does_not_import_dask(source, tmp_path):
     """, env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_cluster_pack_carries_per_sample_metadata(cluster, source, tmp_path, fmt):
+    """Metadata travels with the records through the workers, as in a local pack."""
+    folder = fastdata.ImageFolderSource(source)
+    src = _WithMetadata(folder)
+    local = fastdata.pack(src, _output(tmp_path / "local", fmt), options=_options(fmt, "keep"),
+                          progress=False)
+    remote = fastdata.pack(src, _output(tmp_path / "cluster", fmt),
+                           options=_options(fmt, "keep"), progress=False,
+                           scheduler=cluster.scheduler.address)
+    a, b = fastdata.open_dataset(local.output), fastdata.open_dataset(remote.output)
+    assert [b.metadata(i) for i in range(len(b))] == [a.metadata(i) for i in range(len(a))]
+    assert b.metadata(0) == {"boxes": [[0, 1, 2, 3]], "key": a.keys[0]}
+
+
+class _WithMetadata:
+    """A folder's entries with a metadata dict each."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.classes = inner, inner.classes
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self):
+        from fastdata.packers.source import SourceEntry
+
+        for e in self.inner:
+            yield SourceEntry(e.key, e.label, path=e.path,
+                              metadata={"boxes": [[0, 1, 2, 3]], "key": e.key})
+
+    def describe(self):
+        return self.inner.describe()
+
+    def warnings(self):
+        return []

@@ -38,9 +38,9 @@ from fastdata.packers.cluster_connect import (
     quiet_distributed,
 )
 from fastdata.packers.cluster_tasks import known_keys, pack_shard_piece, prepare_piece
+from fastdata.packers.journal import parse_outcomes
 from fastdata.packers.pieces import entries_to_prepare, write_items, write_pieces
 from fastdata.packers.plan import PackPlan
-from fastdata.records import PieceRecord
 
 #: Reruns of a task that raised (a passing file-system error on a worker); a
 #: task whose worker died is rerun by Dask whatever this says.
@@ -98,8 +98,7 @@ def _write_shards(cluster: "_Cluster", writer, plan: PackPlan, kept: dict, piece
     first_bad = _FirstBad(kept, source_root) if strict else None
     for number, (outcomes, state) in cluster.results(pack_shard_piece, pieces, args,
                                                      in_order=False):
-        records = [PieceRecord(o[0], int(o[1]), int(o[2]), int(o[3]))
-                   for o in outcomes if len(o) != 2]
+        records = parse_outcomes(outcomes)[0]
         try:
             writer.check_piece(number, state, records)
         except PieceLost:

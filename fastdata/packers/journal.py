@@ -115,8 +115,16 @@ class PackJournal:
 
 
 def _parse(data: dict) -> PieceDone:
+    records, skipped, facts = parse_outcomes(data["outcomes"])
+    return PieceDone(int(data["piece"]), records, skipped, facts, dict(data["state"]))
+
+
+def parse_outcomes(outcomes: list) -> tuple[list[PieceRecord], list, list]:
+    """A piece's outcomes (see :meth:`PackJournal.record`) as its records, its
+    skipped images ``(key, reason)`` and each record's ``(source_bytes,
+    encoding, width, height)``."""
     records, skipped, facts = [], [], []
-    for outcome in data["outcomes"]:
+    for outcome in outcomes:
         if len(outcome) == 2:
             skipped.append((str(outcome[0]), str(outcome[1])))
             continue
@@ -126,7 +134,7 @@ def _parse(data: dict) -> PieceDone:
         metadata = meta[0].encode("utf-8") if meta else None
         records.append(PieceRecord(key, int(label), int(crc), int(size), metadata))
         facts.append((int(source_bytes), str(encoding), int(width), int(height)))
-    return PieceDone(int(data["piece"]), records, skipped, facts, dict(data["state"]))
+    return records, skipped, facts
 
 
 def _write_durably(path: str, text: str) -> None:
