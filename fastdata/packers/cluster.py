@@ -38,7 +38,7 @@ from fastdata.packers.cluster_connect import (
     quiet_distributed,
 )
 from fastdata.packers.cluster_tasks import known_keys, pack_shard_piece, prepare_piece
-from fastdata.packers.journal import parse_outcomes
+from fastdata.packers.journal import PackInterrupted, parse_outcomes
 from fastdata.packers.pieces import entries_to_prepare, write_items, write_pieces
 from fastdata.packers.plan import PackPlan
 
@@ -51,7 +51,7 @@ PIECES_PER_THREAD = 2
 DRAIN_SECONDS = 20.0
 
 
-class SchedulerLost(FastDataError):
+class SchedulerLost(PackInterrupted):
     """The Dask scheduler went away during a pack; journaled pieces are kept."""
 
 

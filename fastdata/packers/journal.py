@@ -12,10 +12,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 
+from fastdata.errors import FastDataError
 from fastdata.formats.output import fsync_dir
+from fastdata.formats.writer import remove_path
 from fastdata.records import PieceRecord
+
+class PackInterrupted(FastDataError):
+    """A pack stopped from outside (a lost Dask scheduler): like Ctrl-C, its
+    finished pieces stay for ``--resume``."""
+
 
 PLAN_FILE = "plan.json"
 PARTIAL_FILE = "partial"
@@ -149,10 +157,51 @@ def remove_stale_partials(writer) -> None:
     this output left, other than ``writer``'s own. Only a pack holding the
     output's lock calls this, so none of them belongs to a running pack; a
     ``.old`` one (an old dataset moved aside by an interrupted overwrite) stays."""
-    from fastdata.formats.writer import remove_path
-
     parent, own = os.path.split(writer.temp_path)
     prefix = f".{os.path.basename(writer.path)}.partial-"
     for name in os.listdir(parent):
         if name.startswith(prefix) and name != own and not name.endswith(".old"):
             remove_path(os.path.join(parent, name))
+
+
+# -- what a pack does with the state of an earlier, interrupted one ----------
+
+
+def partial_to_resume(journal: PackJournal, output: str) -> str | None:
+    if not journal.exists():
+        return None  # killed before its plan was saved: the pack starts from the beginning
+    partial = journal.partial()
+    if partial is None:
+        raise FastDataError("the partial output of the interrupted pack is gone; pack "
+                            "again without --resume", path=output)
+    return partial
+
+
+def discard_earlier_partial(journal: PackJournal, note) -> None:
+    """A pack without --resume starts over: the partial output of an earlier,
+    interrupted pack to the same output goes (the lock says it is not running)."""
+    if not journal.exists():
+        return
+    partial = journal.partial()
+    if partial:
+        remove_path(partial)
+    journal.remove()
+    note("the partial output of an interrupted pack to this output was removed; "
+               "--resume would have continued it")
+
+
+def kept_for_resume(exc: BaseException) -> bool:
+    """An interruption (Ctrl-C, SIGTERM, a lost Dask scheduler): the pieces
+    written so far are kept for --resume. After an error (a full disk, a bad
+    option) the partial output goes, as it always did: it would hold the space
+    the error asks for."""
+    return isinstance(exc, (KeyboardInterrupt, PackInterrupted))
+
+
+def say_how_to_resume(exc: BaseException, journal: PackJournal) -> None:
+    if isinstance(exc, FastDataError):
+        return  # its own message says the pieces are kept
+    done = len(journal.pieces())
+    print(f"fastdata: {done} finished piece{'s' if done != 1 else ''} kept in "
+          f"{journal.folder}; the same command with --resume continues the pack",
+          file=sys.stderr)

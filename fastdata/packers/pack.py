@@ -10,15 +10,9 @@ records, then the manifest; the writer publishes the output atomically.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import itertools
 import os
 import signal
-import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastdata import __version__
@@ -27,80 +21,30 @@ from fastdata.formats import FormatSpec, check_local, format_for_output, sharded
 from fastdata.formats.remote_files import as_local, is_remote
 from fastdata.image_header import check_max_pixels
 from fastdata.machine import usable_cores
-from fastdata.formats.writer import remove_path
-from fastdata.packers.cluster import SchedulerLost
-from fastdata.packers.journal import PackJournal, remove_stale_partials, state_dir
+from fastdata.packers.journal import (
+    PackJournal,
+    discard_earlier_partial,
+    kept_for_resume,
+    partial_to_resume,
+    remove_stale_partials,
+    say_how_to_resume,
+    state_dir,
+)
+from fastdata.packers.pool import PreparedStream
 from fastdata.packers.pieces import (entries_to_prepare, pieces_to_keep,
                                       write_items, write_pieces)
 from fastdata.packers.plan import PackPlan, ResumeRefused
-from fastdata.packers.prepare import Prepared, SkippedFile, prepare, start_pool
+from fastdata.packers.prepare import SkippedFile
 from fastdata.packers.options import PackOptions
 from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.sources.dispatch import open_source, source_kind
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
+from fastdata.packers.tally import Tally
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest
 
 __all__ = ["PackOptions", "PackSummary", "SkippedFile", "pack"]
-
-
-@dataclass
-class _Tally:
-    """What the pack has seen so far: counts, the source fingerprint, skips and warnings."""
-
-    classes: int
-    on_event: Callable[[str], None] | None = None
-    skipped: list[SkippedFile] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    encodings: Counter = field(default_factory=Counter)
-    bytes_in: int = 0
-    raw_shape: tuple[int, int, int] | None = None
-    fingerprint: Any = field(default_factory=hashlib.sha256)
-    class_counts: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.class_counts = [0] * self.classes
-
-    def warn(self, msg: str) -> None:
-        self.warnings.append(msg)
-        if self.on_event:
-            self.on_event(msg)
-
-    def note(self, msg: str) -> None:
-        """Tell the user about the run itself (not the data): not in the report."""
-        if self.on_event:
-            self.on_event(msg)
-
-    def add(self, item: Prepared) -> None:
-        """Count a prepared image that is about to be written."""
-        if item.encoding == "raw":
-            shape = (item.height, item.width, 3)
-            if self.raw_shape is None:
-                self.raw_shape = shape
-            elif shape != self.raw_shape:
-                raise FastDataError(
-                    f"raw storage needs one image size, but this image is "
-                    f"{item.width}x{item.height} and earlier ones "
-                    f"{self.raw_shape[1]}x{self.raw_shape[0]}; pass resize=(h, w), or resize=N "
-                    f"with center_crop=True", key=item.key)
-        _check_label(item.label, self.classes, item.key)
-        self.fingerprint.update(f"{item.key}\t{item.label}\t{item.source_bytes}\n".encode())
-        if item.label >= 0:  # -1: an unlabelled record, of no class
-            self.class_counts[item.label] += 1
-        self.encodings[item.encoding] += 1
-        self.bytes_in += item.source_bytes
-
-
-def _check_label(label: int, classes: int, key: str) -> None:
-    """A record's label indexes the classes; a source without classes is
-    unlabelled, and every label is -1."""
-    if classes and not 0 <= label < classes:
-        raise FastDataError(f"the source gives label {label}, not a class index (0..{classes - 1} "
-                            f"for {classes} classes)", key=key)
-    if not classes and label != -1:
-        raise FastDataError(f"the source gives label {label} but has no classes: a source "
-                            f"without classes is unlabelled, and every label is -1", key=key)
 
 
 def pack(
@@ -195,7 +139,7 @@ def pack(
         raise FastDataError(f"{spec.name} packs cannot be resumed; pack again without --resume",
                             path=output)
     journal = PackJournal(state_dir(writer_cls.output_stem(output, **writer_options)))
-    resume_path = _partial_to_resume(journal, output) if resume else None
+    resume_path = partial_to_resume(journal, output) if resume else None
     # The writer first: it refuses an existing output (and a pack already
     # running to it) before any scanning.
     with _sigterm_as_interrupt():
@@ -211,11 +155,11 @@ def pack(
             writer.suspend()  # the interrupted pack stays as it was
             raise
         except BaseException as exc:
-            if (writer.resumable and _resumable_failure(exc) and journal.exists()
+            if (writer.resumable and kept_for_resume(exc) and journal.exists()
                     and not journal.finishing):
                 writer.suspend()
                 journal.close()
-                _say_how_to_resume(exc, journal)
+                say_how_to_resume(exc, journal)
             else:
                 writer.abort()
                 journal.remove()
@@ -252,7 +196,7 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
         src = ImageFolderSource(source_root, extensions=extensions)
     if seed is not None:
         src = shuffled(src, seed)
-    tally = _Tally(len(src.classes), on_event)
+    tally = Tally(len(src.classes), on_event)
     for msg in src.warnings():
         tally.warn(msg)
     kept: dict = {}
@@ -275,7 +219,7 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
             kept = pieces_to_keep(writer, plan, journal, prefix_only=not spec.sharded,
                                   warn=tally.note)
         else:
-            _discard_earlier_partial(journal, tally)
+            discard_earlier_partial(journal, tally.note)
             remove_stale_partials(writer)
             journal.start(plan.to_json(), writer.temp_path)
         todo = entries_to_prepare(src, plan, kept)
@@ -303,7 +247,7 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
 def _write_local(writer, spec, plan, kept, todo, todo_count, journal, tally, options,
                  workers, source_root, progress, output) -> None:
     """Prepare ``todo`` in local worker processes and write it (with the kept pieces)."""
-    items = _Prepared(todo, options, min(workers, max(1, todo_count // 16)))
+    items = PreparedStream(todo, options, min(workers, max(1, todo_count // 16)))
     # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
     bar = progress_bar(len(plan.entries) if plan else todo_count,
                        f"pack {os.path.basename(output)}", enabled=progress)
@@ -327,48 +271,6 @@ def _resume_options(spec: FormatSpec, options: PackOptions, writer_options) -> d
     """What a resume must find unchanged: the recorded options and the limit."""
     return {**_recorded_options(spec, options, writer_options),
             "max_pixels": options.max_pixels}
-
-
-def _partial_to_resume(journal: PackJournal, output: str) -> str | None:
-    if not journal.exists():
-        return None  # killed before its plan was saved: the pack starts from the beginning
-    partial = journal.partial()
-    if partial is None:
-        raise FastDataError("the partial output of the interrupted pack is gone; pack "
-                            "again without --resume", path=output)
-    return partial
-
-
-def _discard_earlier_partial(journal: PackJournal, tally: "_Tally") -> None:
-    """A pack without --resume starts over: the partial output of an earlier,
-    interrupted pack to the same output goes (the lock says it is not running)."""
-    if not journal.exists():
-        return
-    partial = journal.partial()
-    if partial:
-        remove_path(partial)
-    journal.remove()
-    tally.note("the partial output of an interrupted pack to this output was removed; "
-               "--resume would have continued it")
-
-
-def _resumable_failure(exc: BaseException) -> bool:
-    """An interruption (Ctrl-C, SIGTERM, a lost Dask scheduler): the pieces
-    written so far are kept for --resume. After an error (a full disk, a bad
-    option) the partial output goes, as it always did: it would hold the space
-    the error asks for."""
-    return isinstance(exc, (KeyboardInterrupt, SchedulerLost))
-
-
-def _say_how_to_resume(exc: BaseException, journal: PackJournal) -> None:
-    import sys
-
-    if isinstance(exc, FastDataError):
-        return  # its own message says the pieces are kept
-    done = len(journal.pieces())
-    print(f"fastdata: {done} finished piece{'s' if done != 1 else ''} kept in "
-          f"{journal.folder}; the same command with --resume continues the pack",
-          file=sys.stderr)
 
 
 def _folder_extensions(src: Source | None, options: PackOptions) -> tuple[str, ...] | None:
@@ -396,88 +298,7 @@ def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict
     return writer_options
 
 
-class _Prepared:
-    """Every entry prepared, in order, by worker processes when
-    ``workers`` > 1. The pool starts here, at once (before any thread of ours
-    exists); ``close()`` stops it."""
-
-    def __init__(self, entries, options: PackOptions, workers: int) -> None:
-        self._stop = threading.Event()
-        jobs = ((entry, options.verify_decode, options.preprocess, options.max_pixels)
-                for entry in _until(entries, self._stop))
-        self._pool = start_pool(workers)
-        self._chunks = None
-        if self._pool is None:
-            self._results = map(prepare, jobs)
-        else:  # chunks of 8 jobs, as imap(chunksize=8) makes, but an iterator we can drain
-            self._chunks = self._pool.imap(_prepare_chunk, _chunked(jobs, 8))
-            self._results = (item for chunk in self._chunks for item in chunk)
-
-    def __iter__(self) -> Iterator[Prepared | SkippedFile]:
-        return iter(self._results)
-
-    def close(self, *, terminate: bool = False) -> None:
-        """Stop the pool: let the workers finish (all work is done) or, after an
-        error, stop feeding them, take what they still send, then let them go;
-        ``terminate`` them only if that does not end in time."""
-        self._stop.set()
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        drained = False
-        try:
-            drained = not terminate or self._drain(_DRAIN_SECONDS)
-        finally:  # a second Ctrl-C while draining still ends the workers
-            if drained:
-                pool.close()
-            else:
-                pool.terminate()
-            pool.join()
-
-    def _drain(self, seconds: float) -> bool:
-        """Take the results still coming (the stopped feed bounds them). A worker
-        blocked sending a result that nobody reads makes ``Pool.terminate()`` wait
-        for ever. False when they do not all arrive within ``seconds``."""
-        import multiprocessing
-
-        end = time.monotonic() + seconds
-        failed = 0  # chunks whose job raised: not the error being reported
-        while True:
-            try:
-                self._chunks.next(timeout=max(0.0, end - time.monotonic()))
-            except StopIteration:
-                return True
-            except multiprocessing.TimeoutError:
-                return False
-            except Exception:  # noqa: BLE001 - any error a job raised in its worker
-                failed += 1
-
-
-def _prepare_chunk(jobs: tuple) -> list[Prepared | SkippedFile]:
-    """``prepare`` over a chunk of jobs, in a worker process."""
-    return [prepare(job) for job in jobs]
-
-
-def _chunked(items, size: int) -> Iterator[tuple]:
-    it = iter(items)
-    while chunk := tuple(itertools.islice(it, size)):
-        yield chunk
-
-
-#: How long a stopped pack waits for the work already handed to its workers.
-_DRAIN_SECONDS = 20.0
-
-
-def _until(entries, stop: threading.Event):
-    """``entries`` until ``stop`` is set: the pool's task thread, which feeds jobs
-    ahead of the workers, stops feeding once the pack stops."""
-    for entry in entries:
-        if stop.is_set():
-            return
-        yield entry
-
-
-def _check_written(src: Source, tally: _Tally, written: int, root: str | None) -> None:
+def _check_written(src: Source, tally: Tally, written: int, root: str | None) -> None:
     """Refuse an empty result; warn about classes that lost every image."""
     if written == 0:
         skipped = tally.skipped
@@ -502,7 +323,7 @@ def _recorded_options(spec: FormatSpec, options: PackOptions, writer_options) ->
             **writer_options}
 
 
-def _manifest(spec: FormatSpec, src: Source, tally: _Tally, writer, options: PackOptions,
+def _manifest(spec: FormatSpec, src: Source, tally: Tally, writer, options: PackOptions,
               writer_options: dict[str, Any]) -> Manifest:
     pre = options.preprocess
     described = src.describe()
