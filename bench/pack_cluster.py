@@ -18,16 +18,15 @@ are checked identical to the local pack's.
 from __future__ import annotations
 
 import argparse
-import filecmp
 import os
 import shutil
 import sys
 import tempfile
 import time
 
-OUTPUTS = {"tar": "out-%06d.tar", "tfrecord": "out-%05d.tfrecord", "lmdb": "out.lmdb",
-           "hdf5": "out.h5"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from pack_resume import OUTPUTS, same_output  # noqa: E402
 
 def _pack(src: str, folder: str, args, **kwargs) -> float:
     import fastdata
@@ -42,13 +41,6 @@ def _pack(src: str, folder: str, args, **kwargs) -> float:
     fastdata.pack(src, os.path.join(folder, OUTPUTS[args.format]), options=options,
                   progress=False, **kwargs)
     return time.perf_counter() - start
-
-
-def _same(a: str, b: str) -> bool:
-    names = sorted(n for n in os.listdir(a) if not n.endswith("fastdata.json"))
-    return names == sorted(n for n in os.listdir(b) if not n.endswith("fastdata.json")) and all(
-        os.path.isdir(os.path.join(a, n)) or filecmp.cmp(os.path.join(a, n), os.path.join(b, n),
-                                                         shallow=False) for n in names)
 
 
 def main() -> None:
@@ -79,7 +71,7 @@ def main() -> None:
                 best = min(_pack(src, folder, args, scheduler=client)
                            for _ in range(args.repeat))
                 rates[n] = args.photos / best
-                if not _same(local, folder):
+                if not same_output(local, folder):
                     sys.exit(f"the pack through {n} Dask workers differs from the local one")
         local_rate = args.photos / pool
         print(f"{args.photos} photos, --resize {args.resize}, {args.format}, best of "
