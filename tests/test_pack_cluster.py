@@ -350,3 +350,10 @@ class _WithMetadata:
 
     def warnings(self):
         return []
+
+
+def test_workers_with_a_scheduler_is_said_to_be_local_only(cluster, source, tmp_path):
+    events = []
+    fastdata.pack(source, _output(tmp_path, "tar"), options=_options("tar", "keep", workers=3),
+                  progress=False, scheduler=cluster.scheduler.address, on_event=events.append)
+    assert any("workers= applies to a local pack" in e for e in events)

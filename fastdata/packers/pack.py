@@ -229,6 +229,9 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
     if scheduler is not None:
         from fastdata.packers.cluster import write_on_cluster
 
+        if options.workers is not None:
+            tally.note("workers= applies to a local pack: on a cluster each Dask worker "
+                       "thread prepares one piece at a time")
         write_on_cluster(scheduler, writer, spec, src, plan, kept, journal, tally, options,
                          writer_options, source_root, output,
                          lambda: progress_bar(total, f"pack {os.path.basename(output)}",
