@@ -298,9 +298,26 @@ def test_cli_scheduler_that_does_not_answer_is_one_error_line(source, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_cluster_pack_to_a_url_is_refused(source):
-    with pytest.raises(FastDataError, match="Dask cluster"):
+def test_cluster_pack_to_a_url_needs_a_shared_staging_folder(source, monkeypatch):
+    monkeypatch.delenv("FASTDATA_STAGING_DIR", raising=False)
+    with pytest.raises(FastDataError, match="FASTDATA_STAGING_DIR"):
         fastdata.pack(source, "s3://bucket/x.tar", scheduler="tcp://127.0.0.1:1")
+
+
+def test_cluster_pack_to_a_url(cluster, source, local_packs, tmp_path, monkeypatch, s3_server,
+                               s3_env):
+    """The workers write the shards into the shared staging folder; the client
+    uploads them, the manifest last."""
+    monkeypatch.setenv("FASTDATA_STAGING_DIR", str(tmp_path / "staging"))
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    s3_server.make_bucket("cluster")
+    summary = fastdata.pack(source, "s3://cluster/d/out-%06d.tar", options=_options("tar", "keep"),
+                            progress=False, scheduler=cluster.scheduler.address)
+    remote = fastdata.open_dataset(summary.output, output="bytes")
+    local = fastdata.open_dataset(_output(local_packs("tar", "keep"), "tar").parent
+                                  / "out.tar.fastdata.json", output="bytes")
+    assert [remote[i] for i in range(len(remote))] == [local[i] for i in range(len(local))]
+    assert os.listdir(tmp_path / "staging") == []
 
 
 def test_a_local_pack_does_not_import_dask(source, tmp_path):

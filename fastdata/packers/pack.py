@@ -102,15 +102,17 @@ def pack(
     if is_remote(output):
         from fastdata.packers.upload import pack_to_url
 
-        if scheduler is not None:
-            raise FastDataError("a pack to a URL cannot run on a Dask cluster yet: pack to "
-                                "a folder the workers share, then copy it there", path=output)
+        if scheduler is not None and not os.environ.get("FASTDATA_STAGING_DIR"):
+            raise FastDataError("a pack to a URL on a Dask cluster stages the shards in a "
+                                "folder the workers share: set FASTDATA_STAGING_DIR to one",
+                                path=output)
 
         if options.resume:
             raise FastDataError("--resume of a pack to a URL is not supported: pack to a "
                                 "local folder with --resume, then upload it", path=output)
 
-        return pack_to_url(pack, source, output, options, progress=progress, on_event=on_event)
+        return pack_to_url(pack, source, output, options, progress=progress, on_event=on_event,
+                           **({"scheduler": scheduler} if scheduler is not None else {}))
     check_local(output)
     if not isinstance(source, Source):
         check_local(source)

@@ -9,7 +9,10 @@ opens a sharded dataset through its manifest, so an interrupted upload leaves
 no dataset, only objects no manifest lists. LMDB and HDF5 are one object each
 (the manifest is inside), and an object appears whole or not at all. The
 staging folder is removed afterwards; it needs the dataset's size in local
-space (``FASTDATA_CACHE_DIR``'s file system, else the temporary folder).
+space (``FASTDATA_STAGING_DIR``, else ``FASTDATA_CACHE_DIR``'s file system, else
+the temporary folder). A pack on a Dask cluster stages in
+``FASTDATA_STAGING_DIR``, a folder its workers share: they write the shards
+there, and this process uploads them.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         old_files = _old_sharded_files(url, spec)
     else:
         old_files = []
-    base = os.environ.get("FASTDATA_CACHE_DIR") or None
+    base = (os.environ.get("FASTDATA_STAGING_DIR") or os.environ.get("FASTDATA_CACHE_DIR")
+            or None)
     if base:
         os.makedirs(base, exist_ok=True)
     started = time.perf_counter()
