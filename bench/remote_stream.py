@@ -12,8 +12,8 @@ photos into tar shards of --shards-of records (pack-time shuffled), uploads them
 s3:// URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
 
 - streaming (ShardedIterableDataset), shuffled and in stored order: samples/s
-  over one epoch, and for the shuffled one the time from creating the
-  DataLoader iterator to the first batch;
+  over one epoch counted from its first batch on, and for the shuffled one the
+  time from creating the DataLoader iterator to that first batch;
 - random access (the map-style TarDataset, DataLoader(shuffle=True)): samples/s.
 
 Every run starts with an empty shard cache and new worker processes; the
@@ -35,12 +35,15 @@ from storage_ranges import cpu_seconds, start_moto, start_s3rver  # noqa: E402
 
 
 def _epoch(loader) -> tuple[float, float, int]:
+    """(samples/s after the first batch, seconds to the first batch, samples).
+    Throughput is counted from the first batch on: the start (forking the
+    workers, the first requests) is the separate time-to-first-batch figure."""
     start = time.perf_counter()
     it = iter(loader)
     first = next(it)
-    to_first = time.perf_counter() - start
-    n = len(first[1]) + sum(len(y) for _, y in it)
-    return n / (time.perf_counter() - start), to_first, n
+    after_first = time.perf_counter()
+    rest = sum(len(y) for _, y in it)
+    return rest / (time.perf_counter() - after_first), after_first - start, rest + len(first[1])
 
 
 def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
