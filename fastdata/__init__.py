@@ -35,12 +35,14 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
 # Public name -> "module:attribute", imported on first access.
 _LAZY = {
     "pack": "fastdata.packers.pack:pack",
+    "convert": "fastdata.packers.convert:convert",
     "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",
     "CSVSource": "fastdata.packers.sources.csv_list:CSVSource",
     "JSONLinesSource": "fastdata.packers.sources.json_lines:JSONLinesSource",
     "ParquetSource": "fastdata.packers.sources.parquet:ParquetSource",
+    "DatasetSource": "fastdata.packers.sources.dataset:DatasetSource",
     "open_source": "fastdata.packers.sources.dispatch:open_source",
     "open_dataset": "fastdata.loaders.datasets:open_dataset",
     "PackedDataset": "fastdata.loaders.datasets:PackedDataset",

@@ -1,5 +1,6 @@
 """The ``fastdata`` command line: the group, error handling, and one module per command
-(pack, inspect: info and verify, demo: synth, bench). Importing it stays light:
+(pack, convert, inspect: info and verify, demo: synth, bench; packing: what pack and
+convert share). Importing it stays light:
 each command imports what it needs when it runs."""
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
       fastdata bench --demo               # every format against a plain image folder
       fastdata synth demo                 # a folder of photo-like JPEGs in 8 classes
       fastdata pack demo demo.lmdb        # pack it (format from the extension)
+      fastdata convert demo.lmdb demo.tar # the same records in another format
       fastdata info demo.lmdb             # what is inside
 
     Then in Python: ds = fastdata.open_dataset("demo.lmdb").
@@ -76,4 +78,4 @@ def main() -> None:
 
 
 # The commands register themselves on ``main`` when imported.
-from fastdata.cli import bench, demo, inspect, pack  # noqa: E402,F401
+from fastdata.cli import bench, convert, demo, inspect, pack  # noqa: E402,F401

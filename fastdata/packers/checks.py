@@ -78,6 +78,25 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
     return info
 
 
+def check_raw(data: bytes, shape: tuple[int, int, int], *, key: str) -> ImageInfo:
+    """Check that ``data`` holds the decoded pixels ``shape`` (height, width,
+    3) promises: raw records have no header, so their size is all there is to
+    check.
+
+    Raises:
+        BadImageError: the shape is not (height, width, 3) of positive sizes,
+            or ``data`` holds another number of bytes.
+    """
+    if len(shape) != 3 or int(shape[2]) != 3 or min(int(shape[0]), int(shape[1])) <= 0:
+        raise BadImageError(f"raw pixels of shape {tuple(shape)} cannot be stored: raw records "
+                            f"are (height, width, 3) uint8", key=key)
+    h, w, c = (int(n) for n in shape)
+    if len(data) != h * w * c:
+        raise BadImageError(f"raw record holds {len(data)} bytes, not the {h * w * c} of its "
+                            f"shape {h}x{w}x{c}", key=key)
+    return ImageInfo("raw", w, h, "RGB")
+
+
 def _decode_all(img, data: bytes, encoding: str, key: str) -> None:
     if encoding == "jpeg":
         from fastdata.loaders.strict import decode_jpeg_strictly

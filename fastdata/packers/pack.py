@@ -38,6 +38,7 @@ from fastdata.packers.prepare import SkippedFile
 from fastdata.packers.options import PackOptions
 from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
+from fastdata.packers.sources.dataset import DatasetSource, writes_over
 from fastdata.packers.sources.dispatch import open_source, source_kind
 from fastdata.packers.summary import PackSummary, remove_stale_report, write_report
 from fastdata.packers.tally import Tally
@@ -61,9 +62,11 @@ def pack(
     Args:
         source: a folder with one sub-folder per class (read as an
             :class:`ImageFolderSource`), a list file (``.csv``, ``.tsv``,
-            ``.jsonl``) or Parquet (a ``.parquet`` file, a folder of them),
-            read with ``fastdata.open_source`` before anything is written, or
-            any :class:`Source`.
+            ``.jsonl``) or Parquet (a ``.parquet`` file, a folder of them), or
+            a packed dataset (``.lmdb``, ``.h5``, ``.tar``, ``.tfrecord``, a
+            manifest or shard pattern: its records as they are stored, see
+            ``fastdata.convert``), read with ``fastdata.open_source`` before
+            anything is written, or any :class:`Source`.
         output: the dataset to write (a path, or an s3://, gs://, az:// URL: packed
             in a local staging folder, then uploaded with the manifest last; see
             fastdata.packers.upload); its extension selects the format. Without
@@ -123,6 +126,10 @@ def pack(
     writer_cls = spec.load_writer()
     src = source if isinstance(source, Source) else None  # a folder is scanned later
     source_root = src.describe().get("root") if src else os.path.abspath(os.fspath(source))
+    if isinstance(src, DatasetSource) and writes_over(src, spec, output):
+        raise SourceError("the output would write over the dataset being read"
+                          + (f" ({source_root})" if source_root != output else "")
+                          + ": give the converted dataset another name", path=output)
     if source_root and os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
     try:
@@ -338,7 +345,8 @@ def _manifest(spec: FormatSpec, src: Source, tally: Tally, writer, options: Pack
         count=writer.count,
         classes=list(src.classes),
         class_counts=tally.class_counts,
-        encoding={"storage": "keep" if pre.identity else pre.encoding,
+        # Raw records stay raw under "keep" (a raw dataset converted as it is).
+        encoding={"storage": "raw" if raw else "keep" if pre.identity else pre.encoding,
                   "formats": dict(sorted(tally.encodings.items())),
                   "shape": list(raw) if raw else None,
                   "dtype": "uint8" if raw else None,

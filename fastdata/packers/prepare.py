@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from fastdata.errors import BadImageError, exception_text
-from fastdata.packers.checks import check_image
+from fastdata.packers.checks import check_image, check_raw
 from fastdata.packers.preprocess import Preprocess
 from fastdata.packers.source import SourceEntry
 from fastdata.records import metadata_json
@@ -49,13 +49,17 @@ def prepare(job: tuple[SourceEntry, bool, Preprocess, int | None]) -> Prepared |
     try:
         meta = _metadata(entry)
         data = _read(entry)
-        info = check_image(data, key=entry.key, verify_decode=verify_decode,
-                           max_pixels=max_pixels)
+        raw_shape = getattr(entry, "raw_shape", None)
+        if raw_shape is not None:  # decoded pixels: no header to check or decode
+            info = check_raw(data, raw_shape, key=entry.key)
+        else:
+            info = check_image(data, key=entry.key, verify_decode=verify_decode,
+                               max_pixels=max_pixels)
         if pre.identity:
             return Prepared(entry.key, entry.label, len(data), data, info.encoding,
                             info.width, info.height, meta)
         try:
-            payload, encoding, width, height = pre.apply(data, info.encoding)
+            payload, encoding, width, height = pre.apply(data, info.encoding, raw_shape)
         except Exception as exc:  # any decoder/encoder failure makes this image bad
             raise BadImageError(f"cannot be decoded for preprocessing: {exception_text(exc)}",
                                 key=entry.key) from None

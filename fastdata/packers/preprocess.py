@@ -28,7 +28,8 @@ class Preprocess:
             resize stretches to fit, as torchvision's ``Resize((h, w))`` does.
         max_size: shrink (never enlarge) so the longer side is at most this.
         encoding: "keep" (original bytes when nothing else changes; otherwise
-            the original encoding: JPEG stays JPEG, anything else becomes PNG),
+            the original encoding: JPEG stays JPEG, raw pixels stay raw,
+            anything else becomes PNG),
             "jpeg", "png", or "raw" (decoded uint8 HWC pixels, fixed shape).
         quality: JPEG quality when encoding JPEG.
     """
@@ -58,24 +59,30 @@ class Preprocess:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def apply(self, data: bytes, encoding: str) -> tuple[bytes, str, int, int]:
+    def apply(self, data: bytes, encoding: str,
+              raw_shape: tuple[int, int, int] | None = None) -> tuple[bytes, str, int, int]:
         """Process one image.
 
         Args:
-            data: the original file bytes.
-            encoding: their sniffed encoding.
+            data: the original file bytes, or decoded pixels (``encoding`` "raw").
+            encoding: their sniffed encoding, or "raw".
+            raw_shape: for "raw": the pixels' (height, width, 3) shape.
 
         Returns:
-            (payload, payload encoding, width, height).
+            (payload, payload encoding, width, height). Under "keep" JPEG stays
+            JPEG, raw stays raw, anything else becomes PNG.
         """
-        from fastdata.loaders.decode import decode_rgb
+        if encoding == "raw":
+            pixels = np.frombuffer(data, dtype=np.uint8).reshape(raw_shape)
+        else:
+            from fastdata.loaders.decode import decode_rgb
 
-        pixels = decode_rgb(data)
+            pixels = decode_rgb(data)
         pixels = self._geometry(pixels)
         h, w = pixels.shape[:2]
         out_encoding = self.encoding
         if out_encoding == "keep":
-            out_encoding = "jpeg" if encoding == "jpeg" else "png"
+            out_encoding = encoding if encoding in ("jpeg", "raw") else "png"
         if out_encoding == "raw":
             return np.ascontiguousarray(pixels).tobytes(), "raw", w, h
         return encode(pixels, out_encoding, self.quality), out_encoding, w, h

@@ -57,9 +57,11 @@ def shuffled(src: Source, seed: int) -> Source:
     """``src`` with its entries in the order :func:`shuffle_order` gives.
 
     An :class:`ImageFolderSource` becomes its ``subset`` in that order; a source
-    that supports ``src[i]`` (the i-th entry of its iteration) is read by index;
-    any other is iterated once and its entries held in memory (paths are small,
-    but a source that yields image bytes holds them all).
+    that supports ``src[i]`` (the i-th entry of its iteration) is read by index,
+    in batches of ``src.batch_size`` where it has ``entries_at(indices)`` (a
+    :class:`~fastdata.packers.sources.dataset.DatasetSource`); any other is
+    iterated once and its entries held in memory (paths are small, but a
+    source that yields image bytes holds them all).
     """
     order = shuffle_order(len(src), seed)
     if isinstance(src, ImageFolderSource):
@@ -87,7 +89,14 @@ class ShuffledSource:
         return len(self.order)
 
     def __iter__(self) -> Iterator[SourceEntry]:
-        return (self._entry(i) for i in self.order)
+        many = getattr(self.source, "entries_at", None)
+        if many is None:
+            return (self._entry(i) for i in self.order)
+        return self._batched(many, max(1, int(getattr(self.source, "batch_size", 256))))
+
+    def _batched(self, many, size: int) -> Iterator[SourceEntry]:
+        for start in range(0, len(self.order), size):
+            yield from many(self.order[start:start + size])
 
     def describe(self) -> dict[str, Any]:
         return self.source.describe()

@@ -43,6 +43,12 @@ class SourceEntry:
         data: the encoded image itself, or None when ``path`` names a file.
         metadata: per-sample facts beyond the label (JSON values: boxes,
             captions, weights ...), stored with the record; None: none.
+        raw_shape: set when the bytes are decoded pixels, not an encoded image:
+            uint8 RGB in HWC order of this ``(height, width, 3)`` shape (the
+            records of a raw dataset being converted). Pixels have no header
+            to identify them, so the entry says so; they are stored raw,
+            bit for bit, unless preprocessing changes them. None: an encoded
+            image, identified by its header.
     """
 
     key: str
@@ -50,6 +56,7 @@ class SourceEntry:
     path: str | None = None
     data: bytes | None = None
     metadata: dict | None = None
+    raw_shape: tuple[int, int, int] | None = None
 
 
 @runtime_checkable
@@ -126,7 +133,8 @@ class ImageFolderSource:
             raise SourceError("source folder does not exist", path=self.root)
         if not os.path.isdir(self.root):
             raise SourceError("source is not a folder (expected one sub-folder per class), "
-                              "nor a list (.csv, .tsv, .jsonl) or Parquet (.parquet) file",
+                              "nor a list (.csv, .tsv, .jsonl) or Parquet (.parquet) file, nor a "
+                              "packed dataset (.lmdb, .h5, .tar, .tfrecord)",
                               path=self.root)
         self.ignored = []
         self.classes = self._find_classes()

@@ -1,4 +1,5 @@
-"""Choosing the source for a path: an image folder, a list file or Parquet."""
+"""Choosing the source for a path: an image folder, a list file, Parquet or a
+packed dataset."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ def source_kind(path: str | os.PathLike) -> str:
     """What ``path`` is read as: "csv", "tsv", "jsonl" or "parquet" for a file
     with one of those extensions (``.ndjson`` is JSON Lines too) and for a
     folder holding ``.parquet`` files and no sub-folder (hidden ones aside);
-    "folder" for anything else (an ImageFolder tree, or a path that
+    "dataset" for a packed dataset (a format's extension, such as ``.lmdb``,
+    ``.h5`` or ``.tar``, shard patterns included; a ``.fastdata.json``
+    manifest; a folder or file that a format's probe recognises); "folder"
+    for anything else (an ImageFolder tree, or a path that
     :class:`ImageFolderSource` will say is missing or not a folder)."""
     text = os.fspath(path)
-    if os.path.isdir(text):
-        return "parquet" if _is_parquet_folder(text) else "folder"
-    return FILE_KINDS.get(os.path.splitext(text)[1].lower(), "folder")
+    if os.path.isdir(text) and _is_parquet_folder(text):
+        return "parquet"
+    kind = FILE_KINDS.get(os.path.splitext(text)[1].lower())
+    if kind is not None and not os.path.isdir(text):
+        return kind
+    return "dataset" if _is_dataset(text) else "folder"
 
 
 def open_source(path: str | os.PathLike, *, path_column: str | None = None,
@@ -32,7 +39,8 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
 
     Args:
         path: an image folder, a ``.csv``/``.tsv``/``.jsonl`` list, a
-            ``.parquet`` file or a folder of them.
+            ``.parquet`` file or a folder of them, or a packed dataset (read
+            as a :class:`~fastdata.packers.sources.dataset.DatasetSource`).
         path_column: the column holding each image: its path in a list
             (default ``path``), the image struct, bytes or path in Parquet
             (default ``image``).
@@ -53,6 +61,14 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
         raise FastDataError("sources are read from local paths: download the list or "
                             "folder, then pack the local copy", path=os.fspath(path))
     kind = source_kind(path)
+    if kind == "dataset":
+        if path_column is not None or label_column is not None or extensions is not None:
+            raise FastDataError("path_column=, label_column= and extensions= do not apply to "
+                                "a packed dataset: its records, keys and labels are taken "
+                                "as stored", path=os.fspath(path))
+        from fastdata.packers.sources.dataset import DatasetSource
+
+        return DatasetSource(path)
     if kind == "folder":
         if path_column is not None or label_column is not None:
             raise FastDataError("path_column= and label_column= apply to list files (.csv, "
@@ -77,6 +93,29 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
     from fastdata.packers.sources.csv_list import CSVSource
 
     return CSVSource(path, path_column=path_column or PATH_COLUMN, label_column=label_column)
+
+
+def _is_dataset(path: str) -> bool:
+    """A packed dataset: recognised by a format's probe (cheap: they look for
+    a format's files, never read a dataset), or named so, unless it is a
+    folder with sub-folders (an image folder of that name: a dataset folder,
+    LMDB's, has none)."""
+    from fastdata.formats.registry import FORMATS, MANIFEST_SUFFIX, known_extensions
+
+    if os.path.exists(path) and any(spec.probe is not None and spec.probe(path)
+                                    for spec in FORMATS.values()):
+        return True
+    if not path.rstrip("/\\").lower().endswith((MANIFEST_SUFFIX, *known_extensions())):
+        return False
+    return not (os.path.isdir(path) and _has_subfolders(path))
+
+
+def _has_subfolders(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            return any(e.is_dir() for e in it)
+    except OSError:
+        return False
 
 
 def _is_parquet_folder(folder: str) -> bool:

@@ -1,0 +1,57 @@
+"""``fastdata convert``."""
+
+from __future__ import annotations
+
+import click
+
+from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.cli.packing import echo_summary, echo_warning, images_text, output_options
+
+
+@main.command()
+@click.argument("input_", metavar="IN", type=click.Path(path_type=str))
+@click.argument("output", metavar="OUT", type=click.Path(path_type=str))
+@output_options("OUT")
+@_handle_errors
+def convert(input_, output, format_, shard_size, resize, center_crop, max_size, encoding,
+            quality, workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
+            as_json, progress):
+    """Convert the dataset IN into the dataset OUT, in the format OUT's name gives.
+
+    IN is any dataset fastdata reads: an LMDB folder, an .h5 file, a tar or
+    TFRecord dataset (its NAME.fastdata.json, a shard, or a shard pattern such
+    as out-%06d.tar), or tars and TFRecords written by other tools (webdataset,
+    TensorFlow, the tfrecord package; their classes are the label numbers).
+    Without --resize, --max-size or --encoding every record is carried over bit
+    for bit: its stored bytes (raw pixels stay raw), label, key and metadata,
+    with the classes and the record order. With them, images are decoded and
+    processed as fastdata pack does. OUT must not be IN.
+
+    \b
+    Examples:
+      fastdata convert train.lmdb train-%06d.tar --shard-size 256MB
+      fastdata convert train-{000000..000099}.tar train.h5
+      fastdata convert theirs.tfrecord train.lmdb
+      fastdata convert train.lmdb train-224.lmdb --resize 224 --center-crop --encoding raw
+      fastdata convert train.h5 shuffled-%06d.tar --shard-size 1GB --shuffle 0
+
+    Nothing is left half-written: OUT appears only when complete, and an
+    interrupted convert continues with the same command and --resume.
+    """
+    from fastdata.cli.packing import pack_options
+    from fastdata.packers.convert import convert as run_convert
+    from fastdata.packers.sources.dataset import DatasetSource
+
+    options = pack_options(format_=format_, shard_size=shard_size, resize=resize,
+                           center_crop=center_crop, max_size=max_size, encoding=encoding,
+                           quality=quality, workers=workers, overwrite=overwrite,
+                           resume=resume, strict=strict, verify_decode=verify_decode,
+                           max_pixels=max_pixels, shuffle=shuffle)
+    source = DatasetSource(input_)
+    summary = run_convert(source, output, options=options, progress=progress,
+                          on_event=echo_warning)
+    if as_json:
+        _print_json(summary.to_dict())
+        return
+    echo_summary(summary, options, f"converted {images_text(summary)} from {source.root} "
+                                   f"({source.format})")
