@@ -209,8 +209,12 @@ def test_workers_that_cannot_see_the_output_folder_fail_in_one_line(cluster, sou
     import shutil
 
     def remove_partial() -> None:
+        # Moved away in one step, then removed: workers may still be writing
+        # into it, and a plain rmtree would race them.
         for partial in tmp_path.glob(".*.partial-*"):
-            shutil.rmtree(partial)
+            gone = tmp_path / "gone"
+            os.rename(partial, gone)
+            shutil.rmtree(gone, ignore_errors=True)
 
     with _When(lambda: _journaled(tmp_path), remove_partial), \
             pytest.raises(FastDataError) as err:
