@@ -28,12 +28,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from email.utils import formatdate
 from pathlib import Path
 
 import pytest
-from servers import _answers, _free_port
+from servers import _free_port, wait_until_answering
 
 #: Azurite's built-in account and key (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -63,13 +62,8 @@ class EmulatorProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.workdir)
-        deadline = time.monotonic() + 30
-        while not _answers(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                output = self.log_path.read_text(errors="replace")
-                self.stop()
-                raise RuntimeError(f"{self.what} did not start: {output}")
-            time.sleep(0.05)
+        wait_until_answering(self.proc, self.port, self.what, self.log_path,
+                             on_failure=self.stop)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -34,6 +34,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_answering(proc: subprocess.Popen, port: int, what: str, log_path: Path,
+                         on_failure=None) -> None:
+    """Wait (30 s at most) until ``proc`` answers on ``port``; else raise with its log."""
+    deadline = time.monotonic() + 30
+    while not _answers(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            output = log_path.read_text(errors="replace")
+            if on_failure is not None:
+                on_failure()
+            raise RuntimeError(f"{what} did not start: {output}")
+        time.sleep(0.05)
+
+
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -64,11 +77,7 @@ class MotoServer:
         self.proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        deadline = time.monotonic() + 30
-        while not _answers(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto_server did not start: {self.log_path.read_text()}")
-            time.sleep(0.05)
+        wait_until_answering(self.proc, self.port, "moto_server", self.log_path)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
