@@ -23,8 +23,11 @@ def _options(out: str) -> tuple:
                           "without one (tar and tfrecord then add theirs); an extension of "
                           "another format is refused."),
         click.option("--shard-size", metavar="N|SIZE", default=None,
-                     help="/".join(sharded_formats()) + " only: roll a new shard every N "
-                          f"records (10000) or SIZE bytes (256MB). {out} may be a pattern: "
+                     help="/".join(sharded_formats()) + " only: a new shard every N "
+                          "source images (10000; an image skipped as bad leaves its shard one "
+                          "record short) or every SIZE bytes as stored (256MB; counted from "
+                          "the source files' sizes before any image is read, so an estimate "
+                          f"after --resize or --encoding). {out} may be a pattern: "
                           "out-%06d.tar or out-{000000..000099}.tar."),
         click.option("--resize", metavar="SHORT|HxW", default=None,
                      help="Resize at pack time: SHORT sets the shorter side (aspect kept), HxW "
