@@ -121,9 +121,13 @@ class PackedDataset(SamplePipeline, Dataset):
         self.seed = int(seed)
         if self.seed < 0:
             raise ValueError(f"seed must be non-negative, not {seed}")
-        # In shared memory: DataLoader workers, persistent ones included, read
-        # the value set_epoch() last wrote in the main process.
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        # With crop=, in shared memory: DataLoader workers, persistent ones
+        # included, read the value set_epoch() last wrote in the main process.
+        # Without it the epoch changes nothing, and a shared tensor would cost
+        # a file descriptor per dataset.
+        self._epoch = torch.zeros((), dtype=torch.int64)
+        if crop is not None:
+            self._epoch.share_memory_()
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None
@@ -161,7 +165,8 @@ class PackedDataset(SamplePipeline, Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch mixed into ``crop``'s boxes; call it before each epoch,
-        as with DistributedSampler. Workers, persistent ones too, see it."""
+        as with DistributedSampler. Workers, persistent ones too, see it
+        (without ``crop`` the epoch changes nothing)."""
         if int(epoch) < 0:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         self._epoch.fill_(int(epoch))
