@@ -54,6 +54,7 @@ _LAZY = {
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "loader": "fastdata.loaders.prefetch:loader",
     "collate": "fastdata.loaders.collate:collate",
+    "RandomResizedCrop": "fastdata.loaders.random_crop:RandomResizedCrop",
 }
 
 __all__ = sorted([

@@ -58,6 +58,12 @@ class PackedDataset(SamplePipeline, Dataset):
         size: decode straight to this size: an int for the shorter side, or
             (h, w). JPEGs use DCT scaling first. None keeps each image's size.
         keep_gray: return grayscale images with 1 channel instead of 3.
+        crop: a :class:`fastdata.RandomResizedCrop`: each image is decoded
+            whole, then cropped to a random box, flipped and resized to the
+            crop's size (instead of ``size=``, which it excludes). The box of
+            record i is drawn from ``(seed, epoch, i)``: the same in any
+            worker and after a restart. Call :meth:`set_epoch` each epoch.
+        seed: the seed of ``crop``'s boxes.
         max_pixels: a record whose image header declares more pixels is refused
             before decoding (an error naming it, or skipped under
             ``on_error="skip"``); None: no limit. Default 178,956,970, where
@@ -97,16 +103,31 @@ class PackedDataset(SamplePipeline, Dataset):
         cache: str | None = None,
         progress: bool | None = None,
         with_metadata: bool = False,
+        crop=None,
+        seed: int = 0,
         **reader_options: Any,
     ) -> None:
         if cache not in (None, "ram", "decoded"):
             raise ValueError(f"cache must be None, 'ram' or 'decoded', not {cache!r}")
+        if cache == "decoded" and crop is not None:
+            raise ValueError("cache='decoded' stores one fixed size per record and crop= "
+                             "draws a new crop each epoch; use cache='ram' with crop=")
         reader_class = self.reader_class or detect_format(path).load_reader()
         self._init_samples(reader_class(path, verify=verify, **reader_options),
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
                            keep_gray=keep_gray, max_pixels=max_pixels,
-                           with_metadata=with_metadata)
+                           with_metadata=with_metadata, crop=crop)
+        self.seed = int(seed)
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative, not {seed}")
+        # With crop=, in shared memory: DataLoader workers, persistent ones
+        # included, read the value set_epoch() last wrote in the main process.
+        # Without it the epoch changes nothing, and a shared tensor would cost
+        # a file descriptor per dataset.
+        self._epoch = torch.zeros((), dtype=torch.int64)
+        if crop is not None:
+            self._epoch.share_memory_()
         self.decode_threads = decode_threads
         self._pool = None
         self._pool_pid = None
@@ -137,6 +158,18 @@ class PackedDataset(SamplePipeline, Dataset):
 
     def __len__(self) -> int:
         return len(self.reader)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch mixed into ``crop``'s boxes; call it before each epoch,
+        as with DistributedSampler. Workers, persistent ones too, see it
+        (without ``crop`` the epoch changes nothing)."""
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        self._epoch.fill_(int(epoch))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.path!r}, records={len(self)}, "
@@ -200,8 +233,9 @@ class PackedDataset(SamplePipeline, Dataset):
                     flat[k * nbytes:(k + 1) * nbytes] = data
                 return self._batch(images, indices, metas)
         if self.output in ("bytes", "pil"):
-            return self._samples(indices, self._convert_all(payloads, self._convert), metas)
-        arrays = self._convert_all(payloads, self.decode)
+            return self._samples(indices, self._convert_all(indices, payloads, self._convert),
+                                 metas)
+        arrays = self._convert_all(indices, payloads, self._pixels)
         if stack and not any(isinstance(a, Failed) for a in arrays):
             if len({a.shape for a in arrays}) == 1:
                 images = _batch_tensor((len(arrays), *arrays[0].shape))
@@ -234,7 +268,7 @@ class PackedDataset(SamplePipeline, Dataset):
         from fastdata.loaders.decode import target_size
 
         shape = self.decode.raw_shape
-        if shape is None or len(shape) != 3 or not (shape[2] == 3 or self.decode.keep_gray):
+        if self.crop is not None or shape is None or len(shape) != 3 or not (shape[2] == 3 or self.decode.keep_gray):
             return False
         hw = target_size(shape[0], shape[1], self.decode.size)
         return hw is None or tuple(hw) == tuple(shape[:2])
@@ -245,18 +279,21 @@ class PackedDataset(SamplePipeline, Dataset):
         n = len(self)
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
-    def _convert_all(self, payloads: list, fn: Callable) -> list:
-        """``fn`` over the payloads (in the decode thread pool unless they are
-        raw pixels), a failure kept as ``Failed`` for its record."""
-        def one(data):
+    def _convert_all(self, indices: list[int], payloads: list, fn: Callable) -> list:
+        """``fn(payload, index)`` over the records (in the decode thread pool
+        unless they are raw pixels), a failure kept as ``Failed`` for its record."""
+        n = len(self)
+
+        def one(item):
             try:
-                return fn(data)
+                return fn(item[1], item[0] % n)
             except Exception as exc:  # raised later with the record's name
                 return Failed(exc)
 
-        if self.decode.raw_shape is not None or self.output == "bytes":
-            return [one(d) for d in payloads]  # nothing to decode: no thread hand-offs
-        return self._map(one, payloads)
+        items = list(zip(indices, payloads))
+        if (self.decode.raw_shape is not None and self.crop is None) or self.output == "bytes":
+            return [one(item) for item in items]  # nothing to decode: no thread hand-offs
+        return self._map(one, items)
 
     def _map(self, fn, items: list) -> list:
         """``[fn(x) for x in items]``, split into one contiguous chunk per

@@ -101,6 +101,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         verify: check payload checksums.
         rank, world_size: override torch.distributed's (for tests or custom launchers).
         decoder, size, keep_gray, max_pixels: decoding options, as for map-style datasets.
+        crop: a :class:`fastdata.RandomResizedCrop` (instead of ``size``): the
+            box of record i is drawn from ``(seed, epoch, i)``, so it does not
+            depend on the ranks, workers or a resume.
         with_metadata: samples are ``(image, label, metadata)``, metadata the
             record's dict (``{}`` when it has none); batch them with
             ``fastdata.collate``, which keeps the dicts as a list.
@@ -133,6 +136,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         keep_gray: bool = False,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         with_metadata: bool = False,
+        crop=None,
         **reader_options: Any,
     ) -> None:
         spec = detect_format(path)
@@ -144,7 +148,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                            transform=transform, target_transform=target_transform,
                            output=output, on_error=on_error, decoder=decoder, size=size,
                            keep_gray=keep_gray, max_pixels=max_pixels,
-                           with_metadata=with_metadata)
+                           with_metadata=with_metadata, crop=crop)
         if shuffle_buffer is not None:  # the name of the window before block shuffling
             shuffle_window = shuffle_buffer
         if batch_size is not None and int(batch_size) < 1:
@@ -156,6 +160,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             raise ValueError(f"shuffle_window must be at least 1, not {shuffle_window}")
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        if crop is not None and self.seed < 0:
+            raise ValueError(f"crop= needs a non-negative seed, not {seed}")
         self.batch_size = None if batch_size is None else int(batch_size)
         self.drop_last = bool(drop_last)
         self.shuffle_window = int(shuffle_window)
@@ -296,7 +302,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             if isinstance(meta, CorruptDataError):  # this record's metadata is damaged
                 self._corrupt(meta, index)
                 continue
-            sample = self._sample(index, self._try_convert(data), int(labels[index]))
+            sample = self._sample(index, self._try_convert(data, index), int(labels[index]))
             if sample is not None:
                 if watch_sizes:
                     self.mixed_sizes.sample(tuple(sample[0].shape), self.path)

@@ -52,6 +52,22 @@ def array_to_output(array, output: str):
     return Image.fromarray(array.squeeze(-1) if array.shape[2] == 1 else array)
 
 
+def _check_crop(crop, size, output: str):
+    """Validate the ``crop=`` option against ``size=`` and ``output=``."""
+    if crop is None:
+        return None
+    from fastdata.loaders.random_crop import RandomResizedCrop
+
+    if not isinstance(crop, RandomResizedCrop):
+        raise ValueError(f"crop must be a fastdata.RandomResizedCrop, not {crop!r}")
+    if size is not None:
+        raise ValueError("pass size= or crop=, not both: crop=RandomResizedCrop(size) "
+                         "resizes each crop to its size")
+    if output == "bytes":
+        raise ValueError("crop= needs decoded output: use output='tensor', 'numpy' or 'pil'")
+    return crop
+
+
 class Failed:
     """A decode failure carried to the place that reports it with the record's name."""
 
@@ -74,11 +90,12 @@ class SamplePipeline:
                       target_transform: Callable | None, output: str, on_error: str,
                       decoder: str, size, keep_gray: bool,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                      with_metadata: bool = False) -> None:
+                      with_metadata: bool = False, crop=None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        self.crop = _check_crop(crop, size, output)
         self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
                                    raw_shape=reader.manifest.raw_shape, max_pixels=max_pixels)
         self.reader = reader
@@ -121,14 +138,25 @@ class SamplePipeline:
 
     # -- payload -> sample ------------------------------------------------------
 
-    def _convert(self, data):
-        """The payload as the ``output`` type (raises whatever the decoder raises)."""
-        return convert_payload(data, self.output, self.decode)
+    def _convert(self, data, index: int):
+        """Record ``index``'s payload as the ``output`` type (raises whatever
+        the decoder raises)."""
+        if self.crop is None:
+            return convert_payload(data, self.output, self.decode)
+        return array_to_output(self._pixels(data, index), self.output)
 
-    def _try_convert(self, data):
+    def _pixels(self, data, index: int):
+        """Record ``index``'s decoded HWC uint8 pixels, with ``crop`` applied
+        (its box drawn from the seed, the current epoch and the index)."""
+        array = self.decode(data)
+        if self.crop is not None:
+            array = self.crop.apply(array, self.seed, self.epoch, index)
+        return array
+
+    def _try_convert(self, data, index: int):
         """:meth:`_convert`, with a failure returned as :class:`Failed`."""
         try:
-            return self._convert(data)
+            return self._convert(data, index)
         except Exception as exc:  # decoders raise many types; reported with the record
             return Failed(exc)
 

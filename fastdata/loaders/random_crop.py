@@ -1,0 +1,126 @@
+"""Random resized crops, reproducible from (seed, epoch, record index).
+
+:class:`RandomResizedCrop` samples boxes by the rules of torchvision's
+``RandomResizedCrop.get_params`` (10 tries of a random area and log-uniform
+aspect ratio, then a central crop clamped to the ratio range) plus a
+horizontal flip, but draws its randomness from a numpy Generator seeded with
+``[seed, epoch, index]``: the crop of record i in epoch e is the same whatever
+worker, rank or process decodes it, and after a resume.
+
+Today the Datasets decode the whole image, then crop, flip and resize (see
+:meth:`RandomResizedCrop.apply`); decoding only the crop region is not done yet.
+No torch here: numpy only (and OpenCV, through the loaders' ``resize``, when
+:meth:`apply` is called).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: torchvision's number of tries before the central-crop fallback.
+TRIES = 10
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """A random crop of random area and aspect ratio, flipped with probability
+    ``hflip``, resized to ``size``.
+
+    Args:
+        size: the output (h, w); an int gives a square, as torchvision's does.
+        scale: the crop's area as a fraction of the image's, drawn uniformly.
+        ratio: the crop's width / height, drawn log-uniformly.
+        hflip: the probability of a horizontal flip (0 for none).
+    """
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _parse_size(self.size))
+        object.__setattr__(self, "scale", _parse_range(self.scale, "scale"))
+        object.__setattr__(self, "ratio", _parse_range(self.ratio, "ratio"))
+        if self.scale[0] < 0.0 or self.scale[1] <= 0.0:
+            raise ValueError(f"scale must be fractions of the image's area, not {self.scale}")
+        if self.ratio[0] <= 0.0:
+            raise ValueError(f"ratio must be positive, not {self.ratio}")
+        if not 0.0 <= float(self.hflip) <= 1.0:
+            raise ValueError(f"hflip must be a probability in [0, 1], not {self.hflip}")
+        object.__setattr__(self, "hflip", float(self.hflip))
+
+    def box(self, width: int, height: int, seed: int, epoch: int, index: int
+            ) -> tuple[int, int, int, int, bool]:
+        """``(left, top, crop_w, crop_h, flip)`` for record ``index`` of an
+        image ``width`` x ``height`` in ``epoch`` of a run seeded ``seed``."""
+        if width <= 0 or height <= 0:
+            raise ValueError(f"cannot crop an image of {width}x{height} pixels")
+        if min(seed, epoch, index) < 0:
+            raise ValueError(f"seed, epoch and index must be non-negative, not "
+                             f"{seed}, {epoch}, {index}")
+        rng = np.random.default_rng([int(seed), int(epoch), int(index)])
+        top, left, h, w = self._params(rng, width, height)
+        flip = bool(self.hflip > 0.0 and rng.random() < self.hflip)
+        return left, top, w, h, flip
+
+    def _params(self, rng: np.random.Generator, width: int, height: int
+                ) -> tuple[int, int, int, int]:
+        """torchvision's ``get_params`` with numpy draws: ``(i, j, h, w)``."""
+        area = height * width
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(TRIES):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(rng.uniform(log_lo, log_hi))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                i = int(rng.integers(0, height - h + 1))
+                j = int(rng.integers(0, width - w + 1))
+                return i, j, h, w
+        # The central crop, clamped to the ratio range (torchvision's fallback).
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w = width
+            h = int(round(w / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h = height
+            w = int(round(h * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def apply(self, array: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
+        """Crop, flip and resize a decoded HWC uint8 image (the resize the
+        loaders use for ``size=``); returns a C-contiguous HWC array."""
+        from fastdata.loaders.decode import resize
+
+        left, top, w, h, flip = self.box(array.shape[1], array.shape[0], seed, epoch, index)
+        region = array[top:top + h, left:left + w]
+        if flip:
+            region = region[:, ::-1]
+        return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
+
+
+def _parse_size(size) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        size = (int(size), int(size))
+    if not (isinstance(size, Sequence) and len(size) == 2):
+        raise ValueError(f"size must be an int or (height, width), not {size!r}")
+    h, w = int(size[0]), int(size[1])
+    if h <= 0 or w <= 0:
+        raise ValueError(f"size must be positive, not {size!r}")
+    return h, w
+
+
+def _parse_range(pair, name: str) -> tuple[float, float]:
+    if not (isinstance(pair, Sequence) and len(pair) == 2):
+        raise ValueError(f"{name} must be a (min, max) pair, not {pair!r}")
+    lo, hi = float(pair[0]), float(pair[1])
+    if lo > hi:
+        raise ValueError(f"{name} must be (min, max) with min <= max, not {pair!r}")
+    return lo, hi
