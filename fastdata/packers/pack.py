@@ -248,7 +248,7 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
     else:
         _write_local(writer, spec, plan, kept, todo, todo_count, journal, tally, options,
                      workers, source_root, progress, output)
-    _check_written(src, tally, writer.count, source_root)
+    _check_written(src, plan, tally, writer.count, source_root)
     # From here an interruption drops the partial output, as before pieces existed:
     # the publish moves its files, so what is left would not resume.
     journal.finishing = True
@@ -310,7 +310,8 @@ def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict
     return writer_options
 
 
-def _check_written(src: Source, tally: Tally, written: int, root: str | None) -> None:
+def _check_written(src: Source, plan: PackPlan | None, tally: Tally, written: int,
+                   root: str | None) -> None:
     """Refuse an empty result; warn about classes that lost every image."""
     if written == 0:
         skipped = tally.skipped
@@ -318,10 +319,15 @@ def _check_written(src: Source, tally: Tally, written: int, root: str | None) ->
             f"none of the {len(src)} image files could be read ({len(skipped)} skipped, "
             f"first: {skipped[0].key}: {skipped[0].reason})" if skipped
             else "no images to pack", path=root)
-    empty = set(range(len(src.classes))) - {e.label for e in src}
-    for label, name in enumerate(src.classes):
-        if tally.class_counts[label] == 0 and label not in empty:
-            tally.warn(f"every image of class {name!r} was skipped; its label {label} is kept")
+    unwritten = [label for label in range(len(src.classes)) if tally.class_counts[label] == 0]
+    if not unwritten:
+        return
+    # The plan knows every entry's label; without one the source is read again.
+    present = {e.label for e in (plan.entries if plan is not None else src)}
+    for label in unwritten:
+        if label in present:
+            tally.warn(f"every image of class {src.classes[label]!r} was skipped; its label "
+                       f"{label} is kept")
 
 
 def _recorded_options(spec: FormatSpec, options: PackOptions, writer_options) -> dict:
