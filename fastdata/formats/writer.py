@@ -113,12 +113,7 @@ class Writer:
         except BaseException:
             self._lock.release()
             raise
-        self.count = 0
-        self.keys: list[str] = []
-        self.labels: list[int] = []
-        self.crcs: list[int] = []
-        self._init_metadata()
-        self._sha = hashlib.sha256()
+        self._init_records()
         self._done = False
         try:
             if resume_path:
@@ -133,16 +128,23 @@ class Writer:
             self._drop()
             raise
 
+    def _init_records(self) -> None:
+        """No record written yet: the per-record lists, the metadata, the running
+        SHA-256 of the payloads."""
+        self.count = 0
+        self.keys: list[str] = []
+        self.labels: list[int] = []
+        self.crcs: list[int] = []
+        self._init_metadata()
+        self._sha = hashlib.sha256()
+
     def _init_detached(self, folder: str) -> None:
         """A writer of pieces only, into ``folder`` (a cluster worker's): no lock,
         no output of its own, nothing published; ``end_piece`` returns what the
         pack's writer adopts."""
         self.temp_path = folder
         self.payload_bytes = 0
-        self.count = 0
-        self.keys, self.labels, self.crcs = [], [], []
-        self._init_metadata()
-        self._sha = hashlib.sha256()
+        self._init_records()
         self._done = True  # nothing to abort: the caller owns the folder
         self._lock = None
         self.piece_mode = True
