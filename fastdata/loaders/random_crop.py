@@ -7,10 +7,18 @@ horizontal flip, but draws its randomness from a numpy Generator seeded with
 ``[seed, epoch, index]``: the crop of record i in epoch e is the same whatever
 worker, rank or process decodes it, and after a resume.
 
-Today the Datasets decode the whole image, then crop, flip and resize (see
-:meth:`RandomResizedCrop.apply`); decoding only the crop region is not done yet.
-No torch here: numpy only (and OpenCV, through the loaders' ``resize``, when
-:meth:`apply` is called).
+:meth:`RandomResizedCrop.decode` decodes a JPEG's crop region only
+("fused"), through libjpeg-turbo's TurboJPEG 3 API when it is installed
+(``fastdata.loaders.turbojpeg``): at the smallest of the DCT scales 1/8, 1/4,
+1/2 that leaves the crop at least the output size (else full scale), then one
+resize. Other encodings, raw records, an explicit ``decoder=``, or no TurboJPEG
+3 library: the whole image is decoded, then cropped, flipped and resized
+(:meth:`RandomResizedCrop.apply`), with the same boxes.
+
+Why not the 3/8 ... 7/8 scales libjpeg-turbo also offers: its SIMD inverse DCTs
+are the 8x8 and the 1/2, 1/4, 1/8 ones; the others run in plain C and decode
+*slower* than full size (bench/RESULTS.md, "Training crops").
+No torch here: numpy only (and OpenCV, through the loaders' ``resize``).
 """
 
 from __future__ import annotations
@@ -21,8 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdata.encodings import sniff_encoding
+
 #: torchvision's number of tries before the central-crop fallback.
 TRIES = 10
+#: The reduced DCT scales (eighths) with SIMD inverse DCTs in libjpeg-turbo.
+FAST_EIGHTHS = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -35,12 +47,16 @@ class RandomResizedCrop:
         scale: the crop's area as a fraction of the image's, drawn uniformly.
         ratio: the crop's width / height, drawn log-uniformly.
         hflip: the probability of a horizontal flip (0 for none).
+        fused: decode only the crop region of JPEGs when TurboJPEG 3 is
+            installed (see the module docstring); False always decodes the
+            whole image first. Both give the same boxes and flips.
     """
 
     size: int | tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
+    fused: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _parse_size(self.size))
@@ -93,6 +109,55 @@ class RandomResizedCrop:
         else:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
+
+    def decode(self, data, chain, seed: int, epoch: int, index: int) -> np.ndarray:
+        """Record ``index``'s crop, flipped and resized, from its stored bytes.
+
+        Args:
+            data: the stored payload.
+            chain: the Dataset's ``DecoderChain`` (decoder choice, gray policy,
+                pixel limit, raw shape), used for everything but fused JPEGs.
+        """
+        if self.fused and chain.decoder == "auto" and chain.raw_shape is None:
+            from fastdata.loaders import turbojpeg
+
+            if turbojpeg.available() and sniff_encoding(data) == "jpeg":
+                array = self._decode_fused(data, chain, seed, epoch, index)
+                if array is not None:
+                    return array
+        return self.apply(chain(data), seed, epoch, index)
+
+    def _decode_fused(self, data, chain, seed, epoch, index) -> np.ndarray | None:
+        """The crop decoded on its own, or None when TurboJPEG cannot (an
+        unusual colour space, corrupt data): then the full decode decides."""
+        from fastdata.image_header import check_pixels
+        from fastdata.loaders import turbojpeg
+        from fastdata.loaders.decode import resize
+
+        check_pixels(data, chain.max_pixels, "jpeg")  # refuse bombs before allocating
+        try:
+            info = turbojpeg.read_header(data)
+            if not info.region_decodable:
+                return None
+            left, top, w, h, flip = self.box(info.width, info.height, seed, epoch, index)
+            eighths = self.eighths(w, h)
+            region = turbojpeg.decode_region(data, info, (left, top, w, h), eighths,
+                                             gray=info.gray and chain.keep_gray)
+        except turbojpeg.TurboJPEGError:
+            return None
+        if flip:
+            region = region[:, ::-1]
+        return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
+
+    def eighths(self, crop_w: int, crop_h: int) -> int:
+        """The DCT scale (in eighths: 1, 2, 4 or 8) a crop of ``crop_w`` x
+        ``crop_h`` pixels is decoded at: the smallest that keeps it at least
+        the output size."""
+        out_h, out_w = self.size
+        for eighths in FAST_EIGHTHS:
+            if crop_w * eighths >= 8 * out_w and crop_h * eighths >= 8 * out_h:
+                return eighths
+        return 8
 
     def apply(self, array: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
         """Crop, flip and resize a decoded HWC uint8 image (the resize the

@@ -148,10 +148,9 @@ class SamplePipeline:
     def _pixels(self, data, index: int):
         """Record ``index``'s decoded HWC uint8 pixels, with ``crop`` applied
         (its box drawn from the seed, the current epoch and the index)."""
-        array = self.decode(data)
         if self.crop is not None:
-            array = self.crop.apply(array, self.seed, self.epoch, index)
-        return array
+            return self.crop.decode(data, self.decode, self.seed, self.epoch, index)
+        return self.decode(data)
 
     def _try_convert(self, data, index: int):
         """:meth:`_convert`, with a failure returned as :class:`Failed`."""
