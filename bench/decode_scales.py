@@ -1,0 +1,98 @@
+"""Per-image JPEG decode cost on one core: DCT scales and crop-region decoding.
+
+Prints, for the demo photos (ImageNet-like sizes and qualities), the median
+milliseconds per image of:
+
+- a full decode with simplejpeg and with TurboJPEG 3;
+- TurboJPEG decodes at every DCT scale M/8 (1/8 is almost all entropy
+  decoding: its share of the full decode is the part no region or scale
+  choice can remove, unless the file has restart markers);
+- a random-resized crop to SIZE: the whole image decoded then cropped,
+  flipped and resized (``fused=False``), against the crop region decoded
+  alone (``fused=True``), with the same boxes.
+
+    python bench/decode_scales.py [--photos 300] [--size 224] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+
+def _photos(n: int) -> list[bytes]:
+    from fastdata.demo.palette import class_palette, image_rng
+    from fastdata.demo.photos import make_photo
+
+    return [make_photo(image_rng(0, "photos", i), class_palette(0, "photos", i % 8))[0]
+            for i in range(n)]
+
+
+def _ms_per_image(fn, items, repeat: int) -> float:
+    """Median over ``repeat`` passes of the mean milliseconds per item."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for i, item in enumerate(items):
+            fn(i, item)
+        times.append((time.perf_counter() - start) / len(items) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--photos", type=int, default=300)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    import dataclasses
+
+    import simplejpeg
+
+    from fastdata.loaders import turbojpeg
+    from fastdata.loaders.decode import DecoderChain
+    from fastdata.loaders.random_crop import RandomResizedCrop
+    from fastdata.bench.report import machine_info, machine_line
+
+    if not turbojpeg.available():
+        raise SystemExit(f"TurboJPEG 3 is not installed: {turbojpeg.INSTALL_HINT}")
+    data = _photos(args.photos)
+    infos = [turbojpeg.read_header(d) for d in data]
+    print(machine_line(machine_info()))
+    print(f"{len(data)} demo photos, {np.mean([len(d) for d in data]) / 1e3:.0f} kB and "
+          f"{np.mean([i.width * i.height for i in infos]) / 1e3:.0f} kpixels on average; "
+          f"TurboJPEG: {turbojpeg.library_path()}")
+
+    def whole(i, d, eighths=8):
+        info = infos[i]
+        return turbojpeg.decode_region(d, info, (0, 0, info.width, info.height), eighths)
+
+    full = _ms_per_image(lambda i, d: simplejpeg.decode_jpeg(d), data, args.repeat)
+    print(f"full decode, simplejpeg:      {full:.3f} ms")
+    tj_full = _ms_per_image(whole, data, args.repeat)
+    print(f"full decode, TurboJPEG:       {tj_full:.3f} ms")
+    for eighths in range(1, 8):
+        ms = _ms_per_image(lambda i, d: whole(i, d, eighths), data, args.repeat)
+        print(f"TurboJPEG at {eighths}/8:            {ms:.3f} ms ({ms / tj_full:.2f} of full)")
+
+    fused = RandomResizedCrop(args.size)
+    unfused = dataclasses.replace(fused, fused=False)
+    chain = DecoderChain()
+    counts = {}
+    for i, info in enumerate(infos):
+        box = fused.box(info.width, info.height, 0, 0, i)
+        e = fused.eighths(box[2], box[3])
+        counts[e] = counts.get(e, 0) + 1
+    u = _ms_per_image(lambda i, d: unfused.decode(d, chain, 0, 0, i), data, args.repeat)
+    f = _ms_per_image(lambda i, d: fused.decode(d, chain, 0, 0, i), data, args.repeat)
+    scales = ", ".join(f"{n} at {e}/8" for e, n in sorted(counts.items()))
+    print(f"random-resized crop to {args.size}: whole image then crop {u:.3f} ms, "
+          f"crop region only {f:.3f} ms: {u / f:.2f}x ({scales})")
+
+
+if __name__ == "__main__":
+    main()
