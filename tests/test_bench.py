@@ -283,3 +283,74 @@ def test_limit_packs_exactly_the_baseline_samples(tiny_folder, tmp_path):
     assert ds.classes == sorted(os.listdir(tiny_folder))  # every class, even one not chosen
     assert ds.manifest.source["root"] == str(tiny_folder)
     assert not [n for n in os.listdir(tmp_path) if n.startswith("source")]  # no copied tree
+
+
+def test_train_rows_compare_fused_with_unfused_best_against_best(tmp_path):
+    from fastdata.loaders import turbojpeg
+
+    out_json = tmp_path / "train.json"
+    result = _run(["--demo", "--limit", "64", "--train", "--formats", "lmdb", "--workers", "0",
+                   "--epochs", "1", "--size", "64", "--json", str(out_json), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "folder (PIL)" not in result.stdout  # --train replaces the evaluation rows
+    assert "train fused / unfused, best against best" in result.stdout
+    data = json.loads(out_json.read_text())
+    assert data["options"]["train"] is True
+    rows = {r["name"]: r for r in data["rows"]}
+    assert set(rows) == {"lmdb train unfused", "lmdb train fused"}
+    for row in rows.values():
+        assert row["status"] == "ok", row["error"]
+        assert row["samples_per_s"] > 0 and row["output_shape"] == [64, 3, 64, 64]
+        assert row["pipeline"] == row["name"].removeprefix("lmdb ")
+    assert rows["lmdb train unfused"]["decode_path"].startswith("full decode (")
+    (summary,) = data["train"]
+    assert summary["name"] == "lmdb" and summary["ratio_fused_to_unfused"] > 0
+    assert summary["ratio_fused_to_unfused"] == pytest.approx(
+        summary["fused"]["samples_per_s"] / summary["unfused"]["samples_per_s"])
+    assert summary["fused_ran"] is turbojpeg.available()
+    assert f"  lmdb: {summary['ratio_fused_to_unfused']:.2f}x (fused " in result.stdout
+    if turbojpeg.available():
+        assert "fused ran: TurboJPEG 3 crop-region decode" in result.stdout
+    else:
+        assert "TurboJPEG 3 is not installed" in result.stdout
+        assert "not a fused measurement" in result.stdout
+
+
+def test_train_fused_row_says_when_it_ran_the_unfused_path(tmp_path):
+    # An explicit decoder turns the fused path off, with or without TurboJPEG.
+    result = _run(["--demo", "--limit", "16", "--train", "--formats", "lmdb", "--workers", "0",
+                   "--epochs", "1", "--size", "32", "--decoder", "pil", "--json", "-",
+                   "--no-progress"])
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(result.stdout)["train"]
+    assert summary["fused_ran"] is False
+    assert summary["fused_path"].endswith("fused needs --decoder auto")
+    assert "not a fused measurement" in result.stderr  # the table, beside JSON on stdout
+
+
+def test_train_refuses_only_image_folders(tiny_folder):
+    result = CliRunner().invoke(main, ["bench", str(tiny_folder), "--no-pack", "--train"])
+    assert result.exit_code != 0
+    assert "--train measures packed datasets" in result.output
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_train_rows_crop_anew_every_epoch(tiny_folder, tmp_path, workers):
+    # The factory sets the epoch before each epoch (persistent workers too):
+    # each epoch crops differently, and a rerun repeats the crops exactly.
+    packed = bm.pack_targets(tiny_folder, tmp_path, formats=("lmdb",),
+                             variants=bm.parse_variants("keep", 8))[1]
+    (_, fused) = bm.train_targets([packed])
+    options = bm.BenchOptions(size=8, workers=(workers,), train=True, seed=5)
+
+    def epoch_sums(epochs: int) -> list[int]:
+        ds = bm.make_dataset(fused, options)
+        factory = bm.loader_factory(ds, batch_size=48, workers=workers, seed=0)
+        sums = [int(sum(images.sum() for images, _ in factory())) for _ in range(epochs)]
+        factory.close()
+        bm.close_dataset(ds)
+        return sums
+
+    first = epoch_sums(3)
+    assert len(set(first)) == 3
+    assert epoch_sums(2) == first[:2]

@@ -30,7 +30,7 @@ Modules: :mod:`~fastdata.bench.options` (what to run), :mod:`~fastdata.bench.tar
 (the rows), :mod:`~fastdata.bench.baseline` (the image-folder Dataset),
 :mod:`~fastdata.bench.loading` (Datasets and DataLoaders of a row),
 :mod:`~fastdata.bench.measure` and :mod:`~fastdata.bench.cpu` (timing and CPU
-accounting), :mod:`~fastdata.bench.run` (the sweep), :mod:`~fastdata.bench.results`,
+accounting), :mod:`~fastdata.bench.train` (the ``--train`` rows), :mod:`~fastdata.bench.run` (the sweep), :mod:`~fastdata.bench.results`,
 :mod:`~fastdata.bench.report` and :mod:`~fastdata.bench.plot` (the output).
 Importing this package imports torch; ``import fastdata`` does not import it.
 """
@@ -74,6 +74,7 @@ from fastdata.bench.report import (
 )
 from fastdata.bench.results import BenchReport, Result, describe_result
 from fastdata.bench.run import run_bench
+from fastdata.bench.train import decode_path, make_crop, train_lines, train_summary, train_targets
 from fastdata.bench.targets import (
     Target,
     existing_target,
@@ -91,4 +92,5 @@ __all__ = [
     "format_table", "loader_factory", "machine_info", "machine_line", "make_dataset",
     "measure_loader", "pack_targets", "parse_formats", "parse_variants", "parse_workers",
     "run_bench", "select_indices", "summary_lines", "write_json", "write_plot",
+    "decode_path", "make_crop", "train_lines", "train_summary", "train_targets",
 ]

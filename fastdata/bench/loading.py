@@ -14,6 +14,7 @@ from fastdata.bench.cpu import process_exists
 from fastdata.bench.measure import MeasurementError
 from fastdata.bench.options import BenchOptions
 from fastdata.bench.targets import Target
+from fastdata.bench.train import make_crop
 from fastdata.loaders.collate import collate
 
 #: Seconds the workers of a closed row may take to exit before the row fails.
@@ -21,14 +22,18 @@ WORKER_EXIT_TIMEOUT = 10.0
 
 
 def make_dataset(target: Target, options: BenchOptions) -> Dataset:
-    """The torch Dataset a row reads: the baseline, or fastdata's Dataset."""
+    """The torch Dataset a row reads: the baseline, or fastdata's Dataset
+    (with a training row's random crop, seeded with the run's seed)."""
     size = (options.size, options.size)
     if target.kind == "folder":
         return ImageFolderBaseline(target.samples, size)
     from fastdata.loaders.datasets import open_dataset
 
-    ds = open_dataset(target.path, size=size, decoder=options.decoder,
-                      cache="ram" if options.ram_cache else None, progress=False)
+    crop = make_crop(target, options)
+    # crop= replaces size= (it resizes to its own size, S x S).
+    shape = {"size": size} if crop is None else {"crop": crop, "seed": options.seed}
+    ds = open_dataset(target.path, decoder=options.decoder,
+                      cache="ram" if options.ram_cache else None, progress=False, **shape)
     if target.indices is not None:
         # Subset forwards __getitems__, so batched fetching is kept.
         return Subset(ds, list(target.indices))
@@ -47,6 +52,15 @@ def close_dataset(ds: Dataset) -> None:
         close()
 
 
+def set_epoch(ds: Dataset, epoch: int) -> None:
+    """Tell a Dataset which epoch begins (a training row's crops change with it);
+    a Dataset without ``set_epoch`` (the baseline) is left alone."""
+    inner = ds.dataset if isinstance(ds, Subset) else ds
+    setter = getattr(inner, "set_epoch", None)
+    if callable(setter):
+        setter(epoch)
+
+
 def _worker_pids() -> set[int]:
     # DataLoader workers are multiprocessing Processes: they are listed here
     # whatever the start method (fork, spawn, forkserver), while helpers such as
@@ -60,7 +74,10 @@ class LoaderFactory:
 
     With persistent workers one DataLoader serves every epoch (its sampler
     draws the next permutation each time); otherwise a new DataLoader is made
-    per epoch, seeded ``seed + epoch``. ``close()`` stops the workers.
+    per epoch, seeded ``seed + epoch``. Either way the Dataset's ``set_epoch``
+    is called with the epoch's number (0 for the first, the warm-up) before
+    its DataLoader is handed out, as a training loop does. ``close()`` stops
+    the workers.
     """
 
     def __init__(self, ds: Dataset, *, batch_size: int, workers: int, seed: int,
@@ -87,13 +104,16 @@ class LoaderFactory:
                           timeout=self.timeout if self.workers > 0 else 0)
 
     def __call__(self) -> DataLoader:
+        epoch = self._epoch
+        self._epoch += 1
+        # Before the loader is iterated: workers (persistent ones too) read
+        # the epoch from shared memory when they fetch.
+        set_epoch(self.ds, epoch)
         if self.persistent:
             if self._loader is None:
                 self._loader = self._make(self.seed)
             return self._loader
-        loader = self._make(self.seed + self._epoch)
-        self._epoch += 1
-        return loader
+        return self._make(self.seed + epoch)
 
     def close(self, timeout: float = WORKER_EXIT_TIMEOUT) -> None:
         """Stop this row's DataLoader workers and wait until they have exited.

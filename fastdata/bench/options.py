@@ -14,6 +14,13 @@ from fastdata.loaders.decoder_registry import decoder_choices
 BASELINE_NAME = "folder (PIL)"
 #: What a pre-decoded row says in its name.
 RAW_LABEL = "raw (pre-decoded)"
+#: Pipeline of an evaluation row: decode, resize to S x S.
+EVAL = "eval"
+#: Training rows (``--train``): a RandomResizedCrop to S x S, the whole image
+#: decoded first, or (fused) only the crop region of JPEGs through TurboJPEG 3.
+TRAIN_UNFUSED = "train unfused"
+TRAIN_FUSED = "train fused"
+TRAIN_PIPELINES = (TRAIN_UNFUSED, TRAIN_FUSED)
 #: Decoders a run may use for the fastdata rows: "auto" and every registered one.
 DECODERS: tuple[str, ...] = tuple(decoder_choices())
 
@@ -127,6 +134,8 @@ class BenchOptions:
         ram_cache: fastdata rows hold their payloads in the shared RAM cache
             (``cache="ram"``); the baseline reads its files as before.
         persistent_workers: keep DataLoader workers between epochs (every row alike).
+        train: the rows are training pipelines (random crops, a new one per
+            epoch from ``seed``) instead of evaluation ones (``--train``).
     """
 
     size: int = 224
@@ -141,6 +150,7 @@ class BenchOptions:
     timeout: float = 600.0
     ram_cache: bool = False
     persistent_workers: bool = True
+    train: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:

@@ -13,6 +13,7 @@ import torch
 
 from fastdata import __version__
 from fastdata.bench.results import BenchReport
+from fastdata.bench.train import train_lines
 from fastdata.machine import meminfo, usable_cores
 
 #: Other processes' CPU use (cores) above which a measurement is flagged as disturbed.
@@ -126,6 +127,9 @@ def format_table(report: BenchReport) -> str:
               f"{opts.get('batch_size')}, decoder {opts.get('decoder')} (baseline: PIL), "
               f"{opts.get('epochs')} measured epoch(s) after {opts.get('warmup')} warm-up, "
               f"median; {report.cache} page cache")
+    if opts.get("train"):
+        header += (f"\ntraining rows: RandomResizedCrop({opts.get('size')}) with flips, "
+                   f"seed {opts.get('seed')}, new crops every epoch (set_epoch)")
     lines = [header, f"machine: {machine_line(report.machine)}",
              "", line(_COLUMNS), line(["-" * w for w in widths])]
     lines += [line(row) for row in rows]
@@ -161,7 +165,7 @@ def _best_lines(report: BenchReport) -> list[str]:
 
 def summary_lines(report: BenchReport) -> list[str]:
     """Best worker count per row, the fastest row, and notes."""
-    out = _best_lines(report)
+    out = _best_lines(report) + train_lines(report)
     failed = sorted({r.name for r in report.results if not r.ok})
     if failed:
         out.append(f"failed: {', '.join(failed)}")

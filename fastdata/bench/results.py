@@ -39,6 +39,10 @@ class Result:
     epoch_seconds: list[float] = field(default_factory=list)
     output_shape: list[int] | None = None
     output_dtype: str | None = None
+    #: "eval", "train unfused" or "train fused" (see fastdata.bench.train).
+    pipeline: str = "eval"
+    #: A training row: what its Dataset really ran (fused or whole decode, and why).
+    decode_path: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -87,8 +91,10 @@ class BenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as ``--json`` writes it."""
+        from fastdata.bench.train import train_summary
+
         fastest = self.fastest()
-        return {
+        data = {
             "kind": "fastdata-bench",
             "version": 1,
             "created_at": self.created_at,
@@ -104,6 +110,10 @@ class BenchReport:
                 "name": fastest.name, "workers": fastest.workers,
                 "samples_per_s": fastest.samples_per_s, "ratio": fastest.ratio},
         }
+        train = train_summary(self)
+        if train:
+            data["train"] = train
+        return data
 
 
 def describe_result(r: Result) -> str:

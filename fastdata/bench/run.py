@@ -15,6 +15,7 @@ from fastdata.bench.options import BenchOptions
 from fastdata.bench.report import machine_info
 from fastdata.bench.results import BenchReport, Result, describe_result
 from fastdata.bench.targets import Target
+from fastdata.bench.train import decode_path
 
 
 def _public(name: str) -> Any:
@@ -111,13 +112,14 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
         "label": target.label, "path": target.path, "workers": workers, "cache": cache,
         "decoder": "pil" if target.kind == "folder" else options.decoder,
         "pack_seconds": target.pack_seconds, "size_bytes": target.size_bytes,
-        "payload_bytes": target.payload_bytes or None}
+        "payload_bytes": target.payload_bytes or None, "pipeline": target.pipeline}
     if target.error is not None:
         return Result(status="failed", error=target.error, **common)
     ds = factory = m = None
     error: str | None = None
     try:
         ds = _public("make_dataset")(target, options)
+        common["decode_path"] = decode_path(ds, target, options)
         n = len(ds)
         expected_b = min(options.batch_size, n)
 

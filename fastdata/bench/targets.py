@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdata.formats.remote_files import absolute, is_remote
 from fastdata.bench.measure import error_text
-from fastdata.bench.options import BASELINE_NAME, RAW_LABEL, Variant
+from fastdata.bench.options import BASELINE_NAME, EVAL, RAW_LABEL, Variant
 from fastdata.errors import SourceError, UnknownFormatError
 
 if TYPE_CHECKING:
@@ -35,6 +35,9 @@ class Target:
         samples: (path, label) pairs of a folder target.
         indices: the records used, when ``limit`` selects part of a dataset.
         error: why this row cannot be measured (packing or opening failed).
+        pipeline: "eval" (decode, resize to S x S) or a training pipeline
+            ("train unfused", "train fused": see ``fastdata.bench.train``).
+        base: the name of the dataset's evaluation row ("" for an eval row).
     """
 
     name: str
@@ -49,6 +52,8 @@ class Target:
     samples: tuple[tuple[str, int], ...] = ()
     indices: tuple[int, ...] | None = None
     error: str | None = None
+    pipeline: str = EVAL
+    base: str = ""
 
     @property
     def label(self) -> str:

@@ -47,8 +47,15 @@ from fastdata.loaders.decoder_registry import decoder_choices
 @click.option("--cold", is_flag=True,
               help="Drop the page cache before every measured epoch (root on Linux); "
                    "otherwise say so and run warm.")
+@click.option("--train", is_flag=True,
+              help="Measure training pipelines instead of the evaluation rows: per packed "
+                   "dataset, 'train unfused' (whole decode, then RandomResizedCrop to SxS "
+                   "with flips) and 'train fused' (JPEGs decoded in the crop region only, "
+                   "through TurboJPEG 3 when installed), new crops every epoch; the folder "
+                   "baseline is not measured. The summary gives fused/unfused, best "
+                   "against best, and which path ran.")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="Shuffling and --limit selection seed.")
+              help="Shuffling, --limit selection and --train crop seed.")
 @click.option("--no-pack", is_flag=True,
               help="With one image folder: measure it as it is (the baseline) without packing.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=str),
@@ -60,7 +67,8 @@ from fastdata.loaders.decoder_registry import decoder_choices
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, decoder, epochs,
-          limit, cache, persistent_workers, cold, seed, no_pack, json_path, plot_path, progress):
+          limit, cache, persistent_workers, cold, train, seed, no_pack, json_path, plot_path,
+          progress):
     """Measure data-loading throughput: an image folder against every format.
 
     \b
@@ -69,6 +77,8 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
                                   and each packed dataset with the same settings
     fastdata bench PATH...        measure existing packed datasets / image folders
     fastdata bench --demo [tiny]  the same on generated demo data
+    fastdata bench ... --train    training rows (random crops, whole decode
+                                  against fused crop decode) instead
 
     Every row returns the same batches ((B, 3, S, S) uint8 images, B labels)
     through a shuffled DataLoader; one warm-up epoch is discarded and the
@@ -80,6 +90,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
       fastdata bench --demo --workers 0,2
       fastdata bench ./images --variants keep,resize256,raw --json bench.json --plot bench.png
       fastdata bench train.lmdb train-000000.tar --limit 5000
+      fastdata bench --demo --train --formats lmdb --workers 0,1,2
     """
     import tempfile
 
@@ -93,7 +104,8 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
         size = 32 if demo == "tiny" else 224
     options = bm.BenchOptions(size=size, batch_size=batch_size, workers=bm.parse_workers(workers),
                               epochs=epochs, decoder=decoder, cold=cold, seed=seed, limit=limit,
-                              ram_cache=cache == "ram", persistent_workers=persistent_workers)
+                              ram_cache=cache == "ram", persistent_workers=persistent_workers,
+                              train=train)
     format_names = bm.parse_formats(formats)
     variant_list = bm.parse_variants(variants, size)
 
@@ -112,6 +124,8 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
                                       progress=progress, log=log)
         if targets is None:
             targets = [bm.existing_target(p, limit=limit, seed=seed) for p in paths]
+        if train:
+            targets = bm.train_targets(targets)
         report = bm.run_bench(targets, options, progress=progress, log=log)
         table = bm.format_table(report)
     _bench_output(bm, report, table, json_path, plot_path, log)

@@ -1,0 +1,157 @@
+"""Training rows (``fastdata bench --train``): random resized crops, whole decode or fused.
+
+Each packed dataset gives two rows with the same output, ``(B, 3, S, S)``
+uint8, the same boxes and flips (drawn from the run's ``seed``, the epoch
+and the record index; the epoch is set before every epoch, so every epoch
+crops anew, as in training):
+
+* "train unfused": ``RandomResizedCrop(S, fused=False)``: the fastest full
+  decoder (or ``--decoder``) decodes the whole image, then crop, flip, resize;
+* "train fused": ``RandomResizedCrop(S)``: JPEGs are decoded in the crop
+  region only through TurboJPEG 3, when it is installed, the decoder is
+  "auto" and the records are JPEGs; otherwise the fused row runs the unfused
+  path, and the row's ``decode_path`` says so.
+
+The folder baseline has no training row: its pipeline (PIL decode, PIL
+resize) is not the crop, flip and resize the packed rows share, so a ratio to
+it would mix two things. The summary compares fused with unfused per dataset,
+each at its own best worker count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from fastdata.bench.options import TRAIN_FUSED, TRAIN_PIPELINES, TRAIN_UNFUSED, BenchOptions
+from fastdata.bench.results import BenchReport, Result
+from fastdata.bench.targets import Target
+from fastdata.errors import FastDataError
+
+#: What a fused row's path says when the region decode ran.
+FUSED_RAN = "TurboJPEG 3 crop-region decode"
+
+
+def train_targets(targets: Sequence[Target]) -> list[Target]:
+    """The two training rows of every packed target (folder targets have none).
+
+    Raises:
+        FastDataError: no packed target (only image folders were given).
+    """
+    out = [replace(t, name=f"{t.name} {pipeline}", pipeline=pipeline, base=t.name)
+           for t in targets if t.kind == "packed" for pipeline in TRAIN_PIPELINES]
+    if not out:
+        raise FastDataError("--train measures packed datasets and none was given; pass an "
+                            "image folder to pack (without --no-pack) or packed datasets")
+    return out
+
+
+def make_crop(target: Target, options: BenchOptions):
+    """The ``RandomResizedCrop`` of a training row, or None for an evaluation row."""
+    if target.pipeline not in TRAIN_PIPELINES:
+        return None
+    from fastdata.loaders.random_crop import RandomResizedCrop
+
+    return RandomResizedCrop(options.size, fused=target.pipeline == TRAIN_FUSED)
+
+
+def _full_decoder(encoding: str | None, decoder: str) -> str:
+    """The decoder that decodes whole images of ``encoding`` under ``decoder``."""
+    from fastdata.loaders.decode import is_available
+    from fastdata.loaders.decoder_registry import AUTO_DEFAULT, AUTO_ORDER
+
+    if decoder != "auto":
+        return decoder
+    names = AUTO_ORDER.get(encoding or "", AUTO_DEFAULT)
+    return next((n for n in names if is_available(n)), names[-1])
+
+
+def decode_path(ds: Any, target: Target, options: BenchOptions) -> str | None:
+    """What a training row's Dataset really runs, in words (None for an eval row).
+
+    Read from the Dataset and its first record: the conditions under which
+    ``RandomResizedCrop.decode`` takes the fused path.
+    """
+    if target.pipeline not in TRAIN_PIPELINES:
+        return None
+    from fastdata.encodings import sniff_encoding
+    from fastdata.loaders import turbojpeg
+
+    inner = getattr(ds, "dataset", ds)  # a Subset under --limit
+    if inner.decode.raw_shape is not None:
+        return "raw pixels (no decode), then crop, flip, resize"
+    first = target.indices[0] if target.indices else 0
+    encoding = sniff_encoding(inner.reader.read(first))
+    full = (f"full decode ({_full_decoder(encoding, options.decoder)}, "
+            f"{encoding or 'unknown'}), then crop, flip, resize")
+    if target.pipeline == TRAIN_UNFUSED:
+        return full
+    if options.decoder != "auto":
+        return f"{full}: fused needs --decoder auto"
+    if not turbojpeg.available():
+        return f"{full}: TurboJPEG 3 is not installed ({turbojpeg.INSTALL_HINT})"
+    if encoding != "jpeg":
+        return f"{full}: the records are not JPEGs"
+    return FUSED_RAN
+
+
+def _pairs(report: BenchReport) -> list[tuple[str, Result | None, Result | None]]:
+    """Per dataset (in table order): its best unfused and best fused result."""
+    best = report.best()
+    bases = dict.fromkeys(r.name.removesuffix(f" {r.pipeline}") for r in report.results
+                          if r.pipeline in TRAIN_PIPELINES)
+    return [(base, best.get(f"{base} {TRAIN_UNFUSED}"), best.get(f"{base} {TRAIN_FUSED}"))
+            for base in bases]
+
+
+def _path_of(report: BenchReport, name: str) -> str | None:
+    """What the row ``name`` ran (the first of its results that says)."""
+    return next((r.decode_path for r in report.results
+                 if r.name == name and r.decode_path), None)
+
+
+def train_summary(report: BenchReport) -> list[dict[str, Any]]:
+    """Per dataset: fused against unfused, best against best (``--json``'s ``train``)."""
+    out = []
+    for base, unfused, fused in _pairs(report):
+        ratio = (fused.samples_per_s / unfused.samples_per_s
+                 if fused and unfused and unfused.samples_per_s else None)
+        path = _path_of(report, f"{base} {TRAIN_FUSED}")
+        out.append({
+            "name": base,
+            "unfused": None if unfused is None else {
+                "workers": unfused.workers, "samples_per_s": unfused.samples_per_s},
+            "fused": None if fused is None else {
+                "workers": fused.workers, "samples_per_s": fused.samples_per_s},
+            "ratio_fused_to_unfused": ratio,
+            "fused_path": path,
+            "unfused_path": _path_of(report, f"{base} {TRAIN_UNFUSED}"),
+            "fused_ran": path == FUSED_RAN,
+        })
+    return out
+
+
+def train_lines(report: BenchReport) -> list[str]:
+    """The table's summary of the training rows: fused / unfused, best against best,
+    and what each really ran."""
+    rows = train_summary(report)
+    if not rows:
+        return []
+    out = ["train fused / unfused, best against best (each at its best worker count):"]
+    for row in rows:
+        unfused, fused = row["unfused"], row["fused"]
+        if row["ratio_fused_to_unfused"] is None:
+            out.append(f"  {row['name']}: no ratio (a training row failed)")
+        else:
+            line = (f"  {row['name']}: {row['ratio_fused_to_unfused']:.2f}x "
+                    f"(fused {fused['samples_per_s']:,.0f} samples/s at {fused['workers']} "
+                    f"workers / unfused {unfused['samples_per_s']:,.0f} at "
+                    f"{unfused['workers']})")
+            if not row["fused_ran"]:
+                line += ("; not a fused measurement: the fused rows ran the unfused path, "
+                         "the ratio is only run-to-run noise")
+            out.append(line)
+        out.append(f"    fused ran: {row['fused_path'] or 'unknown'}")
+        out.append(f"    unfused ran: {row['unfused_path'] or 'unknown'}")
+    return out
