@@ -58,9 +58,10 @@ class PackedDataset(SamplePipeline, Dataset):
         size: decode straight to this size: an int for the shorter side, or
             (h, w). JPEGs use DCT scaling first. None keeps each image's size.
         keep_gray: return grayscale images with 1 channel instead of 3.
-        crop: a :class:`fastdata.RandomResizedCrop`: each image is decoded
-            whole, then cropped to a random box, flipped and resized to the
-            crop's size (instead of ``size=``, which it excludes). The box of
+        crop: a :class:`fastdata.RandomResizedCrop`: each image is cropped
+            to a random box, flipped and resized to the crop's size (instead
+            of ``size=``, which it excludes); JPEGs decode only the box when
+            TurboJPEG 3 is installed, other images decode whole. The box of
             record i is drawn from ``(seed, epoch, i)``: the same in any
             worker and after a restart. Call :meth:`set_epoch` each epoch.
         seed: the seed of ``crop``'s boxes.
