@@ -147,7 +147,17 @@ class RandomResizedCrop:
             return None
         if flip:
             region = region[:, ::-1]
-        return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
+        if eighths == 8:  # whole pixels: the same crop and resize as apply()
+            return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
+        # The scaled region's edges were rounded outwards to whole pixels:
+        # resample exactly the box's part of it, or the crop would be shifted
+        # and enlarged by up to 7 full-size pixels a side at 1/8 scale.
+        x = left * eighths / 8 - left * eighths // 8
+        bw, bh = w * eighths / 8, h * eighths / 8
+        if flip:
+            x = region.shape[1] - x - bw
+        y = top * eighths / 8 - top * eighths // 8
+        return _resample(np.ascontiguousarray(region), (x, y, bw, bh), self.size)
 
     def eighths(self, crop_w: int, crop_h: int) -> int:
         """The DCT scale (in eighths: 1, 2, 4 or 8) a crop of ``crop_w`` x
@@ -169,6 +179,31 @@ class RandomResizedCrop:
         if flip:
             region = region[:, ::-1]
         return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
+
+
+def _resample(region: np.ndarray, box: tuple[float, float, float, float],
+              size: tuple[int, int]) -> np.ndarray:
+    """The sub-pixel ``box`` (x, y, w, h) of ``region`` resized to ``size``:
+    bilinear, as :func:`~fastdata.loaders.decode.resize` does for the shrinks
+    of at most 2.5x a DCT scale mostly leaves; a larger one (in the side the
+    scale did not limit) takes that resize of the box rounded to whole pixels."""
+    import cv2
+
+    from fastdata.loaders.decode import LINEAR_MAX_SHRINK, resize
+
+    x, y, w, h = box
+    out_h, out_w = size
+    sx, sy = w / out_w, h / out_h
+    if max(sx, sy) > LINEAR_MAX_SHRINK:
+        x0, y0 = round(x), round(y)
+        part = region[y0:max(y0 + 1, round(y + h)), x0:max(x0 + 1, round(x + w))]
+        return np.ascontiguousarray(resize(np.ascontiguousarray(part), size))
+    # Output pixel centres mapped into the region (cv2.resize's convention, shifted).
+    matrix = np.array([[sx, 0.0, x + 0.5 * sx - 0.5], [0.0, sy, y + 0.5 * sy - 0.5]])
+    out = cv2.warpAffine(region, matrix, (out_w, out_h),
+                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                         borderMode=cv2.BORDER_REPLICATE)
+    return np.ascontiguousarray(out[:, :, None] if out.ndim == 2 else out)
 
 
 def _parse_size(size) -> tuple[int, int]:

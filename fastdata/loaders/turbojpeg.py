@@ -21,6 +21,7 @@ A TurboJPEG handle is not thread-safe: each thread of each process gets its own.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -155,6 +156,21 @@ def _handle(lib: ctypes.CDLL):
     return _handles.handle
 
 
+@contextlib.contextmanager
+def _session():
+    """``(lib, handle)`` for one call. A handle that reported an error is
+    destroyed: libjpeg can be left mid-stream (a header cut short, say), and
+    every later call on it would fail ("two SOI markers")."""
+    lib = _lib()
+    handle = _handle(lib)
+    try:
+        yield lib, handle
+    except TurboJPEGError:
+        _handles.handle = None
+        lib.tj3Destroy(handle)
+        raise
+
+
 def _check(lib, handle, status: int, what: str) -> None:
     if status != 0:
         message = lib.tj3GetErrorStr(handle) or b"unknown error"
@@ -170,14 +186,14 @@ def _lib():
 
 def read_header(data) -> JpegInfo:
     """Parse a JPEG's header (no pixels decoded)."""
-    lib = _lib()
-    handle = _handle(lib)
     buf = bytes(data) if not isinstance(data, bytes) else data
-    _check(lib, handle, lib.tj3DecompressHeader(handle, buf, len(buf)), "cannot read the header")
-    return JpegInfo(width=lib.tj3Get(handle, _TJPARAM_JPEGWIDTH),
-                    height=lib.tj3Get(handle, _TJPARAM_JPEGHEIGHT),
-                    subsampling=lib.tj3Get(handle, _TJPARAM_SUBSAMP),
-                    colorspace=lib.tj3Get(handle, _TJPARAM_COLORSPACE))
+    with _session() as (lib, handle):
+        _check(lib, handle, lib.tj3DecompressHeader(handle, buf, len(buf)),
+               "cannot read the header")
+        return JpegInfo(width=lib.tj3Get(handle, _TJPARAM_JPEGWIDTH),
+                        height=lib.tj3Get(handle, _TJPARAM_JPEGHEIGHT),
+                        subsampling=lib.tj3Get(handle, _TJPARAM_SUBSAMP),
+                        colorspace=lib.tj3Get(handle, _TJPARAM_COLORSPACE))
 
 
 def scaled(length: int, eighths: int) -> int:
@@ -199,8 +215,6 @@ def decode_region(data, info: JpegInfo, box: tuple[int, int, int, int], eighths:
         HWC uint8 pixels of the box at that scale: ``box`` times ``eighths/8``,
         its edges rounded outwards to whole pixels of the scaled image.
     """
-    lib = _lib()
-    handle = _handle(lib)
     buf = bytes(data) if not isinstance(data, bytes) else data
     left, top, width, height = box
     full_w, full_h = scaled(info.width, eighths), scaled(info.height, eighths)
@@ -208,24 +222,35 @@ def decode_region(data, info: JpegInfo, box: tuple[int, int, int, int], eighths:
     x1 = min(full_w, scaled(left + width, eighths))
     y1 = min(full_h, scaled(top + height, eighths))
     # The region's left edge must fall on an iMCU boundary of the scaled image.
+    # With subsampled chroma, libjpeg-turbo's fancy upsampling treats the
+    # region's edges as the image's (the next chroma sample is not read), so
+    # one iMCU more on the left and one chroma sample more on the right keep
+    # the box's edge pixels equal to a full decode's.
     mcu = scaled(_MCU_WIDTH[_TJSAMP_GRAY if info.gray else info.subsampling], eighths)
-    ax = x0 - x0 % mcu
-    num, denom = eighths, 8
-    g = np.gcd(num, denom)
-    # tj3DecompressHeader again: the handle's header state is what the scale
-    # and region are checked against, and another call may have changed it.
-    _check(lib, handle, lib.tj3DecompressHeader(handle, buf, len(buf)), "cannot read the header")
-    _check(lib, handle, lib.tj3SetScalingFactor(handle, _ScalingFactor(num // g, denom // g)),
-           f"cannot scale by {eighths}/8")
-    region = _Region(ax, y0, x1 - ax, y1 - y0)
-    _check(lib, handle, lib.tj3SetCroppingRegion(handle, region),
-           f"cannot crop to x={ax} y={y0} w={x1 - ax} h={y1 - y0}")
-    channels = 1 if gray else 3
-    out = np.empty((y1 - y0, x1 - ax, channels), dtype=np.uint8)
-    try:
-        status = lib.tj3Decompress8(handle, buf, len(buf), out.ctypes.data,
-                                    (x1 - ax) * channels, _TJPF_GRAY if gray else _TJPF_RGB)
-        _check(lib, handle, status, "cannot decode the image")
-    finally:
-        lib.tj3SetCroppingRegion(handle, _Region(0, 0, 0, 0))
-    return out[:, x0 - ax:] if x0 != ax else out
+    ax = max(0, x0 - x0 % mcu - mcu)
+    ex = min(full_w, x1 + 2)
+    out = _decompress(buf, eighths, _Region(ax, y0, ex - ax, y1 - y0), 1 if gray else 3)
+    return out[:, x0 - ax:x1 - ax]
+
+
+def _decompress(buf: bytes, eighths: int, region: _Region, channels: int) -> np.ndarray:
+    """tj3Decompress8 of ``region`` (in scaled pixels) at ``eighths``/8 scale."""
+    g = int(np.gcd(eighths, 8))
+    out = np.empty((region.h, region.w, channels), dtype=np.uint8)
+    with _session() as (lib, handle):
+        # tj3DecompressHeader again: the handle's header state is what the scale
+        # and region are checked against, and another call may have changed it.
+        _check(lib, handle, lib.tj3DecompressHeader(handle, buf, len(buf)),
+               "cannot read the header")
+        _check(lib, handle, lib.tj3SetScalingFactor(handle, _ScalingFactor(eighths // g, 8 // g)),
+               f"cannot scale by {eighths}/8")
+        _check(lib, handle, lib.tj3SetCroppingRegion(handle, region),
+               f"cannot crop to x={region.x} y={region.y} w={region.w} h={region.h}")
+        try:
+            status = lib.tj3Decompress8(handle, buf, len(buf), out.ctypes.data,
+                                        region.w * channels,
+                                        _TJPF_GRAY if channels == 1 else _TJPF_RGB)
+            _check(lib, handle, status, "cannot decode the image")
+        finally:
+            lib.tj3SetCroppingRegion(handle, _Region(0, 0, 0, 0))
+    return out
