@@ -28,9 +28,13 @@ from fastdata.bench.options import TRAIN_FUSED, TRAIN_PIPELINES, TRAIN_UNFUSED, 
 from fastdata.bench.results import BenchReport, Result
 from fastdata.bench.targets import Target
 from fastdata.errors import FastDataError
+from fastdata.loaders.random_crop import UNFUSED_DECODER, UNFUSED_ENCODING
 
 #: What a fused row's path says when the region decode ran.
 FUSED_RAN = "TurboJPEG 3 crop-region decode"
+#: RandomResizedCrop's reasons for a whole-image decode, in the CLI's words.
+_CLI_REASONS = {UNFUSED_DECODER: "fused needs --decoder auto",
+                UNFUSED_ENCODING: "the records are not JPEGs"}
 
 
 def train_targets(targets: Sequence[Target]) -> list[Target]:
@@ -76,24 +80,21 @@ def decode_path(ds: Any, target: Target, options: BenchOptions) -> str | None:
     if target.pipeline not in TRAIN_PIPELINES:
         return None
     from fastdata.encodings import sniff_encoding
-    from fastdata.loaders import turbojpeg
 
     inner = getattr(ds, "dataset", ds)  # a Subset under --limit
     if inner.decode.raw_shape is not None:
         return "raw pixels (no decode), then crop, flip, resize"
     first = target.indices[0] if target.indices else 0
-    encoding = sniff_encoding(inner.reader.read(first))
+    payload = inner.reader.read(first)
+    encoding = sniff_encoding(payload)
     full = (f"full decode ({_full_decoder(encoding, options.decoder)}, "
             f"{encoding or 'unknown'}), then crop, flip, resize")
     if target.pipeline == TRAIN_UNFUSED:
         return full
-    if options.decoder != "auto":
-        return f"{full}: fused needs --decoder auto"
-    if not turbojpeg.available():
-        return f"{full}: TurboJPEG 3 is not installed ({turbojpeg.INSTALL_HINT})"
-    if encoding != "jpeg":
-        return f"{full}: the records are not JPEGs"
-    return FUSED_RAN
+    reason = inner.crop.unfused_reason(payload, inner.decode)
+    if reason is None:
+        return FUSED_RAN
+    return f"{full}: {_CLI_REASONS.get(reason, reason)}"
 
 
 def _pairs(report: BenchReport) -> list[tuple[str, Result | None, Result | None]]:

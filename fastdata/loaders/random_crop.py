@@ -10,8 +10,8 @@ worker, rank or process decodes it, and after a resume.
 :meth:`RandomResizedCrop.decode` decodes a JPEG's crop region only
 ("fused"), through libjpeg-turbo's TurboJPEG 3 API when it is installed
 (``fastdata.loaders.turbojpeg``): at the smallest of the DCT scales 1/8, 1/4,
-1/2 that leaves the crop at least the output size (else full scale), then one
-resize. Other encodings, raw records, an explicit ``decoder=``, or no TurboJPEG
+1/2 that leaves the crop at least the output size (else full scale), then
+resampled once. Other encodings, raw records, an explicit ``decoder=``, or no TurboJPEG
 3 library: the whole image is decoded, then cropped, flipped and resized
 (:meth:`RandomResizedCrop.apply`), with the same boxes.
 
@@ -30,11 +30,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.encodings import sniff_encoding
+from fastdata.loaders import turbojpeg
 
 #: torchvision's number of tries before the central-crop fallback.
 TRIES = 10
 #: The reduced DCT scales (eighths) with SIMD inverse DCTs in libjpeg-turbo.
 FAST_EIGHTHS = (1, 2, 4)
+
+#: Why a crop is decoded from the whole image (``RandomResizedCrop.unfused_reason``).
+UNFUSED_OFF = "fused=False"
+UNFUSED_RAW = "raw records"
+UNFUSED_DECODER = "an explicit decoder= (crop-region decoding needs decoder='auto')"
+UNFUSED_LIBRARY = f"TurboJPEG 3 is not installed ({turbojpeg.INSTALL_HINT})"
+UNFUSED_ENCODING = "not a JPEG"
 
 
 @dataclass(frozen=True)
@@ -118,20 +126,32 @@ class RandomResizedCrop:
             chain: the Dataset's ``DecoderChain`` (decoder choice, gray policy,
                 pixel limit, raw shape), used for everything but fused JPEGs.
         """
-        if self.fused and chain.decoder == "auto" and chain.raw_shape is None:
-            from fastdata.loaders import turbojpeg
-
-            if turbojpeg.available() and sniff_encoding(data) == "jpeg":
-                array = self._decode_fused(data, chain, seed, epoch, index)
-                if array is not None:
-                    return array
+        if self.unfused_reason(data, chain) is None:
+            array = self._decode_fused(data, chain, seed, epoch, index)
+            if array is not None:
+                return array
         return self.apply(chain(data), seed, epoch, index)
+
+    def unfused_reason(self, data, chain) -> str | None:
+        """Why :meth:`decode` decodes this payload whole (one of the
+        ``UNFUSED_*`` reasons), or None when it decodes the crop region alone
+        (unless TurboJPEG then refuses the file: a CMYK or corrupt JPEG)."""
+        if not self.fused:
+            return UNFUSED_OFF
+        if chain.raw_shape is not None:
+            return UNFUSED_RAW
+        if chain.decoder != "auto":
+            return UNFUSED_DECODER
+        if not turbojpeg.available():
+            return UNFUSED_LIBRARY
+        if sniff_encoding(data) != "jpeg":
+            return UNFUSED_ENCODING
+        return None
 
     def _decode_fused(self, data, chain, seed, epoch, index) -> np.ndarray | None:
         """The crop decoded on its own, or None when TurboJPEG cannot (an
         unusual colour space, corrupt data): then the full decode decides."""
         from fastdata.image_header import check_pixels
-        from fastdata.loaders import turbojpeg
         from fastdata.loaders.decode import resize
 
         check_pixels(data, chain.max_pixels, "jpeg")  # refuse bombs before allocating
