@@ -27,10 +27,12 @@ DECODERS: tuple[str, ...] = tuple(decoder_choices())
 
 @dataclass(frozen=True)
 class Variant:
-    """How the images are stored: original bytes, resized at pack time, or raw pixels.
+    """How the images are stored: original bytes, resized or re-encoded at
+    pack time, or raw pixels, with JPEG restart markers when the name ends
+    in "+restarts".
 
     Attributes:
-        name: "keep", "resizeN" or "raw".
+        name: "keep", "resizeN", "jpegQ" or "raw", and optionally "+restarts".
         preprocess: the pack-time preprocessing it stands for.
     """
 
@@ -48,7 +50,7 @@ class Variant:
 
 
 def parse_variants(text: str | Sequence[str], size: int) -> list[Variant]:
-    """Parse ``--variants`` ("keep,resize256,raw").
+    """Parse ``--variants`` ("keep,resize256,jpeg90,jpeg90+restarts,raw").
 
     Args:
         text: comma-separated names, or a sequence of them.
@@ -62,21 +64,41 @@ def parse_variants(text: str | Sequence[str], size: int) -> list[Variant]:
     names = [t.strip().lower() for t in (text.split(",") if isinstance(text, str) else text)]
     out: list[Variant] = []
     for name in dict.fromkeys(n for n in names if n):
-        if name == "keep":
-            out.append(Variant(name, Preprocess()))
-        elif name == "raw":
-            out.append(Variant(name, Preprocess(resize=(size, size), encoding="raw")))
-        elif m := re.fullmatch(r"resize(\d+)", name):
-            side = int(m.group(1))
-            if side < 1:
-                raise FastDataError(f"--variants: {name!r} needs a positive size")
-            out.append(Variant(name, Preprocess(resize=side, encoding="keep")))
-        else:
-            raise FastDataError(f"unknown variant {name!r} in --variants; use keep, resizeN "
-                                f"(for example resize256) or raw")
+        base, plus, extra = name.partition("+")
+        if plus and extra != "restarts":
+            raise FastDataError(f"unknown variant {name!r} in --variants: the only suffix is "
+                                f"+restarts (for example jpeg90+restarts)")
+        options = _variant_options(base, name, size)
+        if plus:
+            if options.get("encoding") == "raw":
+                raise FastDataError(f"--variants: {name!r}: raw pixels have no JPEG restart "
+                                    f"markers")
+            options["restarts"] = True
+        out.append(Variant(name, Preprocess(**options)))
     if not out:
-        raise FastDataError("--variants names no variant; use keep, resizeN or raw")
+        raise FastDataError(f"--variants names no variant; use {_VARIANT_NAMES}")
     return out
+
+
+_VARIANT_NAMES = ("keep, resizeN (for example resize256), jpegQ (re-encoded at quality Q, "
+                  "for example jpeg90) or raw, each but raw optionally with +restarts")
+
+
+def _variant_options(base: str, name: str, size: int) -> dict[str, Any]:
+    """The ``Preprocess`` arguments of a variant name without its suffix."""
+    if base == "keep":
+        return {}
+    if base == "raw":
+        return {"resize": (size, size), "encoding": "raw"}
+    if m := re.fullmatch(r"resize(\d+)", base):
+        if int(m.group(1)) < 1:
+            raise FastDataError(f"--variants: {name!r} needs a positive size")
+        return {"resize": int(m.group(1)), "encoding": "keep"}
+    if m := re.fullmatch(r"jpeg(\d+)", base):
+        if not 1 <= int(m.group(1)) <= 100:
+            raise FastDataError(f"--variants: {name!r} needs a JPEG quality of 1-100")
+        return {"encoding": "jpeg", "quality": int(m.group(1))}
+    raise FastDataError(f"unknown variant {name!r} in --variants; use {_VARIANT_NAMES}")
 
 
 def parse_workers(text: str | int | Sequence[int]) -> tuple[int, ...]:

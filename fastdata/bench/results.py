@@ -91,7 +91,7 @@ class BenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as ``--json`` writes it."""
-        from fastdata.bench.train import train_summary
+        from fastdata.bench.train import best_of_all, train_summary
 
         fastest = self.fastest()
         data = {
@@ -113,6 +113,9 @@ class BenchReport:
         train = train_summary(self)
         if train:
             data["train"] = train
+            overall = best_of_all(self)
+            if overall is not None:
+                data["train_best"] = overall
         return data
 
 

@@ -6,16 +6,20 @@ and the record index; the epoch is set before every epoch, so every epoch
 crops anew, as in training):
 
 * "train unfused": ``RandomResizedCrop(S, fused=False)``: the fastest full
-  decoder (or ``--decoder``) decodes the whole image, then crop, flip, resize;
-* "train fused": ``RandomResizedCrop(S)``: JPEGs are decoded in the crop
-  region only through TurboJPEG 3, when it is installed, the decoder is
-  "auto" and the records are JPEGs; otherwise the fused row runs the unfused
+  decoder (or ``--decoder``) decodes the whole image, then crop, resize, flip;
+* "train fused": ``RandomResizedCrop(S)``: JPEGs with a restart marker after
+  every MCU (``--variants jpeg90+restarts``, ``fastdata pack --jpeg-restarts``)
+  have only the crop's MCUs decoded; other JPEGs are decoded in the crop
+  region through TurboJPEG 3, when it is installed. The decoder must be
+  "auto" and the records JPEGs; otherwise the fused row runs the unfused
   path, and the row's ``decode_path`` says so.
 
 The folder baseline has no training row: its pipeline (PIL decode, PIL
-resize) is not the crop, flip and resize the packed rows share, so a ratio to
+resize) is not the crop, resize and flip the packed rows share, so a ratio to
 it would mix two things. The summary compares fused with unfused per dataset,
-each at its own best worker count.
+each at its own best worker count, and, over several datasets, the best
+fused row with the best unfused one (a dataset packed for fused crops
+against the one the whole-image decode is fastest on).
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from fastdata.bench.options import TRAIN_FUSED, TRAIN_PIPELINES, TRAIN_UNFUSED, 
 from fastdata.bench.results import BenchReport, Result
 from fastdata.bench.targets import Target
 from fastdata.errors import FastDataError
+from fastdata.loaders.fused_crop import FUSED_CUT, FUSED_REGION
 from fastdata.loaders.random_crop import UNFUSED_DECODER, UNFUSED_ENCODING
 
-#: What a fused row's path says when the region decode ran.
-FUSED_RAN = "TurboJPEG 3 crop-region decode"
+#: What a fused row's path says when a fused decode ran.
+FUSED_PATHS = (FUSED_CUT, FUSED_REGION)
 #: RandomResizedCrop's reasons for a whole-image decode, in the CLI's words.
 _CLI_REASONS = {UNFUSED_DECODER: "fused needs --decoder auto",
                 UNFUSED_ENCODING: "the records are not JPEGs"}
@@ -83,17 +88,19 @@ def decode_path(ds: Any, target: Target, options: BenchOptions) -> str | None:
 
     inner = getattr(ds, "dataset", ds)  # a Subset under --limit
     if inner.decode.raw_shape is not None:
-        return "raw pixels (no decode), then crop, flip, resize"
+        return "raw pixels (no decode), then crop, resize, flip"
     first = target.indices[0] if target.indices else 0
     payload = inner.reader.read(first)
     encoding = sniff_encoding(payload)
     full = (f"full decode ({_full_decoder(encoding, options.decoder)}, "
-            f"{encoding or 'unknown'}), then crop, flip, resize")
+            f"{encoding or 'unknown'}), then crop, resize, flip")
     if target.pipeline == TRAIN_UNFUSED:
         return full
     reason = inner.crop.unfused_reason(payload, inner.decode)
     if reason is None:
-        return FUSED_RAN
+        from fastdata.loaders import fused_crop
+
+        return fused_crop.path(payload)
     return f"{full}: {_CLI_REASONS.get(reason, reason)}"
 
 
@@ -128,7 +135,7 @@ def train_summary(report: BenchReport) -> list[dict[str, Any]]:
             "ratio_fused_to_unfused": ratio,
             "fused_path": path,
             "unfused_path": _path_of(report, f"{base} {TRAIN_UNFUSED}"),
-            "fused_ran": path == FUSED_RAN,
+            "fused_ran": path in FUSED_PATHS,
         })
     return out
 
@@ -155,4 +162,27 @@ def train_lines(report: BenchReport) -> list[str]:
             out.append(line)
         out.append(f"    fused ran: {row['fused_path'] or 'unknown'}")
         out.append(f"    unfused ran: {row['unfused_path'] or 'unknown'}")
+    overall = best_of_all(report)
+    if overall is not None:
+        out.append(f"best fused / best unfused over all datasets: {overall['ratio']:.2f}x "
+                   f"({overall['fused']} {overall['fused_rate']:,.0f} samples/s / "
+                   f"{overall['unfused']} {overall['unfused_rate']:,.0f})")
     return out
+
+
+def best_of_all(report: BenchReport) -> dict[str, Any] | None:
+    """The fastest fused row (that ran a fused decode) against the fastest
+    unfused row, over every dataset; None for fewer than two datasets."""
+    pairs = _pairs(report)
+    fused = [(f, base) for base, _, f in pairs
+             if f is not None and _path_of(report, f"{base} {TRAIN_FUSED}") in FUSED_PATHS]
+    unfused = [(u, base) for base, u, _ in pairs if u is not None]
+    if len(pairs) < 2 or not fused or not unfused:
+        return None
+    (f, f_base), (u, u_base) = (max(fused, key=lambda x: x[0].samples_per_s),
+                                max(unfused, key=lambda x: x[0].samples_per_s))
+    if not u.samples_per_s:
+        return None
+    return {"ratio": f.samples_per_s / u.samples_per_s,
+            "fused": f"{f_base} at {f.workers} workers", "fused_rate": f.samples_per_s,
+            "unfused": f"{u_base} at {u.workers} workers", "unfused_rate": u.samples_per_s}

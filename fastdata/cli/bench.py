@@ -24,7 +24,11 @@ from fastdata.loaders.decoder_registry import decoder_choices
               help="Formats to pack, comma-separated [default: every format].")
 @click.option("--variants", default="keep", show_default=True, metavar="LIST",
               help="keep: original bytes; resizeN: shorter side N, re-encoded at pack time "
-                   "(e.g. resize256); raw: SxS pixels stored pre-decoded.")
+                   "(e.g. resize256); jpegQ: re-encoded as JPEG at quality Q (e.g. jpeg90); "
+                   "raw: SxS pixels stored pre-decoded. A +restarts suffix (e.g. "
+                   "jpeg90+restarts) packs JPEGs with a restart marker per MCU, which "
+                   "--train's fused rows decode crop-only (keep+restarts needs "
+                   "libjpeg-turbo 3.1).")
 @click.option("--workers", default="0,2", show_default=True, metavar="LIST",
               help="DataLoader worker counts to sweep, e.g. 0,1,2,4.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
@@ -91,6 +95,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
       fastdata bench ./images --variants keep,resize256,raw --json bench.json --plot bench.png
       fastdata bench train.lmdb train-000000.tar --limit 5000
       fastdata bench --demo --train --formats lmdb --workers 0,1,2
+      fastdata bench --demo --train --formats lmdb --variants jpeg90,jpeg90+restarts
     """
     import tempfile
 

@@ -14,8 +14,8 @@ from fastdata.cli.packing import echo_summary, echo_warning, images_text, output
 @output_options("OUT")
 @_handle_errors
 def convert(input_, output, format_, shard_size, resize, center_crop, max_size, encoding,
-            quality, workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
-            as_json, progress):
+            quality, jpeg_restarts, workers, overwrite, resume, strict, verify_decode,
+            max_pixels, shuffle, as_json, progress):
     """Convert the dataset IN into the dataset OUT, in the format OUT's name gives.
 
     IN is any dataset fastdata reads: an LMDB folder, an .h5 file, a tar or
@@ -44,7 +44,8 @@ def convert(input_, output, format_, shard_size, resize, center_crop, max_size, 
 
     options = pack_options(format_=format_, shard_size=shard_size, resize=resize,
                            center_crop=center_crop, max_size=max_size, encoding=encoding,
-                           quality=quality, workers=workers, overwrite=overwrite,
+                           quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
+                           overwrite=overwrite,
                            resume=resume, strict=strict, verify_decode=verify_decode,
                            max_pixels=max_pixels, shuffle=shuffle)
     source = DatasetSource(input_)

@@ -44,8 +44,8 @@ from fastdata.encodings import TORCHVISION_EXTENSIONS
                    "the records are unlabelled: label -1, no classes].")
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle, as_json,
-         progress, scheduler, extensions, path_column, label_column):
+         jpeg_restarts, workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
+         as_json, progress, scheduler, extensions, path_column, label_column):
     """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -79,7 +79,8 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
 
     options = pack_options(format_=format_, shard_size=shard_size, resize=resize,
                            center_crop=center_crop, max_size=max_size, encoding=encoding,
-                           quality=quality, workers=workers, overwrite=overwrite,
+                           quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
+                           overwrite=overwrite,
                            resume=resume, strict=strict, verify_decode=verify_decode,
                            max_pixels=max_pixels, shuffle=shuffle, extensions=extensions)
     if path_column is not None or label_column is not None:

@@ -8,11 +8,13 @@ horizontal flip, but draws its randomness from a numpy Generator seeded with
 worker, rank or process decodes it, and after a resume.
 
 :meth:`RandomResizedCrop.decode` decodes a JPEG's crop region only
-("fused"), through libjpeg-turbo's TurboJPEG 3 API when it is installed
-(``fastdata.loaders.turbojpeg``): at the smallest of the DCT scales 1/8, 1/4,
-1/2 that leaves the crop at least the output size (else full scale), then
-resampled once. Other encodings, raw records, an explicit ``decoder=``, or no TurboJPEG
-3 library: the whole image is decoded, then cropped, flipped and resized
+("fused", ``fastdata.loaders.fused_crop``): the crop's MCUs alone when the
+JPEG has a restart marker after each (``fastdata pack --jpeg-restarts``),
+else through libjpeg-turbo's TurboJPEG 3 cropping region when it is
+installed; at the smallest of the DCT scales 1/8, 1/4, 1/2 that leaves the
+crop at least the output size (else full scale), then resized once. Other
+encodings, raw records, an explicit ``decoder=``, or neither way available:
+the whole image is decoded, then cropped, resized and flipped
 (:meth:`RandomResizedCrop.apply`), with the same boxes.
 
 Why not the 3/8 ... 7/8 scales libjpeg-turbo also offers: its SIMD inverse DCTs
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.encodings import sniff_encoding
-from fastdata.loaders import turbojpeg
+from fastdata.loaders import fused_crop, jpeg_restarts, turbojpeg
 
 #: torchvision's number of tries before the central-crop fallback.
 TRIES = 10
@@ -127,7 +129,7 @@ class RandomResizedCrop:
                 pixel limit, raw shape), used for everything but fused JPEGs.
         """
         if self.unfused_reason(data, chain) is None:
-            array = self._decode_fused(data, chain, seed, epoch, index)
+            array = fused_crop.decode(self, data, chain, seed, epoch, index)
             if array is not None:
                 return array
         return self.apply(chain(data), seed, epoch, index)
@@ -142,42 +144,11 @@ class RandomResizedCrop:
             return UNFUSED_RAW
         if chain.decoder != "auto":
             return UNFUSED_DECODER
-        if not turbojpeg.available():
-            return UNFUSED_LIBRARY
         if sniff_encoding(data) != "jpeg":
             return UNFUSED_ENCODING
+        if not turbojpeg.available() and jpeg_restarts.restart_layout(data) is None:
+            return UNFUSED_LIBRARY  # (a cut needs only simplejpeg)
         return None
-
-    def _decode_fused(self, data, chain, seed, epoch, index) -> np.ndarray | None:
-        """The crop decoded on its own, or None when TurboJPEG cannot (an
-        unusual colour space, corrupt data): then the full decode decides."""
-        from fastdata.image_header import check_pixels
-        from fastdata.loaders.decode import resize
-
-        check_pixels(data, chain.max_pixels, "jpeg")  # refuse bombs before allocating
-        try:
-            info = turbojpeg.read_header(data)
-            if not info.region_decodable:
-                return None
-            left, top, w, h, flip = self.box(info.width, info.height, seed, epoch, index)
-            eighths = self.eighths(w, h)
-            region = turbojpeg.decode_region(data, info, (left, top, w, h), eighths,
-                                             gray=info.gray and chain.keep_gray)
-        except turbojpeg.TurboJPEGError:
-            return None
-        if flip:
-            region = region[:, ::-1]
-        if eighths == 8:  # whole pixels: the same crop and resize as apply()
-            return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
-        # The scaled region's edges were rounded outwards to whole pixels:
-        # resample exactly the box's part of it, or the crop would be shifted
-        # and enlarged by up to 7 full-size pixels a side at 1/8 scale.
-        x = left * eighths / 8 - left * eighths // 8
-        bw, bh = w * eighths / 8, h * eighths / 8
-        if flip:
-            x = region.shape[1] - x - bw
-        y = top * eighths / 8 - top * eighths // 8
-        return _resample(np.ascontiguousarray(region), (x, y, bw, bh), self.size)
 
     def eighths(self, crop_w: int, crop_h: int) -> int:
         """The DCT scale (in eighths: 1, 2, 4 or 8) a crop of ``crop_w`` x
@@ -190,40 +161,13 @@ class RandomResizedCrop:
         return 8
 
     def apply(self, array: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
-        """Crop, flip and resize a decoded HWC uint8 image (the resize the
+        """Crop, resize and flip a decoded HWC uint8 image (the resize the
         loaders use for ``size=``); returns a C-contiguous HWC array."""
         from fastdata.loaders.decode import resize
 
         left, top, w, h, flip = self.box(array.shape[1], array.shape[0], seed, epoch, index)
         region = array[top:top + h, left:left + w]
-        if flip:
-            region = region[:, ::-1]
-        return np.ascontiguousarray(resize(np.ascontiguousarray(region), self.size))
-
-
-def _resample(region: np.ndarray, box: tuple[float, float, float, float],
-              size: tuple[int, int]) -> np.ndarray:
-    """The sub-pixel ``box`` (x, y, w, h) of ``region`` resized to ``size``:
-    bilinear, as :func:`~fastdata.loaders.decode.resize` does for the shrinks
-    of at most 2.5x a DCT scale mostly leaves; a larger one (in the side the
-    scale did not limit) takes that resize of the box rounded to whole pixels."""
-    import cv2
-
-    from fastdata.loaders.decode import LINEAR_MAX_SHRINK, resize
-
-    x, y, w, h = box
-    out_h, out_w = size
-    sx, sy = w / out_w, h / out_h
-    if max(sx, sy) > LINEAR_MAX_SHRINK:
-        x0, y0 = round(x), round(y)
-        part = region[y0:max(y0 + 1, round(y + h)), x0:max(x0 + 1, round(x + w))]
-        return np.ascontiguousarray(resize(np.ascontiguousarray(part), size))
-    # Output pixel centres mapped into the region (cv2.resize's convention, shifted).
-    matrix = np.array([[sx, 0.0, x + 0.5 * sx - 0.5], [0.0, sy, y + 0.5 * sy - 0.5]])
-    out = cv2.warpAffine(region, matrix, (out_w, out_h),
-                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                         borderMode=cv2.BORDER_REPLICATE)
-    return np.ascontiguousarray(out[:, :, None] if out.ndim == 2 else out)
+        return fused_crop.flipped(resize(region, self.size), flip)
 
 
 def _parse_size(size) -> tuple[int, int]:

@@ -59,6 +59,10 @@ def prepare(job: tuple[SourceEntry, bool, Preprocess, int | None]) -> Prepared |
             return Prepared(entry.key, entry.label, len(data), data, info.encoding,
                             info.width, info.height, meta)
         try:
+            if pre.lossless_restarts:
+                return Prepared(entry.key, entry.label, len(data),
+                                pre.rewrite(data, info.encoding), info.encoding,
+                                info.width, info.height, meta)
             payload, encoding, width, height = pre.apply(data, info.encoding, raw_shape)
         except Exception as exc:  # any decoder/encoder failure makes this image bad
             raise BadImageError(f"cannot be decoded for preprocessing: {exception_text(exc)}",

@@ -32,6 +32,11 @@ class Preprocess:
             anything else becomes PNG),
             "jpeg", "png", or "raw" (decoded uint8 HWC pixels, fixed shape).
         quality: JPEG quality when encoding JPEG.
+        restarts: store JPEGs with a restart marker after every MCU, so that
+            random crops decode only the crop's blocks
+            (``fastdata.loaders.jpeg_restarts``). Re-encoded JPEGs get them
+            from the encoder; original bytes are rewritten losslessly (the
+            same pixels), which needs libjpeg-turbo 3.1 or later.
     """
 
     resize: int | tuple[int, int] | None = None
@@ -39,6 +44,7 @@ class Preprocess:
     max_size: int | None = None
     encoding: str = "keep"
     quality: int = 90
+    restarts: bool = False
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
@@ -50,14 +56,50 @@ class Preprocess:
             raise FastDataError("center_crop=True needs resize= (the size to crop to)")
         if self.max_size is not None and self.max_size < 1:
             raise FastDataError(f"max_size={self.max_size} must be positive")
+        if self.restarts:
+            self._check_restarts()
+
+    def _check_restarts(self) -> None:
+        if self.encoding in ("png", "raw"):
+            raise FastDataError(f"restart markers are a JPEG feature: encoding "
+                                f"{self.encoding!r} stores no JPEGs (use 'jpeg' or 'keep')")
+        if self.lossless_restarts:
+            from fastdata.loaders import turbojpeg
+
+            if not turbojpeg.restarts_supported():
+                found = turbojpeg.library_path() or "none found"
+                raise FastDataError(
+                    "adding restart markers to the original JPEG bytes without re-encoding "
+                    "them needs libjpeg-turbo 3.1 or later (TurboJPEG library: "
+                    f"{found}): point {turbojpeg.ENV} at its libturbojpeg, or re-encode "
+                    "(--encoding jpeg, or --resize) so the encoder writes them")
+
+    @property
+    def lossless_restarts(self) -> bool:
+        """Restart markers added to otherwise unchanged JPEG bytes."""
+        return (self.restarts and self.encoding == "keep" and self.resize is None
+                and self.max_size is None)
 
     @property
     def identity(self) -> bool:
         """Nothing to do: the original bytes are stored."""
-        return self.encoding == "keep" and self.resize is None and self.max_size is None
+        return (self.encoding == "keep" and self.resize is None and self.max_size is None
+                and not self.restarts)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.restarts:  # absent unless asked for: older manifests stay valid
+            del out["restarts"]
+        return out
+
+    def rewrite(self, data: bytes, encoding: str) -> bytes:
+        """The stored bytes under :attr:`lossless_restarts`: JPEGs with
+        restart markers, anything else unchanged."""
+        if encoding != "jpeg":
+            return data
+        from fastdata.loaders import jpeg_restarts, turbojpeg
+
+        return jpeg_restarts.add_index(turbojpeg.add_restarts(data))
 
     def apply(self, data: bytes, encoding: str,
               raw_shape: tuple[int, int, int] | None = None) -> tuple[bytes, str, int, int]:
@@ -85,7 +127,8 @@ class Preprocess:
             out_encoding = encoding if encoding in ("jpeg", "raw") else "png"
         if out_encoding == "raw":
             return np.ascontiguousarray(pixels).tobytes(), "raw", w, h
-        return encode(pixels, out_encoding, self.quality), out_encoding, w, h
+        return (encode(pixels, out_encoding, self.quality, restarts=self.restarts),
+                out_encoding, w, h)
 
     def _geometry(self, pixels: np.ndarray) -> np.ndarray:
         from fastdata.loaders.decode import target_size
@@ -122,14 +165,21 @@ def _resize_quality(pixels: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return cv2.resize(pixels, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_CUBIC)
 
 
-def encode(pixels: np.ndarray, encoding: str, quality: int = 90) -> bytes:
-    """Encode HWC uint8 RGB pixels as JPEG (4:2:0) or PNG."""
+def encode(pixels: np.ndarray, encoding: str, quality: int = 90, *,
+           restarts: bool = False) -> bytes:
+    """Encode HWC uint8 RGB pixels as JPEG (4:2:0; with ``restarts``, a
+    restart marker after every MCU and their index) or PNG."""
     from PIL import Image
 
     buf = io.BytesIO()
     img = Image.fromarray(pixels, "RGB")
     if encoding == "jpeg":
-        img.save(buf, "JPEG", quality=int(quality), subsampling="4:2:0")
+        extra = {"restart_marker_blocks": 1} if restarts else {}
+        img.save(buf, "JPEG", quality=int(quality), subsampling="4:2:0", **extra)
+        if restarts:
+            from fastdata.loaders.jpeg_restarts import add_index
+
+            return add_index(buf.getvalue())
     elif encoding == "png":
         img.save(buf, "PNG", compress_level=6)
     else:
