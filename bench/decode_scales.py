@@ -8,8 +8,13 @@ milliseconds per image of:
   decoding: its share of the full decode is the part no region or scale
   choice can remove, unless the file has restart markers);
 - a random-resized crop to SIZE: the whole image decoded then cropped,
-  flipped and resized (``fused=False``), against the crop region decoded
-  alone (``fused=True``), with the same boxes.
+  resized and flipped (``fused=False``), against the crop region decoded
+  alone (``fused=True``), with the same boxes;
+- the same crop on the photos re-encoded at quality 90, without and with a
+  restart marker per MCU (``fastdata pack --encoding jpeg --jpeg-restarts``):
+  whole decode, region decode, and the restart-marker cut, which decodes the
+  crop's MCUs only; with a libjpeg-turbo of 3.1 or later, also the original
+  photos given restart markers losslessly (``--jpeg-restarts`` alone).
 
     python bench/decode_scales.py [--photos 300] [--size 224] [--repeat 5]
 """
@@ -92,6 +97,34 @@ def main() -> None:
     scales = ", ".join(f"{n} at {e}/8" for e, n in sorted(counts.items()))
     print(f"random-resized crop to {args.size}: whole image then crop {u:.3f} ms, "
           f"crop region only {f:.3f} ms: {u / f:.2f}x ({scales})")
+    _restart_rows(data, fused, unfused, chain, args.repeat)
+
+
+def _restart_rows(data, fused, unfused, chain, repeat: int) -> None:
+    """The crop on the photos re-encoded without and with restart markers."""
+    from fastdata.loaders import turbojpeg
+    from fastdata.loaders.decode import decode_rgb
+    from fastdata.packers.preprocess import encode
+
+    pixels = [decode_rgb(d) for d in data]
+    plain = [encode(p, "jpeg", 90) for p in pixels]
+    marked = [encode(p, "jpeg", 90, restarts=True) for p in pixels]
+    sizes = (np.mean([len(d) for d in plain]), np.mean([len(d) for d in marked]))
+    print(f"re-encoded at quality 90: {sizes[0] / 1e3:.1f} kB, with restart markers and "
+          f"their index {sizes[1] / 1e3:.1f} kB (+{(sizes[1] / sizes[0] - 1) * 100:.1f}%)")
+    rows = [("quality 90", plain), ("quality 90 + restarts", marked)]
+    if turbojpeg.restarts_supported():
+        from fastdata.loaders.jpeg_restarts import add_index
+
+        rows.append(("original + lossless restarts",
+                     [add_index(turbojpeg.add_restarts(d)) for d in data]))
+    best_unfused = None
+    for name, items in rows:
+        u = _ms_per_image(lambda i, d: unfused.decode(d, chain, 0, 0, i), items, repeat)
+        f = _ms_per_image(lambda i, d: fused.decode(d, chain, 0, 0, i), items, repeat)
+        best_unfused = u if best_unfused is None else min(best_unfused, u)
+        print(f"  {name:<30} whole image then crop {u:.3f} ms, fused {f:.3f} ms: "
+              f"{u / f:.2f}x; against the best whole-image crop so far {best_unfused / f:.2f}x")
 
 
 if __name__ == "__main__":
