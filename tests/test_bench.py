@@ -354,3 +354,69 @@ def test_train_rows_crop_anew_every_epoch(tiny_folder, tmp_path, workers):
     first = epoch_sums(3)
     assert len(set(first)) == 3
     assert epoch_sums(2) == first[:2]
+
+
+def test_jpeg_and_restart_variants():
+    from fastdata.errors import FastDataError
+    from fastdata.loaders import turbojpeg
+    from fastdata.packers.preprocess import Preprocess
+
+    jpeg, restarts = bm.parse_variants("jpeg90, JPEG90+restarts", 224)
+    assert (jpeg.name, jpeg.preprocess) == ("jpeg90", Preprocess(encoding="jpeg", quality=90))
+    assert restarts.name == "jpeg90+restarts" and restarts.suffix == " jpeg90+restarts"
+    assert restarts.preprocess == Preprocess(encoding="jpeg", quality=90, restarts=True)
+    if turbojpeg.restarts_supported():  # the original bytes, rewritten losslessly
+        assert bm.parse_variants("keep+restarts", 224)[0].preprocess == Preprocess(restarts=True)
+    else:
+        with pytest.raises(FastDataError, match="libjpeg-turbo 3.1 or later"):
+            bm.parse_variants("keep+restarts", 224)
+    assert bm.parse_variants("resize256+restarts", 224)[0].preprocess == \
+        Preprocess(resize=256, restarts=True)
+    for bad, message in [("raw+restarts", "raw pixels have no JPEG restart markers"),
+                         ("jpeg0", "quality of 1-100"), ("jpeg101", "quality of 1-100"),
+                         ("keep+foo", r"the only suffix is \+restarts"),
+                         ("jpeg", "unknown variant")]:
+        with pytest.raises(FastDataError, match=message):
+            bm.parse_variants(bad, 224)
+
+
+def _train_report(rows) -> bm.BenchReport:
+    """A report of training rows: (dataset, pipeline, workers, samples/s, decode path)."""
+    from fastdata.bench.results import Result
+
+    results = [Result(name=f"{base} {pipeline}", format="lmdb", variant="keep", label=base,
+                      path=None, workers=workers, status="ok", error=None, cache="warm",
+                      decoder="auto", samples_per_s=rate, pipeline=pipeline, decode_path=path)
+               for base, pipeline, workers, rate, path in rows]
+    return bm.BenchReport(machine={}, options={}, cache="warm", cache_note=None,
+                          results=results, seconds=1.0, created_at="now")
+
+
+def test_train_summary_compares_the_best_fused_with_the_best_unfused_dataset():
+    from fastdata.bench.train import best_of_all, train_lines
+    from fastdata.loaders.fused_crop import FUSED_CUT, FUSED_REGION
+
+    full = "full decode (simplejpeg, jpeg), then crop, resize, flip"
+    rows = [("lmdb", "train unfused", 0, 100.0, full), ("lmdb", "train unfused", 2, 150.0, full),
+            ("lmdb", "train fused", 2, 180.0, FUSED_REGION),
+            ("lmdb jpeg90+restarts", "train unfused", 2, 120.0, full),
+            ("lmdb jpeg90+restarts", "train fused", 0, 90.0, FUSED_CUT),
+            ("lmdb jpeg90+restarts", "train fused", 2, 300.0, FUSED_CUT),
+            # A fused row that ran the whole-image decode is no fused measurement.
+            ("lmdb raw", "train unfused", 2, 140.0, full),
+            ("lmdb raw", "train fused", 2, 900.0, f"{full}: the records are not JPEGs")]
+    report = _train_report(rows)
+    overall = best_of_all(report)
+    assert overall == {"ratio": 2.0, "fused": "lmdb jpeg90+restarts at 2 workers",
+                       "fused_rate": 300.0, "unfused": "lmdb at 2 workers",
+                       "unfused_rate": 150.0}
+    lines = train_lines(report)
+    assert lines[-1] == ("best fused / best unfused over all datasets: 2.00x (lmdb "
+                         "jpeg90+restarts at 2 workers 300 samples/s / lmdb at 2 workers 150)")
+    assert f"    fused ran: {FUSED_CUT}" in lines
+    assert report.to_dict()["train_best"] == overall
+    # One dataset: nothing to compare across.
+    single = _train_report(rows[:3])
+    assert best_of_all(single) is None
+    assert not any(line.startswith("best fused") for line in train_lines(single))
+    assert "train_best" not in single.to_dict()
