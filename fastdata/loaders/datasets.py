@@ -21,6 +21,7 @@ from fastdata.formats import FORMATS, detect_format
 from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
+from fastdata.loaders.sizes import fixed_shape
 from fastdata.machine import usable_cores
 
 
@@ -236,7 +237,16 @@ class PackedDataset(SamplePipeline, Dataset):
         if self.output in ("bytes", "pil"):
             return self._samples(indices, self._convert_all(indices, payloads, self._convert),
                                  metas)
-        arrays = self._convert_all(indices, payloads, self._pixels)
+        shape = fixed_shape(self.decode, self.crop) if stack else None
+        if shape is not None:
+            # The decode threads copy each image into the batch as it is done,
+            # instead of this thread stacking them all afterwards.
+            images = _batch_tensor((len(indices), *shape))
+            arrays = self._convert_all(indices, payloads, self._pixels, into=images.numpy())
+            if all(not isinstance(a, Failed) and a.shape == shape for a in arrays):
+                return self._batch(images, indices, metas)
+        else:
+            arrays = self._convert_all(indices, payloads, self._pixels)
         if stack and not any(isinstance(a, Failed) for a in arrays):
             if len({a.shape for a in arrays}) == 1:
                 images = _batch_tensor((len(arrays), *arrays[0].shape))
@@ -280,18 +290,24 @@ class PackedDataset(SamplePipeline, Dataset):
         n = len(self)
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
-    def _convert_all(self, indices: list[int], payloads: list, fn: Callable) -> list:
+    def _convert_all(self, indices: list[int], payloads: list, fn: Callable,
+                     into: np.ndarray | None = None) -> list:
         """``fn(payload, index)`` over the records (in the decode thread pool
-        unless they are raw pixels), a failure kept as ``Failed`` for its record."""
+        unless they are raw pixels), a failure kept as ``Failed`` for its record;
+        results of ``into``'s item shape are also copied to ``into[k]``."""
         n = len(self)
 
         def one(item):
+            k, index, payload = item
             try:
-                return fn(item[1], item[0] % n)
+                out = fn(payload, index % n)
             except Exception as exc:  # raised later with the record's name
                 return Failed(exc)
+            if into is not None and out.shape == into.shape[1:]:
+                into[k] = out
+            return out
 
-        items = list(zip(indices, payloads))
+        items = list(zip(range(len(indices)), indices, payloads))
         if (self.decode.raw_shape is not None and self.crop is None) or self.output == "bytes":
             return [one(item) for item in items]  # nothing to decode: no thread hand-offs
         return self._map(one, items)

@@ -64,3 +64,16 @@ class MixedSizeNotice:
         warnings.warn(f"{path}: {mixed_size_message(shapes, where)} "
                       f"(torch's default collate fails on them; ignore this warning if "
                       f"nothing stacks them: a collate_fn that keeps a list, batch_size=None)", MixedSizeWarning, stacklevel=4)
+
+
+def fixed_shape(decode, crop) -> tuple[int, int, int] | None:
+    """The (h, w, 3) every decoded image has when the options fix it
+    (``crop=``, or ``size=(h, w)``, without ``keep_gray``); None otherwise."""
+    if decode.keep_gray:
+        return None
+    if crop is not None:
+        return (*crop.size, 3)
+    size = decode.size
+    if isinstance(size, tuple) and len(size) == 2:
+        return (int(size[0]), int(size[1]), 3)
+    return None
