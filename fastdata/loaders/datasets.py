@@ -20,20 +20,9 @@ from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import FORMATS, detect_format
 from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
+from fastdata.loaders.decode_pool import DecodePool, decode_threads_for_worker
 from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
 from fastdata.loaders.sizes import fixed_shape
-from fastdata.machine import usable_cores
-
-
-def decode_threads_for_worker(requested: int | None) -> int:
-    """Threads for batch decoding: the usable cores shared among DataLoader workers."""
-    if requested is not None:
-        return max(1, int(requested))
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    workers = info.num_workers if info is not None else 1
-    return max(1, usable_cores() // max(1, workers))
 
 
 class PackedDataset(SamplePipeline, Dataset):
@@ -131,8 +120,7 @@ class PackedDataset(SamplePipeline, Dataset):
         if crop is not None:
             self._epoch.share_memory_()
         self.decode_threads = decode_threads
-        self._pool = None
-        self._pool_pid = None
+        self._decoders = DecodePool(decode_threads)
         self.cache = None
         if cache == "ram":
             from fastdata.loaders.cache import SharedPayloadCache
@@ -310,51 +298,13 @@ class PackedDataset(SamplePipeline, Dataset):
         items = list(zip(range(len(indices)), indices, payloads))
         if (self.decode.raw_shape is not None and self.crop is None) or self.output == "bytes":
             return [one(item) for item in items]  # nothing to decode: no thread hand-offs
-        return self._map(one, items)
-
-    def _map(self, fn, items: list) -> list:
-        """``[fn(x) for x in items]``, split into one contiguous chunk per
-        decode thread: one task per thread, not per image, so small images do
-        not pay more in task hand-offs than they take to decode."""
-        pool = self._thread_pool()
-        if pool is None or len(items) < 2:
-            return [fn(x) for x in items]
-        parts = min(self._pool_threads, len(items))
-        step = -(-len(items) // parts)
-        chunks = [items[i:i + step] for i in range(0, len(items), step)]
-        futures = [pool.submit(_apply_all, fn, chunk) for chunk in chunks[1:]]
-        out = _apply_all(fn, chunks[0])  # this thread works too
-        for f in futures:
-            out.extend(f.result())
-        return out
-
-    def _thread_pool(self):
-        # The decoders release the GIL, so threads decode a batch in parallel.
-        # A pool never crosses fork: each process makes its own on first use.
-        pid = os.getpid()
-        if self._pool_pid != pid:
-            self._pool = None
-            self._pool_pid = pid
-            threads = decode_threads_for_worker(self.decode_threads)
-            self._pool_threads = threads
-            if threads > 1:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode")
-        return self._pool
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.update(_pool=None, _pool_pid=None)
-        return state
+        return self._decoders.map(one, items)
 
     def close(self) -> None:
         """Stop this process's decode threads and close its file handles; both
         come back on next use. Call it before forking workers for another
         DataLoader so that no thread of ours is running at fork time."""
-        pool, self._pool, self._pool_pid = self._pool, None, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._decoders.close()
         self.reader.close()
 
     def __enter__(self):
@@ -378,10 +328,6 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
         storage = torch.UntypedStorage._new_shared(numel)
         return torch.tensor([], dtype=torch.uint8).set_(storage).view(shape)
     return torch.empty(shape, dtype=torch.uint8)
-
-
-def _apply_all(fn, items: list) -> list:
-    return [fn(x) for x in items]
 
 
 class _LazyReaderClass:
