@@ -20,6 +20,7 @@ from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.epoch_plan import Shuffle, Slice, epoch_order
+from fastdata.loaders.read_ahead import Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.stream_state import (DEFAULT_BLOCK, DEFAULT_WINDOW, StreamPoint,
                                            WorkerPosition, parse_state, worker_positions)
@@ -27,8 +28,6 @@ from fastdata.machine import rank_and_world
 
 #: Records read per random-access batch (and per retry batch after damage).
 _REST_BATCH = 64
-#: Positions of a worker's sequence read (and decoded) at a time.
-_READ_CHUNK = 64
 
 
 class ShardedIterableDataset(SamplePipeline, IterableDataset):
@@ -331,8 +330,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         (then the record's dict, or the CorruptDataError reading it raised)."""
         positions = worker_positions(plan, position.worker, position.workers)
         base = position.taken
-        chunks = _Chunks(plan, order, positions[base:])
-        ahead = _ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0,
+        chunks = Chunks(plan, order, positions[base:])
+        ahead = ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0,
                            whole_shards=self.remote_read == "shards")
         try:
             done = base
@@ -403,83 +402,3 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             warnings.warn(f"{self.path}: skipping {len(lost)} corrupt records {lost[0][0]} to "
                           f"{lost[-1][0]}; {self.skipped} skipped so far; the first: "
                           f"{lost[0][1]}", RuntimeWarning, stacklevel=3)
-
-
-class _Chunks:
-    """The record indices of a worker's remaining positions, ``_READ_CHUNK`` at
-    a time, made when asked for (not a whole epoch's lists up front)."""
-
-    def __init__(self, plan: Slice, order, positions) -> None:
-        self.plan, self.order, self.positions = plan, order, positions
-
-    def __len__(self) -> int:
-        return -(-len(self.positions) // _READ_CHUNK)
-
-    def __getitem__(self, k: int) -> list[int]:
-        if not 0 <= k < len(self):
-            raise IndexError(k)
-        part = self.positions[k * _READ_CHUNK:(k + 1) * _READ_CHUNK]
-        return self.plan.record_indices(self.order, part).tolist()
-
-
-class _ReadAhead:
-    """Chunks of records fetched ``depth`` chunks ahead of use in one thread, so
-    that a remote dataset's requests overlap decoding; ``depth`` 0 reads nothing
-    ahead (local files are read as they are used)."""
-
-    def __init__(self, reader, chunks: "_Chunks", depth: int,
-                 whole_shards: bool = False) -> None:
-        self.reader = reader
-        self.chunks = chunks
-        self.depth = depth
-        self.pending: dict[int, Any] = {}
-        self.pool = self.downloads = None
-        self.shards: dict[int, Any] = {}  # shard -> future of its local copy
-        self.cache = None
-        if depth > 0:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-read-ahead")
-            if whole_shards:
-                self.downloads = ThreadPoolExecutor(depth, thread_name_prefix="fastdata-shard")
-
-    def _download(self, k: int) -> None:
-        """Ask for the shards of chunk k that are not asked for yet."""
-        if self.cache is None:
-            from fastdata.storage import ShardCache
-
-            self.cache = ShardCache()  # holds the copies it returned until closed
-        for shard in self.reader.shards_of(self.chunks[k]):
-            if shard not in self.shards:
-                self.shards[shard] = self.downloads.submit(
-                    self.cache.local, self.reader.shard_paths[shard])
-
-    def _fetch(self, k: int, indices: list[int]):
-        if self.downloads is not None:
-            for shard in self.reader.shards_of(indices):
-                self.reader.attach_local(shard, self.shards[shard].result())
-        try:
-            return self.reader.read_many(indices)
-        except CorruptDataError:
-            return None  # read again one record at a time, where damage is reported
-
-    def take(self, k: int) -> list | None:
-        """Chunk k's payloads (None: read them with the damage-aware path)."""
-        if self.pool is None:
-            return None
-        for j in range(k, min(len(self.chunks), k + 1 + self.depth)):
-            if j not in self.pending:
-                if self.downloads is not None:
-                    self._download(j)
-                self.pending[j] = self.pool.submit(self._fetch, j, self.chunks[j])
-        return self.pending.pop(k).result()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            for future in [*self.pending.values(), *self.shards.values()]:
-                future.cancel()
-            self.pool.shutdown(wait=True)
-            if self.downloads is not None:
-                self.downloads.shutdown(wait=True)
-            if self.cache is not None and hasattr(self.cache, "release"):
-                self.cache.release()
