@@ -124,3 +124,36 @@ def test_streamed_mixed_sizes_warn(tree, tmp_path):
                 pass
     sized = fastdata.ShardedIterableDataset(out, size=(16, 16))
     assert sum(len(y) for _, y in DataLoader(sized, batch_size=6)) == 20
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fixed_size_batch_filled_by_decode_threads_equals_samples(tree, tmp_path, threads):
+    # size=(h, w) and crop= fix every image's shape: the decode threads copy
+    # each image into the batch tensor; the batch must equal the samples.
+    path = _pack(tree, tmp_path, f"fill{threads}")  # mixed stored sizes
+    for options in ({"size": (10, 14)}, {"crop": fastdata.RandomResizedCrop((9, 7))}):
+        ds = fastdata.open_dataset(path, decode_threads=threads, **options)
+        indices = list(range(len(ds)))[::-1]
+        batch = ds.__getitems__(indices)
+        assert isinstance(batch, Batch)
+        h, w = options.get("size") or options["crop"].size
+        assert batch.images.shape == (len(indices), 3, h, w)
+        for k, i in enumerate(indices):
+            assert torch.equal(batch.images[k], ds[i][0])
+
+
+def test_fixed_size_batch_with_a_failed_record_skips_it(tmp_path):
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(src / f"{i}.png")
+    out = str(tmp_path / "bad.lmdb")
+    fastdata.pack(str(tmp_path / "src"), out, options=PackOptions(workers=1), progress=False)
+    ds = fastdata.open_dataset(out, size=(8, 8), on_error="skip", decode_threads=2,
+                               max_pixels=100)  # every 12x12 image is over the limit
+    with pytest.warns(RuntimeWarning, match="skipping undecodable record"):
+        assert ds.__getitems__([0, 1, 2]) == []
+    ok = fastdata.open_dataset(out, size=(8, 8), decode_threads=2)
+    batch = ok.__getitems__([3, 0])
+    assert isinstance(batch, Batch) and torch.equal(batch.images[0], ok[3][0])
