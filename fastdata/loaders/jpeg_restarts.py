@@ -9,15 +9,13 @@ needs can then be copied into a smaller JPEG, with its own size and renumbered
 markers, and decoded alone: entropy decoding, which is most of a decode
 (bench/RESULTS.md, "Training crops"), is paid for the crop's area only.
 
-Finding the markers means reading every byte for 0xFF; a JPEG packed with
-``fastdata pack --jpeg-restarts`` also carries an index of them, an APP15
-segment (``FDMCUIDX``) with each MCU's byte length, which other decoders
-skip. :func:`restart_layout` checks the index against the markers it points
-at and reads the bytes itself when there is none or it does not match.
-
-``fastdata pack --jpeg-restarts`` writes such JPEGs;
-:meth:`fastdata.RandomResizedCrop.decode` uses :func:`cut` when a record has
-them. Anything else (progressive, arithmetic, 12-bit, other intervals, markers
+``fastdata pack --jpeg-restarts`` writes such JPEGs, and :func:`add_index`
+adds an index of their markers: an APP15 segment (``FDMCUIDX``) with each
+MCU's byte length, which other decoders skip, so that finding the MCUs does
+not mean reading every byte for 0xFF. :func:`restart_layout` checks the index
+against the markers it points at, and reads the bytes itself when there is
+none or it does not match. :meth:`fastdata.RandomResizedCrop.decode` uses
+:func:`cut` when a record has restart markers. Anything else (progressive, arithmetic, 12-bit, other intervals, markers
 that do not count up as they should) gives ``None`` from
 :func:`restart_layout`, and the crop is decoded the ordinary way.
 """
