@@ -463,3 +463,20 @@ def test_packed_restart_crops_equal_unfused_crops_with_any_workers(restart_packs
     other_epoch.set_epoch(3)
     assert any(not np.array_equal(other_epoch[i][0].numpy(), expected[i]) for i in range(12))
 
+
+
+def test_cut_of_more_mcus_than_an_index_holds():
+    # 2,100 x 2,100 gray: 69,169 MCUs of 8x8, too many for an index segment,
+    # and a cut of them all renumbers more markers than the cached table holds.
+    rng = np.random.default_rng(7)
+    pixels = np.asarray(Image.fromarray(rng.integers(0, 255, (60, 60), dtype=np.uint8))
+                        .resize((2100, 2100), Image.BILINEAR))
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "L").save(buf, "JPEG", quality=80, restart_marker_blocks=1)
+    data = add_index(buf.getvalue())
+    layout = restart_layout(data)
+    assert layout is not None and layout.index is None and len(layout.starts) == 263 * 263
+    part, (x, y, w, h) = cut(data, layout, (0, 0, 2100, 2100))
+    assert (x, y, w, h) == (0, 0, 2100, 2100)
+    assert np.array_equal(simplejpeg.decode_jpeg(bytes(part), colorspace="GRAY"),
+                          simplejpeg.decode_jpeg(data, colorspace="GRAY"))

@@ -31,6 +31,8 @@ _SOI, _EOI, _SOS, _DRI = 0xD8, 0xD9, 0xDA, 0xDD
 _BASELINE_SOF = (0xC0, 0xC1)  # Huffman, sequential (baseline and extended)
 _OTHER_SOF = frozenset(range(0xC2, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _RST0, _EOI_MARKER = bytes((0xFF, 0xD0)), bytes((0xFF, _EOI))
+#: The second byte of the n-th restart marker of a scan: RST0 ... RST7, RST0 ...
+_RST_NUMBERS = (0xD0 + (np.arange(1 << 16) & 7)).astype(np.uint8)
 _APP15 = 0xEF
 _INDEX_ID = b"FDMCUIDX\x01"  # name and version of the MCU index segment
 #: An APP segment holds at most 65,533 bytes: indexes of up to this many MCUs
@@ -131,23 +133,27 @@ def _indexed(data: bytes, span: tuple[int, int], scan: int, count: int):
     """``(starts, ends)`` from an index segment's payload at ``span``, or None
     when it is for another number of MCUs or its offsets miss the markers."""
     start, end = span
-    if end - start < 4 or struct.unpack_from("<I", data, start)[0] != count \
-            or end - start - 4 != 2 * count:
+    if end - start != 4 + 2 * count or struct.unpack_from("<I", data, start)[0] != count:
         return None
-    lengths = np.frombuffer(data, dtype="<u2", count=count, offset=start + 4).astype(np.int64)
-    starts = np.empty(count, dtype=np.int64)
-    starts[0] = scan
-    np.cumsum(lengths[:-1] + 2, out=starts[1:])
-    starts[1:] += scan
-    ends = starts + lengths
+    lengths = np.frombuffer(data, dtype="<u2", count=count, offset=start + 4)
+    ends = np.cumsum(lengths + 2, dtype=np.int64)
+    ends += scan - 2
     if ends[-1] + 2 > len(data):
         return None
     array = np.frombuffer(data, dtype=np.uint8)
     # Every offset must land on its marker, numbered as it should be, and on EOI last.
-    if not (array[ends] == 0xFF).all() or array[ends[-1] + 1] != _EOI or not np.array_equal(
-            array[ends[:-1] + 1], 0xD0 + (np.arange(count - 1) & 7)):
+    inner = ends[:-1]
+    if array[ends[-1] + 1] != _EOI or (array[inner] != 0xFF).any() or not np.array_equal(
+            array[inner + 1], _rst_numbers(count - 1)):
         return None
-    return starts, ends
+    return ends - lengths, ends
+
+
+def _rst_numbers(n: int) -> np.ndarray:
+    """The second bytes of a scan's first ``n`` restart markers."""
+    if n <= len(_RST_NUMBERS):
+        return _RST_NUMBERS[:n]
+    return (0xD0 + (np.arange(n) & 7)).astype(np.uint8)
 
 
 def _scanned(data: bytes, scan: int, count: int):
@@ -213,7 +219,7 @@ def cut_bounds(layout: RestartLayout, box: tuple[int, int, int, int],
 
 
 def cut(data: bytes, layout: RestartLayout, box: tuple[int, int, int, int],
-        eighths: int = 8) -> tuple[bytes, tuple[int, int, int, int]]:
+        eighths: int = 8) -> tuple[bytearray, tuple[int, int, int, int]]:
     """A JPEG of the MCUs covering ``box`` (left, top, width, height), with a
     margin for chroma upsampling at ``eighths``/8 scale.
 
@@ -237,13 +243,12 @@ def cut(data: bytes, layout: RestartLayout, box: tuple[int, int, int, int],
     run_starts = layout.starts[first + col0]
     run_ends = layout.ends[first + col1 - 1]
     view = memoryview(data)
-    out = bytearray(b"".join((header, _RST0.join(
-        [view[start:end] for start, end in zip(run_starts.tolist(), run_ends.tolist())]),
-        _EOI_MARKER)))
+    runs = [view[start:end] for start, end in zip(run_starts.tolist(), run_ends.tolist())]
+    out = bytearray().join((header, _RST0.join(runs), _EOI_MARKER))
     # Marker positions: every MCU's end but the last, moved to where its run landed.
     lengths = run_ends - run_starts + 2
     run_offsets = np.cumsum(lengths) - lengths + len(header) - run_starts
     ends = layout.ends[first[:, None] + np.arange(col0, col1, dtype=np.int64)[None, :]]
     at = (ends + run_offsets[:, None]).ravel()[:-1]
-    np.frombuffer(out, dtype=np.uint8)[at + 1] = 0xD0 + (np.arange(len(at)) & 7)
-    return bytes(out), (x, y, width, height)
+    np.frombuffer(out, dtype=np.uint8)[at + 1] = _rst_numbers(len(at))
+    return out, (x, y, width, height)
