@@ -68,8 +68,8 @@ def _decode_cut(crop, data, layout, chain, draw) -> np.ndarray | None:
             pixels = simplejpeg.decode_jpeg(part, colorspace="GRAY" if gray else "RGB")
             region = pixels[top - y:top - y + h, left - x:left - x + w]
         else:
-            region = turbojpeg.decode_region(part, turbojpeg.read_header(part), (left - x, top - y, w, h), eighths,
-                                             gray=gray)
+            region = turbojpeg.decode_region(part, turbojpeg.read_header(part),
+                                             (left - x, top - y, w, h), eighths, gray=gray)
     except ValueError:  # simplejpeg's and TurboJPEG's errors (corrupt data, a warning)
         return None
     return _finish(crop, region, (left, top, w, h), eighths, flip)
