@@ -15,9 +15,10 @@ MCU's byte length, which other decoders skip, so that finding the MCUs does
 not mean reading every byte for 0xFF. :func:`restart_layout` checks the index
 against the markers it points at, and reads the bytes itself when there is
 none or it does not match. :meth:`fastdata.RandomResizedCrop.decode` uses
-:func:`cut` when a record has restart markers. Anything else (progressive, arithmetic, 12-bit, other intervals, markers
-that do not count up as they should) gives ``None`` from
-:func:`restart_layout`, and the crop is decoded the ordinary way.
+:func:`cut` when a record has restart markers. Anything else (progressive,
+arithmetic, 12-bit, other intervals, markers that do not count up as they
+should) gives ``None`` from :func:`restart_layout`, and the crop is decoded
+the ordinary way.
 """
 
 from __future__ import annotations
