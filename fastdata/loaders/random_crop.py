@@ -128,7 +128,8 @@ class RandomResizedCrop:
             chain: the Dataset's ``DecoderChain`` (decoder choice, gray policy,
                 pixel limit, raw shape), used for everything but fused JPEGs.
         """
-        if self.unfused_reason(data, chain) is None:
+        if self._options_reason(data, chain) is None:
+            # None also when neither a cut nor TurboJPEG can (UNFUSED_LIBRARY).
             array = fused_crop.decode(self, data, chain, seed, epoch, index)
             if array is not None:
                 return array
@@ -138,6 +139,15 @@ class RandomResizedCrop:
         """Why :meth:`decode` decodes this payload whole (one of the
         ``UNFUSED_*`` reasons), or None when it decodes the crop region alone
         (unless TurboJPEG then refuses the file: a CMYK or corrupt JPEG)."""
+        reason = self._options_reason(data, chain)
+        if reason is None and not turbojpeg.available() \
+                and jpeg_restarts.restart_layout(data) is None:
+            return UNFUSED_LIBRARY  # (a cut needs only simplejpeg)
+        return reason
+
+    def _options_reason(self, data, chain) -> str | None:
+        """The reasons for a whole-image decode that the options and the
+        payload's encoding give, before any library or header is looked at."""
         if not self.fused:
             return UNFUSED_OFF
         if chain.raw_shape is not None:
@@ -146,8 +156,6 @@ class RandomResizedCrop:
             return UNFUSED_DECODER
         if sniff_encoding(data) != "jpeg":
             return UNFUSED_ENCODING
-        if not turbojpeg.available() and jpeg_restarts.restart_layout(data) is None:
-            return UNFUSED_LIBRARY  # (a cut needs only simplejpeg)
         return None
 
     def eighths(self, crop_w: int, crop_h: int) -> int:
