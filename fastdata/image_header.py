@@ -24,7 +24,8 @@ from fastdata.errors import DecodeError
 #: DecompressionBombError (about 13,400 x 13,400 pixels).
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
 
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers
+#: JPEG start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC).
+SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD9)})  # markers without a length
 _PNG_SIZE = struct.Struct(">II")
 
@@ -57,7 +58,7 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
             i += 2
         elif marker == 0xDA:  # start of scan: the frame header comes before it
             return None
-        elif marker in _SOF:
+        elif marker in SOF_MARKERS:
             if i + 9 > n:
                 return None
             return (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8]

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdata.image_header import SOF_MARKERS
+
 _SOI, _EOI, _SOS, _DRI = 0xD8, 0xD9, 0xDA, 0xDD
 _BASELINE_SOF = (0xC0, 0xC1)  # Huffman, sequential (baseline and extended)
-_OTHER_SOF = frozenset(range(0xC2, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_OTHER_SOF = SOF_MARKERS - set(_BASELINE_SOF)
 _RST0, _EOI_MARKER = bytes((0xFF, 0xD0)), bytes((0xFF, _EOI))
 #: The second byte of the n-th restart marker of a scan: RST0 ... RST7, RST0 ...
 _RST_NUMBERS = (0xD0 + (np.arange(1 << 16) & 7)).astype(np.uint8)
