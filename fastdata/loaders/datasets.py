@@ -267,7 +267,8 @@ class PackedDataset(SamplePipeline, Dataset):
         from fastdata.loaders.decode import target_size
 
         shape = self.decode.raw_shape
-        if self.crop is not None or shape is None or len(shape) != 3 or not (shape[2] == 3 or self.decode.keep_gray):
+        if self.crop is not None or shape is None or len(shape) != 3 \
+                or not (shape[2] == 3 or self.decode.keep_gray):
             return False
         hw = target_size(shape[0], shape[1], self.decode.size)
         return hw is None or tuple(hw) == tuple(shape[:2])

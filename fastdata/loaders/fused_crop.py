@@ -127,7 +127,8 @@ def _resample(region: np.ndarray, box: tuple[float, float, float, float],
     """The sub-pixel ``box`` (x, y, w, h) of ``region`` resized to ``size``:
     bilinear, as :func:`~fastdata.loaders.decode.resize` does for the shrinks
     of at most 2.5x a DCT scale mostly leaves; a larger one (in the side the
-    scale did not limit) takes that resize of the box rounded to whole pixels."""
+    scale did not limit) takes that resize of the box rounded to whole pixels.
+    :func:`flipped` makes the result contiguous."""
     import cv2
 
     from fastdata.loaders.decode import LINEAR_MAX_SHRINK, resize
@@ -137,11 +138,10 @@ def _resample(region: np.ndarray, box: tuple[float, float, float, float],
     sx, sy = w / out_w, h / out_h
     if max(sx, sy) > LINEAR_MAX_SHRINK:
         x0, y0 = round(x), round(y)
-        part = region[y0:max(y0 + 1, round(y + h)), x0:max(x0 + 1, round(x + w))]
-        return np.ascontiguousarray(resize(np.ascontiguousarray(part), size))
+        return resize(region[y0:max(y0 + 1, round(y + h)), x0:max(x0 + 1, round(x + w))], size)
     # Output pixel centres mapped into the region (cv2.resize's convention, shifted).
     matrix = np.array([[sx, 0.0, x + 0.5 * sx - 0.5], [0.0, sy, y + 0.5 * sy - 0.5]])
     out = cv2.warpAffine(region, matrix, (out_w, out_h),
                          flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                          borderMode=cv2.BORDER_REPLICATE)
-    return np.ascontiguousarray(out[:, :, None] if out.ndim == 2 else out)
+    return out[:, :, None] if out.ndim == 2 else out
