@@ -62,7 +62,6 @@ class PreparedStream:
         import multiprocessing
 
         end = time.monotonic() + seconds
-        failed = 0  # chunks whose job raised: not the error being reported
         while True:
             try:
                 self._chunks.next(timeout=max(0.0, end - time.monotonic()))
@@ -70,8 +69,8 @@ class PreparedStream:
                 return True
             except multiprocessing.TimeoutError:
                 return False
-            except Exception:  # noqa: BLE001 - any error a job raised in its worker
-                failed += 1
+            except Exception:  # noqa: BLE001 - a job's error: not the one being reported
+                continue
 
 
 def _prepare_chunk(jobs: tuple) -> list[Prepared | SkippedFile]:
