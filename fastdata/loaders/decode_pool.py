@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 
@@ -35,19 +36,30 @@ class DecodePool:
         self._threads = 1
 
     def map(self, fn: Callable, items: list) -> list:
-        """``[fn(x) for x in items]``, split into one contiguous chunk per
-        thread (this one included): one task per thread, not per image, so
-        small images do not pay more in task hand-offs than they take to decode."""
+        """``[fn(x) for x in items]`` on this process's threads (this one
+        included). Each thread claims the next unclaimed item until none is
+        left: one task per thread, not per image, so small images do not pay
+        more in task hand-offs than they take to decode, and a thread that drew
+        cheap images (small crops) takes more of them instead of waiting for
+        one that drew expensive ones."""
         executor = self._started()
         if executor is None or len(items) < 2:
             return [fn(x) for x in items]
-        parts = min(self._threads, len(items))
-        step = -(-len(items) // parts)
-        chunks = [items[i:i + step] for i in range(0, len(items), step)]
-        futures = [executor.submit(_apply_all, fn, chunk) for chunk in chunks[1:]]
-        out = _apply_all(fn, chunks[0])
-        for f in futures:
-            out.extend(f.result())
+        out: list = [None] * len(items)
+        claim = itertools.count()  # next() on it is atomic under the GIL
+
+        def drain() -> None:
+            k = next(claim)
+            while k < len(items):
+                out[k] = fn(items[k])
+                k = next(claim)
+
+        futures = [executor.submit(drain) for _ in range(min(self._threads, len(items)) - 1)]
+        try:
+            drain()
+        finally:
+            for f in futures:
+                f.result()
         return out
 
     def _started(self):
@@ -71,6 +83,3 @@ class DecodePool:
     def __getstate__(self) -> dict:
         return {"requested": self.requested, "_executor": None, "_pid": None, "_threads": 1}
 
-
-def _apply_all(fn, items: list) -> list:
-    return [fn(x) for x in items]

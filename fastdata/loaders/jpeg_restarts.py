@@ -36,6 +36,7 @@ _OTHER_SOF = SOF_MARKERS - set(_BASELINE_SOF)
 _RST0, _EOI_MARKER = bytes((0xFF, 0xD0)), bytes((0xFF, _EOI))
 #: The second byte of the n-th restart marker of a scan: RST0 ... RST7, RST0 ...
 _RST_NUMBERS = (0xD0 + (np.arange(1 << 16) & 7)).astype(np.uint8)
+_TWOS = np.arange(2, 2 * (1 << 16) + 1, 2, dtype=np.int64)
 _APP15 = 0xEF
 _INDEX_ID = b"FDMCUIDX\x01"  # name and version of the MCU index segment
 #: An APP segment holds at most 65,533 bytes: indexes of up to this many MCUs
@@ -60,19 +61,34 @@ class RestartLayout:
     rows: int
     sof: int  # offset of the SOF marker (its height and width are rewritten)
     scan: int  # offset of the first entropy-coded byte
-    starts: np.ndarray  # first byte of each MCU, in raster order
-    ends: np.ndarray  # one past each MCU's last byte (its RST marker, or EOI)
+    #: ``bounds[m + 1]``: one past MCU m's last byte (its RST marker, or EOI);
+    #: ``bounds[0]`` is ``scan - 2``, so MCU m starts at ``bounds[m] + 2``.
+    bounds: np.ndarray
     index: tuple[int, int] | None = None  # the index segment's (start, end), if any
 
+    @property
+    def starts(self) -> np.ndarray:
+        """First byte of each MCU, in raster order."""
+        return self.bounds[:-1] + 2
 
-def _segments(data: bytes):
-    """``(marker, offset, payload_start, payload_end)`` of each header segment,
-    up to and including the first SOS."""
-    pos = 2
-    n = len(data)
+    @property
+    def ends(self) -> np.ndarray:
+        """One past each MCU's last byte (its RST marker, or EOI)."""
+        return self.bounds[1:]
+
+
+def _header(data: bytes):
+    """``(sof, frame, interval, scan, components, index)`` from the segments
+    up to the first SOS: the SOF's offset and payload, the restart interval,
+    the first entropy-coded byte, the scan's number of components and the
+    index segment's ``(offset, payload start, end)``; None for a frame other
+    than baseline Huffman or a malformed header."""
+    pos, n = 2, len(data)
+    sof = frame = index = None
+    interval = 0
     while pos + 4 <= n:
         if data[pos] != 0xFF:
-            return
+            return None
         marker = data[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
@@ -80,11 +96,19 @@ def _segments(data: bytes):
         (length,) = struct.unpack_from(">H", data, pos + 2)
         end = pos + 2 + length
         if length < 2 or end > n:
-            return
-        yield marker, pos, pos + 4, end
+            return None
         if marker == _SOS:
-            return
+            return sof, frame, interval, end, data[pos + 4], index
+        if marker in _OTHER_SOF:
+            return None
+        if marker == _APP15 and data.startswith(_INDEX_ID, pos + 4):
+            index = (pos, pos + 4 + len(_INDEX_ID), end)
+        elif marker in _BASELINE_SOF:
+            sof, frame = pos, data[pos + 4:end]
+        elif marker == _DRI and length >= 4:
+            (interval,) = struct.unpack_from(">H", data, pos + 4)
         pos = end
+    return None
 
 
 def restart_layout(data) -> RestartLayout | None:
@@ -94,33 +118,23 @@ def restart_layout(data) -> RestartLayout | None:
         data = bytes(data)
     if len(data) < 4 or data[0] != 0xFF or data[1] != _SOI:
         return None
-    sof = frame = index = None
-    interval = 0
-    scan = -1
-    for marker, pos, start, end in _segments(data):
-        if marker in _OTHER_SOF:
-            return None
-        if marker == _APP15 and data.startswith(_INDEX_ID, start):
-            index = (pos, start + len(_INDEX_ID), end)
-        elif marker in _BASELINE_SOF:
-            sof, frame = pos, data[start:end]
-        elif marker == _DRI and end - start >= 2:
-            (interval,) = struct.unpack_from(">H", data, start)
-        elif marker == _SOS:
-            if frame is None or interval != 1 or data[start] != frame[5]:
-                return None  # no frame, another interval, or not all components in one scan
-            scan = end
-    if scan < 0 or frame is None or len(frame) < 6 or frame[0] != 8:
+    header = _header(data)
+    if header is None:
         return None
-    height, width = struct.unpack_from(">HH", frame, 1)
-    ncomp = frame[5]
+    sof, frame, interval, scan, scan_components, index = header
+    # No frame, another interval, not 8-bit, or not all components in one scan.
+    if frame is None or interval != 1 or len(frame) < 6 or frame[0] != 8 \
+            or scan_components != frame[5]:
+        return None
+    height, width, ncomp = struct.unpack_from(">HHB", frame, 1)
     if width == 0 or height == 0 or ncomp not in (1, 3) or len(frame) < 6 + 3 * ncomp:
         return None
     if ncomp == 1:  # a single-component scan's MCU is one block, whatever its sampling
         mcu_w = mcu_h = 8
     else:
-        factors = [frame[7 + 3 * c] for c in range(3)]
-        mcu_w, mcu_h = 8 * max(f >> 4 for f in factors), 8 * max(f & 15 for f in factors)
+        f0, f1, f2 = frame[7], frame[10], frame[13]
+        mcu_w = 8 * max(f0 >> 4, f1 >> 4, f2 >> 4)
+        mcu_h = 8 * max(f0 & 15, f1 & 15, f2 & 15)
     cols, rows = -(-width // mcu_w), -(-height // mcu_h)
     bounds = None if index is None else _indexed(data, index[1:], scan, cols * rows)
     if bounds is None:
@@ -128,28 +142,41 @@ def restart_layout(data) -> RestartLayout | None:
         bounds = _scanned(data, scan, cols * rows)
         if bounds is None:
             return None
-    return RestartLayout(width, height, ncomp, mcu_w, mcu_h, cols, rows, sof, scan, *bounds,
+    return RestartLayout(width, height, ncomp, mcu_w, mcu_h, cols, rows, sof, scan, bounds,
                          index=None if index is None else (index[0], index[2]))
 
 
 def _indexed(data: bytes, span: tuple[int, int], scan: int, count: int):
-    """``(starts, ends)`` from an index segment's payload at ``span``, or None
-    when it is for another number of MCUs or its offsets miss the markers."""
+    """The bounds (see :class:`RestartLayout`) from an index segment's payload
+    at ``span``, or None when it is for another number of MCUs or its offsets
+    miss the markers."""
     start, end = span
     if end - start != 4 + 2 * count or struct.unpack_from("<I", data, start)[0] != count:
         return None
-    lengths = np.frombuffer(data, dtype="<u2", count=count, offset=start + 4)
-    ends = np.cumsum(lengths + 2, dtype=np.int64)
+    bounds = np.empty(count + 1, dtype=np.int64)
+    bounds[0] = scan - 2
+    ends = bounds[1:]
+    # Each MCU's end is its start plus its length; the next starts 2 bytes on (its marker).
+    np.add.accumulate(np.frombuffer(data, dtype="<u2", count=count, offset=start + 4),
+                      dtype=np.int64, out=ends)
+    ends += _twos(count)
     ends += scan - 2
-    if ends[-1] + 2 > len(data):
+    # Every offset must land on its marker, numbered as it should be, and on EOI last.
+    if ends[-1] + 2 > len(data) or data[ends[-1] + 1] != _EOI:
         return None
     array = np.frombuffer(data, dtype=np.uint8)
-    # Every offset must land on its marker, numbered as it should be, and on EOI last.
     inner = ends[:-1]
-    if array[ends[-1] + 1] != _EOI or (array[inner] != 0xFF).any() or not np.array_equal(
-            array[inner + 1], _rst_numbers(count - 1)):
+    if array[inner].min(initial=0xFF) != 0xFF or \
+            (array[inner + 1] != _rst_numbers(count - 1)).any():
         return None
-    return ends - lengths, ends
+    return bounds
+
+
+def _twos(n: int) -> np.ndarray:
+    """2, 4, ... 2n: the marker bytes before each MCU's end."""
+    if n <= len(_TWOS):
+        return _TWOS[:n]
+    return np.arange(2, 2 * n + 1, 2, dtype=np.int64)
 
 
 def _rst_numbers(n: int) -> np.ndarray:
@@ -160,18 +187,17 @@ def _rst_numbers(n: int) -> np.ndarray:
 
 
 def _scanned(data: bytes, scan: int, count: int):
-    """``(starts, ends)`` found by reading the entropy-coded bytes, or None."""
+    """The bounds (see :class:`RestartLayout`) found by reading the
+    entropy-coded bytes, or None."""
     eoi = data.rfind(bytes((0xFF, _EOI)), scan)  # trailing bytes after it are allowed
     if eoi < 0:
         return None
     markers = _restart_markers(data, scan, eoi)
     if markers is None or len(markers) != count - 1:
         return None
-    starts = np.empty(count, dtype=np.int64)
-    starts[0], starts[1:] = scan, markers + 2
-    ends = np.empty(count, dtype=np.int64)
-    ends[:-1], ends[-1] = markers, eoi
-    return starts, ends
+    bounds = np.empty(count + 1, dtype=np.int64)
+    bounds[0], bounds[1:-1], bounds[-1] = scan - 2, markers, eoi
+    return bounds
 
 
 def add_index(data: bytes) -> bytes:
@@ -232,26 +258,33 @@ def cut(data: bytes, layout: RestartLayout, box: tuple[int, int, int, int],
         ``box`` (shifted by ``x``, ``y``) equal those of the whole image's decode.
     """
     col0, col1, row0, row1 = cut_bounds(layout, box, eighths)
+    cols, bounds = layout.cols, layout.bounds
     x, y = col0 * layout.mcu_w, row0 * layout.mcu_h
-    width = (col1 - col0) * layout.mcu_w if col1 < layout.cols else layout.width - x
+    width = (col1 - col0) * layout.mcu_w if col1 < cols else layout.width - x
     height = (row1 - row0) * layout.mcu_h if row1 < layout.rows else layout.height - y
+    first, last = row0 * cols, (row1 - 1) * cols + 1
     # The header, without the index (it describes the whole image), with the cut's size.
     skip_from, skip_to = layout.index or (layout.sof, layout.sof)
     header = b"".join((data[:skip_from], data[skip_to:layout.sof + 5],
                        struct.pack(">HH", height, width), data[layout.sof + 9:layout.scan]))
     # Each MCU row of the cut is one run of bytes (its MCUs and the markers
-    # between them); runs are joined by a marker, and every marker is then
-    # renumbered in the cut's own order.
-    first = np.arange(row0, row1, dtype=np.int64) * layout.cols
-    run_starts = layout.starts[first + col0]
-    run_ends = layout.ends[first + col1 - 1]
+    # between them), found by strided views of the bounds; runs are joined
+    # by a marker, and every marker is then renumbered in the cut's own order.
     view = memoryview(data)
-    runs = [view[start:end] for start, end in zip(run_starts.tolist(), run_ends.tolist())]
-    out = bytearray().join((header, _RST0.join(runs), _EOI_MARKER))
-    # Marker positions: every MCU's end but the last, moved to where its run landed.
-    lengths = run_ends - run_starts + 2
-    run_offsets = np.cumsum(lengths) - lengths + len(header) - run_starts
-    ends = layout.ends[first[:, None] + np.arange(col0, col1, dtype=np.int64)[None, :]]
-    at = (ends + run_offsets[:, None]).ravel()[:-1]
-    np.frombuffer(out, dtype=np.uint8)[at + 1] = _rst_numbers(len(at))
+    parts, shifts = [header], []
+    at = len(header)
+    for start, end in zip((bounds[first + col0:last + col0:cols] + 2).tolist(),
+                          bounds[first + col1:last + col1:cols].tolist()):
+        parts.append(view[start:end])
+        parts.append(_RST0)
+        shifts.append(at - start)  # where this run's bytes move to
+        at += end - start + 2
+    parts[-1] = _EOI_MARKER
+    out = bytearray().join(parts)
+    # Marker positions: every MCU's end but the last (a view of the bounds,
+    # one row per MCU row), moved to where its run landed.
+    ends = bounds[1:].reshape(layout.rows, cols)[row0:row1, col0:col1]
+    moved = (ends + np.array(shifts)[:, None]).ravel()[:-1]
+    np.frombuffer(out, dtype=np.uint8)[moved + 1] = _rst_numbers(len(moved))
     return out, (x, y, width, height)
+
