@@ -274,7 +274,7 @@ def test_crops_of_restart_jpegs_equal_a_whole_decode_then_crop(photos, size):
         assert crop.unfused_reason(data, CHAIN) is None
         whole = decode(data)
         layout = restart_layout(data)
-        for index in range(12):
+        for index in range(24):
             _, _, w, h, _ = crop.box(layout.width, layout.height, 5, 1, index)
             eighths = crop.eighths(w, h) if turbojpeg.available() else 8
             scales.add(eighths)

@@ -15,6 +15,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import fastdata
+from fastdata.loaders.record_rng import RecordRNG
 from fastdata.packers.preprocess import Preprocess
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -28,8 +29,8 @@ SEED = 5
 
 def torchvision_box(width, height, scale, ratio, hflip, seed, epoch, index):
     """torchvision's ``RandomResizedCrop.get_params`` (v0.20), transcribed with
-    numpy draws in the same order, then the flip: ``(box, fell_back)``."""
-    rng = np.random.default_rng([seed, epoch, index])
+    the record's draws in the same order, then the flip: ``(box, fell_back)``."""
+    rng = RecordRNG(seed, epoch, index)
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
     found = None

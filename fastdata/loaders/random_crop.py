@@ -3,9 +3,10 @@
 :class:`RandomResizedCrop` samples boxes by the rules of torchvision's
 ``RandomResizedCrop.get_params`` (10 tries of a random area and log-uniform
 aspect ratio, then a central crop clamped to the ratio range) plus a
-horizontal flip, but draws its randomness from a numpy Generator seeded with
-``[seed, epoch, index]``: the crop of record i in epoch e is the same whatever
-worker, rank or process decodes it, and after a resume.
+horizontal flip, but draws its randomness from the record's own stream
+(:class:`~fastdata.loaders.record_rng.RecordRNG`, a hash of ``(seed, epoch,
+index)``): the crop of record i in epoch e is the same whatever worker, rank
+or process decodes it, and after a resume.
 
 :meth:`RandomResizedCrop.decode` decodes a JPEG's crop region only
 ("fused", ``fastdata.loaders.fused_crop``): the crop's MCUs alone when the
@@ -33,6 +34,7 @@ import numpy as np
 
 from fastdata.encodings import sniff_encoding
 from fastdata.loaders import fused_crop, jpeg_restarts, turbojpeg
+from fastdata.loaders.record_rng import RecordRNG
 
 #: torchvision's number of tries before the central-crop fallback.
 TRIES = 10
@@ -86,17 +88,14 @@ class RandomResizedCrop:
         image ``width`` x ``height`` in ``epoch`` of a run seeded ``seed``."""
         if width <= 0 or height <= 0:
             raise ValueError(f"cannot crop an image of {width}x{height} pixels")
-        if min(seed, epoch, index) < 0:
-            raise ValueError(f"seed, epoch and index must be non-negative, not "
-                             f"{seed}, {epoch}, {index}")
-        rng = np.random.default_rng([int(seed), int(epoch), int(index)])
+        rng = RecordRNG(seed, epoch, index)  # raises for a negative one
         top, left, h, w = self._params(rng, width, height)
         flip = bool(self.hflip > 0.0 and rng.random() < self.hflip)
         return left, top, w, h, flip
 
-    def _params(self, rng: np.random.Generator, width: int, height: int
+    def _params(self, rng: RecordRNG, width: int, height: int
                 ) -> tuple[int, int, int, int]:
-        """torchvision's ``get_params`` with numpy draws: ``(i, j, h, w)``."""
+        """torchvision's ``get_params`` with the record's draws: ``(i, j, h, w)``."""
         area = height * width
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         for _ in range(TRIES):
