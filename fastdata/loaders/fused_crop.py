@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastdata.loaders import jpeg_restarts, turbojpeg
+from fastdata.loaders.decode import LINEAR_MAX_SHRINK, resize
 
 FUSED_CUT = "restart-marker cut (only the crop's MCUs decoded)"
 FUSED_REGION = "TurboJPEG 3 crop-region decode"
@@ -95,8 +96,6 @@ def _decode_region(crop, data, chain, draw) -> np.ndarray | None:
 
 def _finish(crop, region: np.ndarray, box, eighths: int, flip: bool) -> np.ndarray:
     """The decoded ``region`` of ``box`` resized to the crop's size and flipped."""
-    from fastdata.loaders.decode import resize
-
     if eighths == 8:  # whole pixels: the same crop and resize as RandomResizedCrop.apply
         return flipped(resize(region, crop.size), flip)
     # The scaled region's edges were rounded outwards to whole pixels:
@@ -130,8 +129,6 @@ def _resample(region: np.ndarray, box: tuple[float, float, float, float],
     scale did not limit) takes that resize of the box rounded to whole pixels.
     :func:`flipped` makes the result contiguous."""
     import cv2
-
-    from fastdata.loaders.decode import LINEAR_MAX_SHRINK, resize
 
     x, y, w, h = box
     out_h, out_w = size
