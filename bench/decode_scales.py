@@ -112,6 +112,7 @@ def _restart_rows(data, fused, unfused, chain, repeat: int) -> None:
     sizes = (np.mean([len(d) for d in plain]), np.mean([len(d) for d in marked]))
     print(f"re-encoded at quality 90: {sizes[0] / 1e3:.1f} kB, with restart markers and "
           f"their index {sizes[1] / 1e3:.1f} kB (+{(sizes[1] / sizes[0] - 1) * 100:.1f}%)")
+    _python_per_cut(marked, fused, repeat)
     rows = [("quality 90", plain), ("quality 90 + restarts", marked)]
     if turbojpeg.restarts_supported():
         from fastdata.loaders.jpeg_restarts import add_index
@@ -125,6 +126,19 @@ def _restart_rows(data, fused, unfused, chain, repeat: int) -> None:
         best_unfused = u if best_unfused is None else min(best_unfused, u)
         print(f"  {name:<30} whole image then crop {u:.3f} ms, fused {f:.3f} ms: "
               f"{u / f:.2f}x; against the best whole-image crop so far {best_unfused / f:.2f}x")
+
+
+def _python_per_cut(marked: list[bytes], crop, repeat: int) -> None:
+    """The Python part of a cut (it holds the GIL that the decode threads share)."""
+    from fastdata.loaders.jpeg_restarts import cut, restart_layout
+
+    layouts = [restart_layout(d) for d in marked]
+    boxes = [crop.box(lay.width, lay.height, 0, 0, i)[:4] for i, lay in enumerate(layouts)]
+    box_ms = _ms_per_image(lambda i, d: crop.box(layouts[i].width, layouts[i].height, 0, 0, i),
+                           marked, repeat)
+    cut_ms = _ms_per_image(lambda i, d: cut(d, restart_layout(d), boxes[i]), marked, repeat)
+    print(f"  Python per cut (holding the GIL): drawing the box {box_ms * 1e3:.1f} us, "
+          f"restart layout and cut {cut_ms * 1e3:.1f} us")
 
 
 if __name__ == "__main__":
