@@ -393,7 +393,7 @@ def _train_report(rows) -> bm.BenchReport:
 
 
 def test_train_summary_compares_the_best_fused_with_the_best_unfused_dataset():
-    from fastdata.bench.train import best_of_all, train_lines
+    from fastdata.bench.train import RESTARTS_HINT, best_of_all, train_lines
     from fastdata.loaders.fused_crop import FUSED_CUT, FUSED_REGION
 
     full = "full decode (simplejpeg, jpeg), then crop, resize, flip"
@@ -414,9 +414,12 @@ def test_train_summary_compares_the_best_fused_with_the_best_unfused_dataset():
     assert lines[-1] == ("best fused / best unfused over all datasets: 2.00x (lmdb "
                          "jpeg90+restarts at 2 workers 300 samples/s / lmdb at 2 workers 150)")
     assert f"    fused ran: {FUSED_CUT}" in lines
+    assert RESTARTS_HINT not in lines  # restart-marked rows were measured
     assert report.to_dict()["train_best"] == overall
     # One dataset: nothing to compare across.
     single = _train_report(rows[:3])
     assert best_of_all(single) is None
     assert not any(line.startswith("best fused") for line in train_lines(single))
     assert "train_best" not in single.to_dict()
+    # Region decoding only: the summary says how to decode only the crop's bytes.
+    assert train_lines(single)[-1] == RESTARTS_HINT

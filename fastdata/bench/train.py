@@ -37,6 +37,9 @@ from fastdata.loaders.random_crop import UNFUSED_DECODER, UNFUSED_ENCODING
 
 #: What a fused row's path says when a fused decode ran.
 FUSED_PATHS = (FUSED_CUT, FUSED_REGION)
+#: After region-decoded rows when no row had restart markers: the faster way.
+RESTARTS_HINT = ("decoding only the crop's bytes needs JPEGs packed with --jpeg-restarts; "
+                 "--variants jpeg90,jpeg90+restarts measures it on re-encoded copies")
 #: RandomResizedCrop's reasons for a whole-image decode, in the CLI's words.
 _CLI_REASONS = {UNFUSED_DECODER: "fused needs --decoder auto",
                 UNFUSED_ENCODING: "the records are not JPEGs"}
@@ -167,6 +170,9 @@ def train_lines(report: BenchReport) -> list[str]:
         out.append(f"best fused / best unfused over all datasets: {overall['ratio']:.2f}x "
                    f"({overall['fused']} {overall['fused_rate']:,.0f} samples/s / "
                    f"{overall['unfused']} {overall['unfused_rate']:,.0f})")
+    paths = {row["fused_path"] for row in rows}
+    if FUSED_REGION in paths and FUSED_CUT not in paths:
+        out.append(RESTARTS_HINT)
     return out
 
 
