@@ -414,6 +414,19 @@ def test_corrupted_record_fails_crc(packed, image_tree):
         assert skip[bad] == (image_tree.samples[bad + 1].data, image_tree.samples[bad + 1].label)
     assert skip.skipped == 2
 
+    # Decoded batches check the CRC32s in their decode threads: the same errors.
+    threaded = LMDBDataset(out, size=(8, 8), decode_threads=2)
+    with pytest.raises(CorruptDataError) as info:
+        threaded.__getitems__(list(range(len(threaded))))
+    assert (info.value.record, info.value.key) == (bad, image_tree.samples[bad].key)
+    skip_threads = LMDBDataset(out, size=(8, 8), decode_threads=2, on_error="skip")
+    with pytest.warns(RuntimeWarning, match=f"skipping corrupt record {bad} "):
+        batch = skip_threads.__getitems__(list(range(len(skip_threads))))
+    assert [label for _, label in batch] == [
+        s.label for i, s in enumerate(image_tree.samples) if i != bad]
+    assert all(tuple(image.shape) == (3, 8, 8) for image, _ in batch)
+    assert skip_threads.skipped == 1
+
 
 def test_undecodable_payload_with_matching_crc(packed, image_tree):
     out = packed(".lmdb")

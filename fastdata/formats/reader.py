@@ -233,12 +233,14 @@ class Reader:
         """The payload of record ``index`` (negative indices count from the end)."""
         return self.read_many([index])[0]
 
-    def read_many(self, indices: Sequence[int]) -> list[bytes]:
-        """Payloads of several records, fetched together where the format can."""
+    def read_many(self, indices: Sequence[int], *, check: bool | None = None) -> list[bytes]:
+        """Payloads of several records, fetched together where the format can;
+        their CRC32s checked when ``check`` (None: ``verify``), else left to
+        the caller (:meth:`check`). The container's own framing is always checked."""
         norm = self._normalise(indices)
         self._check_process()
         payloads = self._read_many(norm)
-        if self.verify:
+        if self.verify if check is None else check:
             for j, data in zip(norm, payloads):
                 self.check(j, data)
         return payloads

@@ -195,9 +195,13 @@ class PackedDataset(SamplePipeline, Dataset):
         """Samples of ``indices`` (a Batch when ``stack`` and the shapes allow):
         each record is read once and decoded once."""
         decoded_cache = getattr(self.cache, "kind", None) == "decoded"
+        # The CRC32s of records bound for the decode threads are checked there,
+        # in parallel, not by this thread while the others wait for the batch.
+        deferred = self.cache is None and self.reader.verify \
+            and not (stack and self._raw_as_stored())
         try:
             metas = self.reader.metadata_many(indices) if self.with_metadata else None
-            payloads = None if decoded_cache else self._read(indices)
+            payloads = None if decoded_cache else self._read(indices, check=not deferred)
         except CorruptDataError as exc:
             if len(indices) == 1 or self.on_error == "raise":
                 self._corrupt(exc, indices[0])
@@ -223,18 +227,19 @@ class PackedDataset(SamplePipeline, Dataset):
                     flat[k * nbytes:(k + 1) * nbytes] = data
                 return self._batch(images, indices, metas)
         if self.output in ("bytes", "pil"):
-            return self._samples(indices, self._convert_all(indices, payloads, self._convert),
-                                 metas)
+            return self._samples(indices, self._convert_all(indices, payloads, self._convert,
+                                                            check=deferred), metas)
         shape = fixed_shape(self.decode, self.crop) if stack else None
         if shape is not None:
             # The decode threads copy each image into the batch as it is done,
             # instead of this thread stacking them all afterwards.
             images = _batch_tensor((len(indices), *shape))
-            arrays = self._convert_all(indices, payloads, self._pixels, into=images.numpy())
+            arrays = self._convert_all(indices, payloads, self._pixels, into=images.numpy(),
+                                       check=deferred)
             if all(not isinstance(a, Failed) and a.shape == shape for a in arrays):
                 return self._batch(images, indices, metas)
         else:
-            arrays = self._convert_all(indices, payloads, self._pixels)
+            arrays = self._convert_all(indices, payloads, self._pixels, check=deferred)
         if stack and not any(isinstance(a, Failed) for a in arrays):
             if len({a.shape for a in arrays}) == 1:
                 images = _batch_tensor((len(arrays), *arrays[0].shape))
@@ -273,22 +278,25 @@ class PackedDataset(SamplePipeline, Dataset):
         hw = target_size(shape[0], shape[1], self.decode.size)
         return hw is None or tuple(hw) == tuple(shape[:2])
 
-    def _read(self, indices: list[int]) -> list:
-        if self.cache is None:
-            return self.reader.read_many(indices)
+    def _read(self, indices: list[int], check: bool = True) -> list:
+        if self.cache is None:  # the RAM cache's records were checked when it was filled
+            return self.reader.read_many(indices, check=check and self.reader.verify)
         n = len(self)
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
     def _convert_all(self, indices: list[int], payloads: list, fn: Callable,
-                     into: np.ndarray | None = None) -> list:
+                     into: np.ndarray | None = None, check: bool = False) -> list:
         """``fn(payload, index)`` over the records (in the decode thread pool
-        unless they are raw pixels), a failure kept as ``Failed`` for its record;
-        results of ``into``'s item shape are also copied to ``into[k]``."""
+        unless they are raw pixels), after their CRC32 check when ``check``; a
+        failure kept as ``Failed`` for its record; results of ``into``'s item
+        shape are also copied to ``into[k]``."""
         n = len(self)
 
         def one(item):
             k, index, payload = item
             try:
+                if check:
+                    self.reader.check(index % n, payload)
                 out = fn(payload, index % n)
             except Exception as exc:  # raised later with the record's name
                 return Failed(exc)

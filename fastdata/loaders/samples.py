@@ -167,6 +167,9 @@ class SamplePipeline:
             DecodeError: ``image`` failed and ``on_error`` is "raise".
         """
         if isinstance(image, Failed):
+            if isinstance(image.error, CorruptDataError):  # its CRC32, checked in a decode thread
+                self._corrupt(image.error, index)
+                return None
             if self.on_error == "raise":
                 exc = image.error
                 raise DecodeError(
