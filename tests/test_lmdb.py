@@ -403,6 +403,10 @@ def test_corrupted_record_fails_crc(packed, image_tree):
     # Without verification the damaged bytes come through unchecked.
     raw = LMDBDataset(out, output="bytes", verify=False)
     assert raw[bad][0] == bytes(value)
+    # read_many(check=) overrides the reader's own setting, either way.
+    assert ds.reader.read_many([bad], check=False) == [bytes(value)]
+    with pytest.raises(CorruptDataError):
+        raw.reader.read_many([bad], check=True)
 
     skip = LMDBDataset(out, output="bytes", on_error="skip")
     with pytest.warns(RuntimeWarning, match="skipping corrupt record"):
