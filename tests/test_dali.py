@@ -265,6 +265,50 @@ def test_normalize_crop_and_layout(datasets):
 
 
 @needs_dali
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_random_resized_crops(fmt, datasets, index_dir):
+    """crop=RandomResizedCrop: DALI's random crop of the decode, resized and
+    flipped; new crops every epoch, the same ones again from the same seed."""
+    from fastdata.dali import DALILoader
+
+    path = datasets[fmt]
+    crop = fastdata.RandomResizedCrop(16, hflip=0.0)
+    loader = DALILoader(path, batch_size=BATCH, crop=crop, device="cpu")
+    first, labels, sizes = one_epoch(loader)
+    assert first.shape == (N, 3, 16, 16) and first.dtype == torch.uint8
+    assert labels.tolist() == reference(path)[1] and sizes == [5, 5, 5, 5, 4]
+    second, _, _ = one_epoch(loader)
+    assert not torch.equal(first, second)  # new crops every epoch
+    again, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, crop=crop, device="cpu"))
+    assert torch.equal(again, first)  # seeded
+    # Flips come from their own draws: the same crops, mirrored as drawn.
+    flipped, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, device="cpu",
+                                         crop=fastdata.RandomResizedCrop(16, hflip=1.0)))
+    assert torch.equal(flipped, first.flip(-1))
+    half, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, device="cpu",
+                                      crop=fastdata.RandomResizedCrop(16, hflip=0.5)))
+    mirrored = [torch.equal(h, f.flip(-1)) for h, f in zip(half, first)]
+    assert all(m or torch.equal(h, f) for m, h, f in zip(mirrored, half, first))
+    assert 0 < sum(mirrored) < N
+    # Crops of each record's own image: mostly closer to it than to the others.
+    whole = reference(path, size=(16, 16))[0]
+    assert sum(a == b for a, b in zip(nearest(first, whole), range(N))) >= N // 2
+
+
+@needs_dali
+def test_random_resized_crops_of_raw_records(tree, tmp_path):
+    from fastdata.dali import DALILoader
+
+    path = pack(tree, tmp_path / "raw.lmdb", preprocess=Preprocess(resize=(40, 48),
+                                                                   encoding="raw"))
+    loader = DALILoader(path, batch_size=BATCH, device="cpu",
+                        crop=fastdata.RandomResizedCrop((12, 20)))
+    assert loader.plan.mode == "raw"
+    images, labels, _ = one_epoch(loader)
+    assert images.shape == (N, 3, 12, 20) and labels.tolist() == reference(path, size=None)[1]
+
+
+@needs_dali
 def test_shorter_side_resize_then_crop(datasets):
     from fastdata.dali import DALILoader
 
@@ -410,6 +454,9 @@ def test_option_errors(datasets):
         build_pipeline(path, batch_size=4, device="cpu", reader="dali")
     with pytest.raises(FastDataError, match="no full batch"):
         DALILoader(path, batch_size=64, device="cpu", drop_last=True)
+    with pytest.raises(ValueError, match="not both"):
+        build_pipeline(path, batch_size=4, device="cpu", size=32,
+                       crop=fastdata.RandomResizedCrop(16))
 
 
 @needs_dali

@@ -32,7 +32,8 @@ class DALIOptions:
         mean, std: per-channel values on the 0-1 or 0-255 scale; with them the
             images are normalised to float32.
         layout: "CHW" or "HWC".
-        crop: centre crop (int or (height, width)) after the resize.
+        crop: centre crop (int or (height, width)) after the resize, or a
+            ``fastdata.RandomResizedCrop``: training crops (see ``build_pipeline``).
         drop_last: leave out each epoch's last partial batch.
         reader: "auto", "dali" (DALI's own reader) or "external" (fastdata's).
         py_workers: processes running the external source (0: the pipeline's thread).
@@ -59,7 +60,7 @@ class DALIOptions:
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
     layout: str = "CHW"
-    crop: int | tuple[int, int] | None = None
+    crop: int | tuple[int, int] | Any | None = None  # Any: a RandomResizedCrop
     drop_last: bool = False
     reader: str = "auto"
     py_workers: int = 0
@@ -85,9 +86,13 @@ class DALIOptions:
                 raise ValueError(f"size must be positive, not {size}")
         elif size is not None:
             size = _hw(size, "size")
+        random = _random_crop(self.crop)
+        if random is not None and size is not None:
+            raise ValueError("pass size= or crop=RandomResizedCrop(...), not both: the random "
+                             "crop resizes to its own size")
         # Normalised once, so the pipeline code reads plain ints and tuples.
         normal = {"batch_size": int(self.batch_size), "size": size,
-                  "crop": _hw(self.crop, "crop"),
+                  "crop": random if random is not None else _hw(self.crop, "crop"),
                   "mean": _channels(self.mean, "mean"), "std": _channels(self.std, "std"),
                   "reader_options": dict(self.reader_options or {})}
         for name, value in normal.items():
@@ -97,6 +102,16 @@ class DALIOptions:
     def size_hw(self) -> tuple[int, int] | None:
         """(height, width) to resize to, None for a shorter-side (or no) resize."""
         return None if isinstance(self.size, int) else self.size
+
+    @property
+    def random_crop(self) -> Any | None:
+        """The RandomResizedCrop of training crops, or None."""
+        return None if self.crop is None or isinstance(self.crop, tuple) else self.crop
+
+    @property
+    def centre_crop(self) -> tuple[int, int] | None:
+        """(height, width) of the centre crop after the resize, or None."""
+        return self.crop if isinstance(self.crop, tuple) else None
 
     @property
     def mean255(self) -> list[float] | None:
@@ -128,6 +143,13 @@ def _scale255(values: tuple[float, ...] | None) -> list[float] | None:
     if values is None:
         return None
     return [v * 255.0 for v in values] if max(values) <= 1.0 else list(values)
+
+
+def _random_crop(value: Any) -> Any | None:
+    """``value`` when it is a RandomResizedCrop, else None."""
+    from fastdata.loaders.random_crop import RandomResizedCrop
+
+    return value if isinstance(value, RandomResizedCrop) else None
 
 
 def _hw(value: Any, name: str) -> tuple[int, int] | None:

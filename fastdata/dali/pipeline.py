@@ -3,8 +3,12 @@
 Decoding is ``fn.decoders.image`` with ``device="mixed"`` (nvJPEG) on the GPU,
 ``"cpu"`` otherwise; then ``fn.resize`` (linear with antialiasing), an optional
 centre crop, and ``fn.crop_mirror_normalize`` (layout, and normalisation to
-float when ``mean``/``std`` are given). Without a GPU the same pipeline runs on
-the CPU (``device_id=None``).
+float when ``mean``/``std`` are given). With ``crop=RandomResizedCrop(...)``,
+training crops instead: ``fn.decoders.image_random_crop`` (which decodes only
+the crop's region) and a resize to the crop's size, or
+``fn.random_resized_crop`` for pre-decoded records, then a flip drawn by
+``fn.random.coin_flip``. Without a GPU the same pipeline runs on the CPU
+(``device_id=None``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from fastdata.dali.device import import_dali
 from fastdata.dali.external import ExternalBatches, external_node
 from fastdata.dali.options import DALIOptions
 from fastdata.dali.plan import PipelinePlan, absolute, make_plan, place
+from fastdata.loaders.random_crop import TRIES
 
 
 def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
@@ -50,7 +55,13 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
                 images are normalised on the pipeline's device to float32,
                 otherwise they stay uint8.
             layout: "CHW" (default) or "HWC".
-            crop: centre crop (int or (h, w)) after the resize.
+            crop: centre crop (int or (h, w)) after the resize; or a
+                ``fastdata.RandomResizedCrop`` (instead of ``size``): a random
+                crop of its area and ratio ranges (DALI's sampler: up to 10
+                tries, as torchvision's), resized to its size and flipped with
+                probability ``hflip``. The boxes are DALI's own draws, seeded by
+                ``seed``: statistically those of fastdata's Datasets, not the
+                same boxes, and not resumable mid-epoch.
             drop_last: leave out each epoch's last partial batch. The external
                 source ends its epochs itself (the last batch is smaller, or
                 dropped); DALI's readers always fill the last batch by
@@ -124,7 +135,7 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
                 encoded, labels = native.build(fn, types)
             else:
                 encoded, labels = _external(fn, types, plan, options, reader)
-            images = _process(fn, types, _decode(fn, types, encoded, plan), options)
+            images = _process(fn, types, _decode(fn, types, encoded, plan, options), options)
             if plan.device == "gpu":
                 labels = labels.gpu()
             pipe.set_outputs(images, labels)
@@ -145,16 +156,31 @@ def _external(fn: Any, types: Any, plan: PipelinePlan, options: DALIOptions,
                          prefetch=options.prefetch)
 
 
-def _decode(fn: Any, types: Any, encoded: Any, plan: PipelinePlan) -> Any:
-    """HWC uint8 images on the pipeline's device."""
+def _decode(fn: Any, types: Any, encoded: Any, plan: PipelinePlan,
+            options: DALIOptions) -> Any:
+    """HWC uint8 images on the pipeline's device (a random crop's already
+    cropped and resized to its size)."""
+    crop = options.random_crop
     if plan.mode == "encoded":
         decoder_device = "mixed" if plan.device == "gpu" else "cpu"
-        return fn.decoders.image(encoded, device=decoder_device, output_type=types.RGB)
-    return encoded.gpu() if plan.device == "gpu" else encoded  # raw: pixels already
+        if crop is None:
+            return fn.decoders.image(encoded, device=decoder_device, output_type=types.RGB)
+        images = fn.decoders.image_random_crop(
+            encoded, device=decoder_device, output_type=types.RGB, num_attempts=TRIES,
+            random_area=list(crop.scale), random_aspect_ratio=list(crop.ratio))
+        height, width = crop.size
+        return fn.resize(images, resize_x=width, resize_y=height)
+    images = encoded.gpu() if plan.device == "gpu" else encoded  # raw: pixels already
+    if crop is None:
+        return images
+    return fn.random_resized_crop(images, size=list(crop.size), num_attempts=TRIES,
+                                  random_area=list(crop.scale),
+                                  random_aspect_ratio=list(crop.ratio))
 
 
 def _process(fn: Any, types: Any, images: Any, options: DALIOptions) -> Any:
-    """Resize, then centre crop, layout and normalisation, as the options ask."""
+    """Resize, then centre crop (or a random crop's flip), layout and
+    normalisation, as the options ask."""
     if options.size is not None:
         if options.size_hw is None:
             images = fn.resize(images, resize_shorter=options.size)
@@ -162,12 +188,16 @@ def _process(fn: Any, types: Any, images: Any, options: DALIOptions) -> Any:
             height, width = options.size_hw
             images = fn.resize(images, resize_x=width, resize_y=height)
     mean, std = options.mean255, options.std255
-    if options.crop is None and mean is None and options.layout == "HWC":
+    crop, random = options.centre_crop, options.random_crop
+    flip = random is not None and random.hflip > 0.0
+    if crop is None and not flip and mean is None and options.layout == "HWC":
         return images  # nothing left to do: skip the operator
     cmn: dict[str, Any] = {"dtype": types.FLOAT if mean is not None else types.UINT8,
                            "output_layout": options.layout}
-    if options.crop is not None:
-        cmn["crop"] = options.crop
+    if crop is not None:
+        cmn["crop"] = crop
+    if flip:
+        cmn["mirror"] = fn.random.coin_flip(probability=random.hflip)
     if mean is not None:
         cmn.update(mean=mean, std=std)
     return fn.crop_mirror_normalize(images, **cmn)
