@@ -11,7 +11,9 @@ For each it prints images/s over a few epochs (after the pipeline is built;
 256 images are few, so this is a smoke test with a rough rate, not a
 benchmark), the device, dtype and shape of
 the image and label tensors, and whether the labels equal fastdata's. The same
-loop on the CPU pipeline gives the baseline.
+loop on the CPU pipeline gives the baseline. Last, the training-crop rows of
+``bench/gpu_train_check.py`` (RandomResizedCrop on the GPU by DALI and by
+torchvision's decode_jpeg, against fastdata's fused CPU crops).
 
     python bench/gpu_check.py [--n 256] [--batch 64] [--size 224] [--epochs 5] [--json]
 
@@ -26,6 +28,8 @@ import os
 import sys
 import tempfile
 import time
+
+import gpu_train_check  # bench/, beside this script
 
 
 def _run(path: str, device: str, args) -> dict:
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         import nvidia.dali  # noqa: F401
     except ImportError:
         print("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); DALI not checked")
-        return 0 if prefetch_ok else 1
+        train_ok = gpu_train_check.main(_train_argv(args)) == 0
+        return 0 if prefetch_ok and train_ok else 1
 
     import fastdata
     from fastdata.dali import cuda_devices
@@ -125,10 +130,22 @@ def main(argv: list[str] | None = None) -> int:
                           f"{run['images']['shape']}; labels {run['labels']['device']} "
                           f"{run['labels']['dtype']} {run['labels']['shape']}; labels match "
                           f"fastdata: {run['labels_match_fastdata']}")
+        # Training crops (issue: RandomResizedCrop on the GPU against the CPU path).
+        results["train"] = gpu_train_check.run_rows(
+            paths[1], paths[0], size=args.size, batch=args.batch, epochs=args.epochs, gpu=True)
+        if not args.json:
+            for row in results["train"]:
+                print(gpu_train_check.describe(row))
     if args.json:
         print(json.dumps(results, indent=2))
-    ok = all(r["labels_match_fastdata"] for r in results["runs"])
+    ok = all(r["labels_match_fastdata"] for r in results["runs"]) and \
+        all(row.get("ok", True) for row in results["train"])
     return 0 if ok and prefetch_ok else 1
+
+
+def _train_argv(args) -> list[str]:
+    return ["--n", str(args.n), "--batch", str(args.batch), "--size", str(args.size),
+            "--epochs", str(args.epochs)]
 
 
 def _check_prefetcher(args) -> bool:
