@@ -7,10 +7,11 @@ Rows, each over the same packed demo photos, in images/s after one warm-up epoch
   bench/RESULTS.md's "Training crops";
 - ``DALI image_random_crop (gpu|cpu)``: ``DALILoader(crop=RandomResizedCrop(S))``,
   nvJPEG decoding only the crop's region on the GPU (libjpeg-turbo on the CPU);
-- ``torchvision decode_jpeg (cuda)``: batches of stored JPEG bytes decoded by
-  ``torchvision.io.decode_jpeg(device="cuda")``, then cropped, resized and
-  flipped on the GPU with fastdata's boxes (``crop.box``), so the same crops
-  as the fastdata row.
+- ``torchvision decode_jpeg (cuda|cpu)``: batches of stored JPEG bytes decoded
+  whole by ``torchvision.io.decode_jpeg`` (nvJPEG on the GPU, libjpeg-turbo
+  on the CPU), then cropped, resized and flipped on the same device with
+  fastdata's boxes (``crop.box``), so the same crops as the fastdata row.
+  On the CPU this is torchvision's own unfused pipeline, in the main thread.
 
 Every row checks its output: (B, 3, S, S) uint8 on its device, every sample
 once per epoch. Rows that need what the machine lacks (CUDA, DALI,
@@ -93,11 +94,11 @@ def dali_row(path: str, device: str, size: int, batch: int, epochs: int) -> dict
     return _row(name, _count(path), size, *_timed(epochs, one_epoch))
 
 
-def torchvision_row(path: str, size: int, batch: int, epochs: int) -> dict:
-    name = "torchvision decode_jpeg (cuda)"
+def torchvision_row(path: str, device: str, size: int, batch: int, epochs: int) -> dict:
+    name = f"torchvision decode_jpeg ({device})"
     import torch
 
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         return {"row": name, "skipped": "no CUDA"}
     try:
         import torchvision
@@ -120,7 +121,7 @@ def torchvision_row(path: str, size: int, batch: int, epochs: int) -> dict:
         perm = torch.randperm(len(tensors), generator=order).tolist()
         for start in range(0, len(perm), batch):
             part = perm[start:start + batch]
-            decoded = torchvision.io.decode_jpeg([tensors[i] for i in part], device="cuda",
+            decoded = torchvision.io.decode_jpeg([tensors[i] for i in part], device=device,
                                                  mode=torchvision.io.ImageReadMode.RGB)
             out = []
             for i, image in zip(part, decoded):
@@ -154,8 +155,8 @@ def run_rows(lmdb: str, tfrecord: str, *, size: int, batch: int, epochs: int,
     rows = [fastdata_rows(lmdb, size, batch, epochs)]
     for device in ("gpu", "cpu") if gpu else ("cpu",):
         rows.append(dali_row(tfrecord, device, size, batch, epochs))
-    if gpu:
-        rows.append(torchvision_row(lmdb, size, batch, epochs))
+    for device in ("cuda", "cpu") if gpu else ("cpu",):
+        rows.append(torchvision_row(lmdb, device, size, batch, epochs))
     return rows
 
 

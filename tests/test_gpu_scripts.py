@@ -29,6 +29,8 @@ def test_the_training_rows_that_need_no_cuda_run(tmp_path):
     assert "torch.uint8 [8, 3, 32, 32]" in fastdata_row and fastdata_row.endswith("True")
     dali_row = next(line for line in lines if line.startswith("DALI image_random_crop (cpu)"))
     assert dali_row.endswith("True") or "skipped" in dali_row  # skipped without DALI
+    vision_row = next(line for line in lines if line.startswith("torchvision decode_jpeg (cpu)"))
+    assert vision_row.endswith("True") or "skipped: torchvision is not installed" in vision_row
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
