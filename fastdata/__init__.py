@@ -52,6 +52,7 @@ _LAZY = {
     "TarDataset": "fastdata.loaders.datasets:TarDataset",
     "ShardedIterableDataset": "fastdata.loaders.iterable:ShardedIterableDataset",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
+    "BackgroundBatches": "fastdata.loaders.background:BackgroundBatches",
     "loader": "fastdata.loaders.prefetch:loader",
     "collate": "fastdata.loaders.collate:collate",
     "RandomResizedCrop": "fastdata.loaders.random_crop:RandomResizedCrop",

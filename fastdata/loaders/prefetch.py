@@ -47,6 +47,9 @@ class CUDAPrefetcher:
         depth: batches in flight ahead of the consumer.
         image_key: the image entry of dict batches.
         convert: convert uint8 images to float at all (False: copy only).
+        background: make batches this many ahead in a thread
+            (:class:`~fastdata.loaders.background.BackgroundBatches`), for a
+            loader without worker processes; 0 (default): as the loop asks.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class CUDAPrefetcher:
         depth: int = 2,
         image_key: str = "image",
         convert: bool = True,
+        background: int = 0,
     ) -> None:
         global _warned_no_cuda
         self.loader = loader
@@ -75,6 +79,9 @@ class CUDAPrefetcher:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, not {depth}")
         self.depth = depth
+        if background < 0:
+            raise ValueError(f"background must be 0 or more, not {background}")
+        self.background = int(background)
         self.channels_last = channels_last
         self.dtype = dtype
         self.image_key = image_key
@@ -138,14 +145,21 @@ class CUDAPrefetcher:
 
     # -- iteration ----------------------------------------------------------------
 
+    def _batches(self):
+        if not self.background:
+            return self.loader
+        from fastdata.loaders.background import BackgroundBatches
+
+        return BackgroundBatches(self.loader, self.background)
+
     def __iter__(self) -> Iterator[Any]:
         if not self.cuda:
-            for batch in self.loader:
+            for batch in self._batches():
                 yield self._move(batch, [True])
             return
         side = torch.cuda.Stream(device=self.device)
         pending: collections.deque = collections.deque()
-        it = iter(self.loader)
+        it = iter(self._batches())
 
         def launch() -> bool:
             try:
@@ -184,6 +198,7 @@ def loader(
     dtype: torch.dtype = torch.float32,
     drop_last: bool = False,
     seed: int | None = None,
+    background: int = 2,
     **dataloader_options: Any,
 ):
     """A DataLoader with sensible settings for ``dataset``, wrapped in a
@@ -202,6 +217,9 @@ def loader(
         mean, std, channels_last, dtype: passed to the prefetcher.
         drop_last: drop a partial last batch.
         seed: seeds the shuffle (same seed, same order for any ``num_workers``).
+        background: with ``num_workers=0``, batches made this many ahead in a
+            thread while the training loop runs (fastdata decodes with the GIL
+            released); 0: each made when asked for. Workers run ahead anyway.
         **dataloader_options: anything else DataLoader takes; overrides ours.
 
     Returns:
@@ -245,7 +263,8 @@ def loader(
     _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(dataset, **options)
     return CUDAPrefetcher(data_loader, device, mean=mean, std=std,
-                          channels_last=channels_last, dtype=dtype)
+                          channels_last=channels_last, dtype=dtype,
+                          background=background if data_loader.num_workers == 0 else 0)
 
 
 def _match_stream_batches(dataset, batch_size) -> None:
