@@ -55,7 +55,7 @@ class BackgroundBatches:
     def __iter__(self) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        device = _cuda_device()
+        device = _cuda_device(self.loader)
 
         def put(item) -> bool:
             while not stop.is_set():
@@ -102,12 +102,15 @@ class BackgroundBatches:
         thread.join()
 
 
-def _cuda_device() -> int | None:
-    """The consumer thread's CUDA device, when CUDA is in use (a new thread
-    would otherwise start on device 0)."""
+def _cuda_device(loader) -> int | None:
+    """The consumer thread's CUDA device, when CUDA is in use or the loader
+    pins memory (a new thread would otherwise work on device 0: every rank of
+    a job would make a context there). As torch's own pinning thread does."""
     import sys
 
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if torch is None or not torch.cuda.is_available():
         return None
-    return torch.cuda.current_device()
+    if torch.cuda.is_initialized() or getattr(loader, "pin_memory", False):
+        return torch.cuda.current_device()
+    return None
