@@ -238,6 +238,8 @@ def test_ctrl_c_keeps_the_pieces_and_says_how_to_resume(tmp_path, tree, referenc
     out = tmp_path / "out-%06d.tar"
     code = textwrap.dedent(f"""
         import os, signal, sys
+        # A runner started in the background passes SIGINT on ignored: Ctrl-C's own handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import fastdata.packers.journal as journal
         original = journal.PackJournal.record
         calls = [0]
