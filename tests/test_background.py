@@ -198,3 +198,27 @@ def test_an_interrupted_wait_is_raised_even_when_the_loader_hangs(monkeypatch):
     for thread in _batch_threads():
         thread.join(timeout=30)
     assert not _batch_threads()
+
+
+def test_a_stream_is_not_run_ahead_so_its_position_counts_what_the_loop_took(tmp_path):
+    tree = build_tree(tmp_path / "src", uniform_spec(classes=("a", "b"), per_class=8))
+    fastdata.pack(tree.root, tmp_path / "s.tar", options=fastdata.PackOptions(shard_size=4),
+                  progress=False)
+    ds = fastdata.ShardedIterableDataset(tmp_path / "s.tar.fastdata.json", size=(16, 16))
+    loader = fastdata.loader(ds, batch_size=4, num_workers=0, device="cpu")
+    assert loader.background == 0
+    it = iter(loader)
+    next(it)
+    state = ds.state_dict()  # after the one batch the loop took, not later ones
+    again = fastdata.ShardedIterableDataset(tmp_path / "s.tar.fastdata.json", size=(16, 16))
+    again.load_state_dict(state)
+    rest = fastdata.loader(again, batch_size=4, num_workers=0, device="cpu")
+    assert sum(len(labels) for _, labels in rest) == len(ds) - 4 == 12
+
+
+def test_a_loader_that_keeps_a_resume_state_is_refused(lmdb_photos):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = fastdata.open_dataset(lmdb_photos, size=(16, 16))
+    with pytest.raises(ValueError, match="StatefulDataLoader keeps a state_dict"):
+        BackgroundBatches(StatefulDataLoader(ds, batch_size=4, collate_fn=fastdata.collate))

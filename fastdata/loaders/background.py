@@ -30,13 +30,17 @@ class BackgroundBatches:
     making one is raised in the consumer, after the batches made before it.
     Leaving the loop early (``break``, an exception) stops the thread once the
     batch it is making is done; interrupted while waiting for a batch (Ctrl-C,
-    a timeout), the loop waits at most 5 s for the thread. Each ``iter()`` starts its own thread when the
-    first batch is asked for, so ``set_epoch`` called before the loop applies.
+    a timeout), the loop waits at most 5 s for the thread. Each ``iter()``
+    starts its own thread when the first batch is asked for, so ``set_epoch``
+    called before the loop applies.
 
     Use it for a loader with ``num_workers=0`` (``fastdata.loader`` does so by
-    itself); worker processes already run ahead. Do not wrap a loader whose
-    ``state_dict()`` is saved for resuming: the thread runs ahead, so the state
-    would count batches the training loop has not seen.
+    itself for map-style datasets); worker processes already run ahead. A
+    loader with a ``state_dict()`` (torchdata's ``StatefulDataLoader``) is
+    refused: the thread runs ahead, so its state would count batches the loop
+    has not taken. For the same reason a ``ShardedIterableDataset``'s own
+    ``state_dict()`` is ahead under this wrapper; ``resume_point(batches=steps)``,
+    which counts the loop's steps, is not.
 
     Args:
         loader: any iterable of batches, usually a DataLoader.
@@ -46,6 +50,12 @@ class BackgroundBatches:
     def __init__(self, loader, depth: int = 2) -> None:
         if int(depth) < 1:
             raise ValueError(f"depth must be at least 1, not {depth}")
+        if callable(getattr(loader, "state_dict", None)):
+            raise ValueError(
+                f"{type(loader).__name__} keeps a state_dict() for resuming, which a thread "
+                "running ahead would move past batches the training loop has not taken: "
+                "iterate it directly (with num_workers > 0 its workers run ahead and the "
+                "state stays exact)")
         self.loader = loader
         self.depth = int(depth)
 

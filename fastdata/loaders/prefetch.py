@@ -217,9 +217,12 @@ def loader(
         mean, std, channels_last, dtype: passed to the prefetcher.
         drop_last: drop a partial last batch.
         seed: seeds the shuffle (same seed, same order for any ``num_workers``).
-        background: with ``num_workers=0``, batches made this many ahead in a
-            thread while the training loop runs (fastdata decodes with the GIL
-            released); 0: each made when asked for. Workers run ahead anyway.
+        background: for a map-style dataset with ``num_workers=0``, batches
+            made this many ahead in a thread while the training loop runs
+            (fastdata decodes with the GIL released); 0: each made when asked
+            for. Workers run ahead anyway; an iterable dataset's position
+            (``state_dict()``) must count only batches the loop has taken, so
+            it is not run ahead.
         **dataloader_options: anything else DataLoader takes; overrides ours.
 
     Returns:
@@ -230,6 +233,8 @@ def loader(
     from fastdata.machine import usable_cores
 
     iterable = isinstance(dataset, IterableDataset)
+    if background < 0:
+        raise ValueError(f"background must be 0 or more, not {background}")
     if shuffle is None:
         shuffle = not iterable
     if num_workers is None:
@@ -264,7 +269,8 @@ def loader(
     data_loader = DataLoader(dataset, **options)
     return CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                           channels_last=channels_last, dtype=dtype,
-                          background=background if data_loader.num_workers == 0 else 0)
+                          background=background if data_loader.num_workers == 0
+                          and not iterable else 0)
 
 
 def _match_stream_batches(dataset, batch_size) -> None:
