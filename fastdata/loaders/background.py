@@ -77,12 +77,12 @@ class BackgroundBatches:
             return False
 
         def produce() -> None:
-            if device is not None:
-                # Pinned copies and CUDA work in this thread go to the consumer's GPU.
-                import torch
-
-                torch.cuda.set_device(device)
             try:
+                if device is not None:
+                    # Pinned copies and CUDA work in this thread go to the consumer's GPU.
+                    import torch
+
+                    torch.cuda.set_device(device)
                 for batch in self.loader:
                     if not put((_BATCH, batch)):
                         return

@@ -82,6 +82,11 @@ class CUDAPrefetcher:
         if background < 0:
             raise ValueError(f"background must be 0 or more, not {background}")
         self.background = int(background)
+        self._batches = loader
+        if self.background:
+            from fastdata.loaders.background import BackgroundBatches
+
+            self._batches = BackgroundBatches(loader, self.background)  # refuses a loader with a resume state
         self.channels_last = channels_last
         self.dtype = dtype
         self.image_key = image_key
@@ -145,21 +150,14 @@ class CUDAPrefetcher:
 
     # -- iteration ----------------------------------------------------------------
 
-    def _batches(self):
-        if not self.background:
-            return self.loader
-        from fastdata.loaders.background import BackgroundBatches
-
-        return BackgroundBatches(self.loader, self.background)
-
     def __iter__(self) -> Iterator[Any]:
         if not self.cuda:
-            for batch in self._batches():
+            for batch in self._batches:
                 yield self._move(batch, [True])
             return
         side = torch.cuda.Stream(device=self.device)
         pending: collections.deque = collections.deque()
-        it = iter(self._batches())
+        it = iter(self._batches)
 
         def launch() -> bool:
             try:
