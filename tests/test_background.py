@@ -220,5 +220,9 @@ def test_a_loader_that_keeps_a_resume_state_is_refused(lmdb_photos):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     ds = fastdata.open_dataset(lmdb_photos, size=(16, 16))
+    stateful = StatefulDataLoader(ds, batch_size=4, collate_fn=fastdata.collate)
     with pytest.raises(ValueError, match="StatefulDataLoader keeps a state_dict"):
-        BackgroundBatches(StatefulDataLoader(ds, batch_size=4, collate_fn=fastdata.collate))
+        BackgroundBatches(stateful)
+    with pytest.raises(ValueError, match="StatefulDataLoader keeps a state_dict"):
+        fastdata.CUDAPrefetcher(stateful, "cpu", background=2)
+    assert len(list(fastdata.CUDAPrefetcher(stateful, "cpu"))) == 10  # without: as before
