@@ -3,6 +3,7 @@
     python bench/fuzz.py [--trials N] [--formats lmdb,tar,...] [--kinds shard,...] [--json FILE]
     python bench/fuzz.py --fast                     # the test suite's form (tests/test_fuzz.py)
     python bench/fuzz.py --replay tar/index.npy/17  # one trial again, everything about it
+    python bench/fuzz.py --hostile [--json FILE]    # names that lead outside the dataset
 
 A small generated source (48 tiny PNGs in 4 classes) is packed once into every
 dataset: ``lmdb``, ``hdf5``, one-shard ``tfrecord`` and ``tar``, three-shard
@@ -29,6 +30,14 @@ streaming for tar and TFRecord (``ShardedIterableDataset``), and
 The last four are bugs. The table gives counts per dataset and file kind;
 ``--json`` writes them with up to 10 failing trials per group (the damage done
 and what each way of reading said). The engine is ``tests/fuzzing.py``.
+
+``--hostile`` runs the other campaign: datasets and lists whose names lead
+outside them (absolute paths, ``..``, URLs of another host, NULs, escapes,
+symbolic links out, HDF5 data stored in other files), opened by every command
+(open_dataset, streams, verify, info, convert, the RAM cache, DALI, HTTP; pack
+for lists) while inotify watches the files outside and a second HTTP server
+counts the requests it gets. It prints the counts by field and by command;
+every one must be ``refused``. The engine is ``tests/hostile_names.py``.
 """
 
 from __future__ import annotations
@@ -112,6 +121,8 @@ def _parse(argv) -> argparse.Namespace:
                          f"{FAST['timeout']:g} s each")
     ap.add_argument("--replay", metavar="ID", help="run one trial (dataset/kind/number, with "
                     "the same --seed) and print everything about it; its folder is kept")
+    ap.add_argument("--hostile", action="store_true",
+                    help="run the hostile-names campaign instead (see below)")
     ap.add_argument("--work-dir", help="where datasets and trials go (default: a temporary "
                     "folder, removed at the end)")
     ap.add_argument("--json", metavar="FILE", help="write counts and failing trials as JSON")
@@ -131,6 +142,8 @@ def main(argv=None) -> int:
     work = args.work_dir or tempfile.mkdtemp(prefix="fastdata-fuzz-")
     os.makedirs(work, exist_ok=True)
     try:
+        if args.hostile:
+            return _hostile(args, work)
         return _replay(args, work) if args.replay else _campaign(args, work)
     finally:
         if args.work_dir is None and not args.replay:
@@ -169,6 +182,44 @@ def _campaign(args, work: str) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
     return 0
+
+
+def _hostile(args, work: str) -> int:
+    import hostile_names
+
+    started = time.monotonic()
+    world = hostile_names.build(work)
+    try:
+        rows = hostile_names.run(world)
+    finally:
+        world.close()
+    elapsed = time.monotonic() - started
+    outcomes = hostile_names.OUTCOMES
+    cases = len({r["case"] for r in rows})
+    for title, group in (("kind", lambda r: r["kind"]),
+                         ("field", lambda r: f"{r['kind']} {r['field']}"),
+                         ("command", lambda r: r["command"])):
+        counts: dict = {}
+        for r in rows:
+            counts.setdefault(group(r), dict.fromkeys(outcomes, 0))[r["outcome"]] += 1
+        width = max(len(title), *(len(k) for k in counts)) + 2
+        head = f"{title:<{width}}{'runs':>6} " + " ".join(f"{o:>12}" for o in outcomes)
+        print(head + "\n" + "-" * len(head))
+        for key, row in counts.items():
+            print(f"{key:<{width}}{sum(row.values()):>6} "
+                  + " ".join(f"{row[o]:>12}" for o in outcomes))
+        print()
+    totals = {o: sum(r["outcome"] == o for r in rows) for o in outcomes}
+    print(f"{cases} hostile cases, {len(rows)} command runs in {elapsed:.1f} s: "
+          + ", ".join(f"{totals[o]} {o}" for o in outcomes))
+    bad = [r for r in rows if r["outcome"] != "refused"]
+    for r in bad[:10]:
+        print(f"{r['outcome']}: {r['case']} by {r['command']} -- {r['detail'][:200]!r}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"seconds": round(elapsed, 1), "cases": cases, "totals": totals,
+                       "rows": rows}, f, indent=1)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

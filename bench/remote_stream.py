@@ -1,10 +1,13 @@
-"""Reading tar shards from an S3 server against the same shards on local disk.
+"""Reading tar shards from an S3 or HTTP server against the same shards on local disk.
 
-    python bench/remote_stream.py [--photos 1024] [--workers 2] [--repeat 2] [--server moto]
+    python bench/remote_stream.py [--photos 1024] [--workers 2] [--repeat 2]
+                                  [--server moto|s3rver|nginx]
 
-Starts its own S3 server on 127.0.0.1: moto_server (Python, the one the tests
-use) or, with --server s3rver, s3rver (Node.js, objects in files; install with
-``npm install --prefix /opt/s3rver s3rver@3``). Loopback: this measures
+Starts its own server on 127.0.0.1: moto_server (Python, the one the tests
+use), with --server s3rver s3rver (Node.js, objects in files; install with
+``npm install --prefix /opt/s3rver s3rver@3``), or with --server nginx an
+nginx serving the local folder over http (``apt-get install nginx-light``;
+one process, sendfile, the dataset read by ``http://`` URL). Loopback: this measures
 fastdata's request pattern and overheads, not a network; the server runs on
 the same cores as the DataLoader workers, and the CPU time it used is printed.
 It packs generated ImageNet-like
@@ -31,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from storage_ranges import cpu_seconds, start_moto, start_s3rver  # noqa: E402
+from storage_ranges import cpu_seconds, start_moto, start_nginx, start_s3rver  # noqa: E402
 
 
 def _epoch(loader) -> tuple[float, float, int]:
@@ -87,7 +90,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--shards-of", type=int, default=128, help="records per shard")
-    parser.add_argument("--server", choices=("moto", "s3rver"), default="moto")
+    parser.add_argument("--server", choices=("moto", "s3rver", "nginx"), default="moto")
     args = parser.parse_args()
 
     import fastdata
@@ -95,12 +98,18 @@ def main() -> None:
     from fastdata.storage import upload_file
 
     server_files = tempfile.TemporaryDirectory()
+    tmp_root = tempfile.TemporaryDirectory()
+    local = os.path.join(tmp_root.name, "local")
+    os.makedirs(local)
     if args.server == "moto":
         proc, endpoint = start_moto()
         key = "testing"
-    else:
+    elif args.server == "s3rver":
         proc, endpoint = start_s3rver("bench", server_files.name)
         key = "S3RVER"
+    else:
+        proc, endpoint = start_nginx(local, server_files.name)
+        key = "unused"
     try:
         os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=key,
                           AWS_SECRET_ACCESS_KEY=key, AWS_REGION="us-east-1")
@@ -108,18 +117,20 @@ def main() -> None:
             import boto3
 
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
-        with tempfile.TemporaryDirectory() as tmp:
+        with tmp_root as tmp:
             synthesize(os.path.join(tmp, "src"), kind="photos", n=args.photos, seed=0)
-            local = os.path.join(tmp, "local")
             # Pack-time shuffled, as a dataset streamed by whole shards should be.
             summary = fastdata.pack(os.path.join(tmp, "src"), os.path.join(local, "d-%06d.tar"),
                                     options=fastdata.PackOptions(shard_size=args.shards_of,
                                                                  shuffle=0),
                                     progress=False)
-            for name in os.listdir(local):
-                upload_file(os.path.join(local, name), f"s3://bench/d/{name}")
-            rows = [("local disk", summary.output),
-                    (f"s3 ({args.server}, loopback)", "s3://bench/d/d.tar.fastdata.json")]
+            if args.server == "nginx":
+                remote = ("http (nginx, loopback)", f"{endpoint}/d.tar.fastdata.json")
+            else:
+                for name in os.listdir(local):
+                    upload_file(os.path.join(local, name), f"s3://bench/d/{name}")
+                remote = (f"s3 ({args.server}, loopback)", "s3://bench/d/d.tar.fastdata.json")
+            rows = [("local disk", summary.output), remote]
             print(f"{args.photos} generated photos in tar shards of {args.shards_of} (packed with "
                   f"--shuffle 0), 224x224, batch 64, "
                   f"{args.workers} workers, best of {args.repeat}")
@@ -140,7 +151,7 @@ def main() -> None:
                       f"    random access (map-style)       {r['random']:6.0f}/s\n"
                       f"    server CPU over these runs      {server_cpu:6.1f} s")
             a, b = results["local disk"], results[rows[1][0]]
-            print("  s3/local: " + ", ".join(
+            print("  remote/local: " + ", ".join(
                 f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_shards",
                                                     "stream_shard_blocks",
                                                     "stream_sequential", "random")))

@@ -57,6 +57,28 @@ def start_s3rver(bucket: str, folder: str) -> tuple[subprocess.Popen, str]:
     return proc, _wait_for(proc, port, "s3rver")
 
 
+def start_nginx(root: str, work: str) -> tuple[subprocess.Popen, str]:
+    """nginx (Debian's ``nginx-light``) serving the files of ``root`` on
+    127.0.0.1: one process (``master_process off``, so its CPU time is that
+    process's), sendfile on, no access log; its files go to ``work``."""
+    if shutil.which("nginx") is None:
+        sys.exit("nginx is not installed (apt-get install nginx-light)")
+    port = _free_port()
+    conf = os.path.join(work, "nginx.conf")
+    with open(conf, "w", encoding="utf-8") as f:
+        f.write(f"""daemon off; master_process off; worker_processes 1; user root;
+pid {work}/nginx.pid; error_log {work}/error.log;
+events {{ worker_connections 1024; }}
+http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 100000;
+  client_body_temp_path {work}/body; proxy_temp_path {work}/proxy;
+  fastcgi_temp_path {work}/fastcgi; uwsgi_temp_path {work}/uwsgi; scgi_temp_path {work}/scgi;
+  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
+""")
+    proc = subprocess.Popen(["nginx", "-c", conf, "-p", work],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, _wait_for(proc, port, "nginx")
+
+
 def _wait_for(proc: subprocess.Popen, port: int, name: str) -> str:
     deadline = time.monotonic() + 30
     while True:

@@ -30,6 +30,7 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
     SourceError,
     StorageError,
     UnknownFormatError,
+    UnsafeNameError,
 )
 
 # Public name -> "module:attribute", imported on first access.
@@ -61,7 +62,7 @@ _LAZY = {
 __all__ = sorted([
     "__version__", "FastDataError", "BadImageError", "CorruptDataError", "DecodeError",
     "ManifestError", "MixedSizeWarning", "OutputExistsError", "SourceError", "StorageError",
-    "UnknownFormatError", *_LAZY,
+    "UnknownFormatError", "UnsafeNameError", *_LAZY,
 ])
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 
+from fastdata.redaction import redact, redact_url
+
 
 class FastDataError(Exception):
     """Base class for every error fastdata raises on purpose.
@@ -19,6 +21,9 @@ class FastDataError(Exception):
         key: the record key (a source-relative path) concerned.
         offset: a byte offset inside ``path``.
         record: a record index (0-based) of the dataset at ``path``.
+
+    The message and path keep no credential: the user-info and query values of
+    any URL in them are masked (``http://***@host/x?sig=***``).
     """
 
     def __init__(
@@ -30,8 +35,9 @@ class FastDataError(Exception):
         offset: int | None = None,
         record: int | None = None,
     ) -> None:
-        self.message = message
-        self.path = os.fspath(path) if path is not None else None
+        # Credentials in a URL never reach a message (see fastdata.redaction).
+        self.message = redact(message)
+        self.path = redact_url(os.fspath(path)) if path is not None else None
         self.key = key
         self.offset = offset
         self.record = record
@@ -136,3 +142,9 @@ class MixedSizeWarning(UserWarning):
     """Images of one batch (or one stream) differ in size, so a collate that
     stacks them will fail. Silence it where a collate keeps a list on purpose:
     ``warnings.filterwarnings("ignore", category=fastdata.MixedSizeWarning)``."""
+
+
+class UnsafeNameError(FastDataError):
+    """A name a dataset or a list holds (a shard, a sidecar, an image path)
+    would lead outside it: an absolute path, a ``..`` segment, a URL, a control
+    character, or a symbolic link out of its folder. Nothing was opened."""

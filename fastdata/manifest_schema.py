@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastdata.contained import check_name
 from fastdata.errors import ManifestError
 
 _HINT = "the manifest is damaged or was edited by hand; re-pack the dataset or restore it"
@@ -60,6 +61,7 @@ def validate_manifest(data: dict, path: str | None = None) -> None:
         _typed(data, field, dict, "a JSON object", path)
     if "extra" in data:
         _typed(data, "extra", dict, "a JSON object", path)
+        _check_sidecar_names(data["extra"], path)
     count = _count(data, "count", path)
     _check_classes(data, count, path)
     _check_bytes(data["bytes"], path)
@@ -111,6 +113,7 @@ def _check_shards(data: dict, count: int, path: str | None) -> None:
             raise _fail(where, "a JSON object", shard, path)
         if not isinstance(shard.get("path"), str) or not shard["path"]:
             raise _fail(f"{where}.path", "a file name", shard.get("path"), path)
+        check_name(shard["path"], field=f"{where}.path", where=path)
         if "count" not in shard:
             raise ManifestError(f"manifest field {where} has no 'count'; {_HINT}", path=path)
         total += _count(shard, "count", path, name=f"{where}.count")
@@ -122,3 +125,19 @@ def _check_shards(data: dict, count: int, path: str | None) -> None:
     if shards and total != count:
         raise ManifestError(f"manifest shards hold {total} records, not its record count "
                             f"{count}; {_HINT}", path=path)
+
+
+#: The fields of ``extra`` that name a file beside the manifest (sharded formats).
+SIDECAR_FIELDS = (("index",), ("keys",), ("metadata", "index"))
+
+
+def _check_sidecar_names(extra: dict, path: str | None) -> None:
+    for field in SIDECAR_FIELDS:
+        holder = extra
+        for part in field[:-1]:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and field[-1] in holder:
+            name = f"extra.{'.'.join(field)}"
+            if not isinstance(holder[field[-1]], str):
+                raise _fail(name, "a file name", holder[field[-1]], path)
+            check_name(holder[field[-1]], field=name, where=path)

@@ -137,10 +137,14 @@ def test_manifest_says_what_it_was_converted_from(sources, tmp_path):
         origin = reader.manifest
     summary = _convert(sources["hdf5"], tmp_path / "c.lmdb")
     source = open_reader(summary.output).manifest.source
-    assert source["kind"] == "dataset" and source["root"] == sources["hdf5"]
+    name = os.path.basename(sources["hdf5"])   # a name: the machine's folders stay here
+    assert source["kind"] == "dataset" and source["root"] == name
     assert source["converted_from"] == {
-        "path": sources["hdf5"], "format": "hdf5", "count": 12,
+        "path": name, "format": "hdf5", "count": 12,
         "fingerprint": origin.source["fingerprint"], "created_at": origin.created_at}
+    kept = _convert(sources["hdf5"], tmp_path / "k.lmdb", options={"keep_source_path": True})
+    source = open_reader(kept.output).manifest.source
+    assert source["root"] == source["converted_from"]["path"] == sources["hdf5"]
 
 
 def test_a_dataset_path_is_a_pack_source(sources, tmp_path):

@@ -272,6 +272,28 @@ def test_overwrite_at_a_url_leaves_only_the_new_dataset(tree, tmp_path, s3_serve
     assert _records(f"s3://{bucket}/x/{name}") == _records(tmp_path / "local" / name)
 
 
+def test_overwrite_at_a_url_deletes_only_its_own_objects(tree, s3_server, s3_env, cache):
+    """An old manifest at the URL that names other objects (another prefix
+    through '..', a name not of this output's naming) gets none of them deleted."""
+    import json
+
+    bucket = "over-hostile"
+    s3_server.make_bucket(bucket)
+    _pack(tree.root, f"s3://{bucket}/x/d-%06d.tar", shard_size=8)
+    s3_server.put(f"s3://{bucket}/keep/precious.tar", b"mine")
+    s3_server.put(f"s3://{bucket}/x/precious.tar", b"mine too")
+    manifest_url = f"s3://{bucket}/x/d.tar.fastdata.json"
+    manifest = json.loads(s3_server.get(manifest_url))
+    manifest["shards"][0]["path"] = "../keep/precious.tar"
+    manifest["shards"][1]["path"] = "precious.tar"
+    manifest["extra"]["keys"] = "../keep/precious.tar"
+    s3_server.put(manifest_url, json.dumps(manifest).encode())
+    _pack(tree.root, f"s3://{bucket}/x/d-%06d.tar", shard_size=8, overwrite=True)
+    assert s3_server.get(f"s3://{bucket}/keep/precious.tar") == b"mine"
+    assert s3_server.get(f"s3://{bucket}/x/precious.tar") == b"mine too"
+    assert _records(manifest_url) == _records_of_tree(tree)
+
+
 def test_reopening_a_remote_dataset_does_not_leak_descriptors(tree, s3_server, s3_env, cache):
     s3_server.make_bucket("fds")
     _pack(tree.root, "s3://fds/d.lmdb")

@@ -20,7 +20,7 @@ from conftest import build_tree, list_partials, make_image_bytes, run_python
 
 import fastdata
 from fastdata.cli import main
-from fastdata.errors import BadImageError, FastDataError, SourceError
+from fastdata.errors import BadImageError, FastDataError, SourceError, UnsafeNameError
 from fastdata.loaders.verify import verify_dataset
 from fastdata.packers.pack import PackOptions
 from fastdata.packers.source import SourceEntry
@@ -52,9 +52,10 @@ class Listed:
         self.rows: list[tuple[str, str, bytes]] = []  # (path as listed, class, bytes)
         for path, cls in LISTED:
             self.rows.append((path, cls, self._write(root / path, path)))
-        # One file outside the list's folder, listed by its absolute path.
-        outside = root.parent / "elsewhere" / "zebra crossing.png"
-        self.rows.append((str(outside), "cat", self._write(outside, "outside")))
+        # One file listed through a '..' that stays inside the list's folder
+        # (paths that leave it are refused: tests/test_contained.py).
+        self.rows.append(("dog/../zebra crossing.png", "cat",
+                          self._write(root / "zebra crossing.png", "outside")))
 
     @staticmethod
     def _write(path: Path, name: str) -> bytes:
@@ -170,8 +171,35 @@ def test_each_source_packs_into_each_format_bit_for_bit(listed, tmp_path, kind, 
     assert summary.records == len(listed.rows) and not summary.skipped
     described = ds.manifest.source
     assert described["kind"] == kind
-    assert described["root"] == str(source)
+    assert described["root"] == source.name  # the name: no machine's folders
     assert described["label_column"] == "label"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_paths_out_of_the_list_folder_need_allow_outside(listed, tmp_path, kind):
+    """An absolute path (or '..' out of the folder) is refused, naming the
+    line or row; a list of your own with ``allow_outside=True`` packs it."""
+    outside = tmp_path / "elsewhere" / "zebra crossing.png"
+    data = Listed._write(outside, "outside")
+    for hostile in (str(outside), "../elsewhere/zebra crossing.png"):
+        if kind == "parquet":  # no bytes: the path is read
+            path = write_hf_parquet(listed.root / "out.parquet", [{"bytes": None,
+                                                                   "path": hostile}],
+                                    [0], HF_NAMES)
+        elif kind == "jsonl":
+            path = write_jsonl(listed.root / "out.jsonl", [{"path": hostile, "label": "cat"}])
+        else:
+            path = write_csv(listed.root / f"out.{kind}", ["path", "label"], [[hostile, "cat"]],
+                             delimiter="\t" if kind == "tsv" else ",")
+        where = "row 0" if kind == "parquet" else "line 1" if kind == "jsonl" else "line 2"
+        with pytest.raises(UnsafeNameError, match=where):
+            fastdata.pack(path, tmp_path / f"refused-{kind}.lmdb", progress=False)
+        assert not (tmp_path / f"refused-{kind}.lmdb").exists()
+        out = tmp_path / f"{kind}-{len(hostile)}.lmdb"
+        fastdata.pack(fastdata.open_source(path, allow_outside=True), out, progress=False)
+        got, ds = read_all(out)
+        assert got[0][0] == data and ds.keys == [hostile]
+        ds.close()
 
 
 def test_csv_class_names_are_sorted_like_imagefolder(listed):

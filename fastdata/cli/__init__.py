@@ -14,6 +14,7 @@ import click
 
 from fastdata import __version__
 from fastdata.errors import FastDataError
+from fastdata.redaction import redact
 
 # Library errors name options as the Python API spells them ("overwrite=True",
 # "resize="); on the command line the same option is a flag.
@@ -38,6 +39,12 @@ def cli_terms(message: str) -> str:
     return _FLAG_NAMES.sub(lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
 
 
+def echo(text: str = "", *, err: bool = False) -> None:
+    """Print a line of the CLI's output; a URL's credentials never show (see
+    fastdata.redaction)."""
+    click.echo(redact(str(text)), err=err)
+
+
 def _handle_errors(func):
     """One-line errors and clean exits instead of tracebacks."""
 
@@ -46,18 +53,18 @@ def _handle_errors(func):
         try:
             return func(*args, **kwargs)
         except FastDataError as exc:
-            click.echo(f"error: {cli_terms(str(exc))}", err=True)
+            echo(f"error: {cli_terms(str(exc))}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             # An interrupted pack has said what it kept for --resume.
-            click.echo("interrupted", err=True)
+            echo("interrupted", err=True)
             sys.exit(130)
 
     return wrapper
 
 
 def _print_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

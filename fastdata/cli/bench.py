@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.cli import _handle_errors, _print_json, echo, main
 from fastdata.loaders.decoder_registry import decoder_choices
 
 
@@ -115,7 +115,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
     variant_list = bm.parse_variants(variants, size)
 
     def log(line: str) -> None:
-        click.echo(line, err=True)
+        echo(line, err=True)
 
     with tempfile.TemporaryDirectory(prefix="fastdata-bench-") as tmp:
         work = os.path.abspath(out_dir) if out_dir else tmp
@@ -145,7 +145,7 @@ def _bench_demo(demo: str, work: str, limit: int | None, progress, log) -> str:
     try:
         summary = synthesize(src, kind=demo, n=n, progress=progress, overwrite=True)
     except ValueError as exc:  # e.g. --limit below the demo's class count
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(1)
     log(f"generated {summary.describe()} ({summary.bytes / 1e6:.1f} MB) in "
         f"{summary.seconds:.1f} s")
@@ -170,10 +170,10 @@ def _bench_output(bm, report, table: str, json_path: str | None, plot_path: str 
                   log) -> None:
     """Print the table, write the JSON and plot; exit 1 when no row worked."""
     if json_path == "-":
-        click.echo(table, err=True)
+        echo(table, err=True)
         _print_json(report.to_dict())
     else:
-        click.echo(table)
+        echo(table)
         if json_path:
             bm.write_json(report, json_path)
             log(f"wrote {json_path}")

@@ -15,7 +15,7 @@ from fastdata.cli.packing import echo_summary, echo_warning, images_text, output
 @_handle_errors
 def convert(input_, output, format_, shard_size, resize, center_crop, max_size, encoding,
             quality, jpeg_restarts, workers, overwrite, resume, strict, verify_decode,
-            max_pixels, shuffle, as_json, progress):
+            max_pixels, shuffle, keep_source_path, allow_outside, as_json, progress):
     """Convert the dataset IN into the dataset OUT, in the format OUT's name gives.
 
     IN is any dataset fastdata reads: an LMDB folder, an .h5 file, a tar or
@@ -47,8 +47,9 @@ def convert(input_, output, format_, shard_size, resize, center_crop, max_size, 
                            quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
                            overwrite=overwrite,
                            resume=resume, strict=strict, verify_decode=verify_decode,
-                           max_pixels=max_pixels, shuffle=shuffle)
-    source = DatasetSource(input_)
+                           max_pixels=max_pixels, shuffle=shuffle,
+                           keep_source_path=keep_source_path)
+    source = DatasetSource(input_, allow_outside=allow_outside)
     summary = run_convert(source, output, options=options, progress=progress,
                           on_event=echo_warning)
     if as_json:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.cli import _handle_errors, _print_json, echo, main
 from fastdata.machine import human_bytes
 
 
@@ -30,12 +30,12 @@ def synth(directory, kind, n, classes, seed, overwrite, as_json, progress):
         summary = synthesize(directory, kind=kind, n=n, classes=classes, seed=seed,
                              progress=progress, overwrite=overwrite)
     except ValueError as exc:  # an out-of-range option: one line, like every other error
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(1)
     if as_json:
         _print_json(summary.to_dict())
         return
-    click.echo(f"wrote {summary.describe()} to {summary.root} "
+    echo(f"wrote {summary.describe()} to {summary.root} "
                f"({human_bytes(summary.bytes)}, mean {summary.mean_width:.0f}x"
                f"{summary.mean_height:.0f}, "
                f"{human_bytes(summary.mean_bytes)} each) in {summary.seconds:.1f} s")

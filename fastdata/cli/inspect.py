@@ -6,27 +6,32 @@ import sys
 
 import click
 
-from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.cli import _handle_errors, _print_json, echo, main
 from fastdata.machine import human_bytes
 
 
 @main.command()
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("--allow-outside", is_flag=True,
+              help="Follow symbolic links in the dataset's folder that lead out of it "
+                   "(shards spread over disks by links you made). Refused by default: a "
+                   "dataset from elsewhere must not make fastdata read other files.")
 @_handle_errors
-def info(path, as_json):
+def info(path, as_json, allow_outside):
     """Show the manifest of the packed dataset PATH."""
     from fastdata.formats import read_manifest
 
-    m = read_manifest(path)
+    m = read_manifest(path, allow_outside=allow_outside)
     if as_json:
         _print_json(m.to_dict())
         return
     from fastdata.formats.remote_files import absolute
+    from fastdata.redaction import redact
 
-    click.echo(absolute(path))
+    echo(redact(absolute(path)))
     for name, value in _manifest_rows(m):
-        click.echo(f"  {name:<10} {value}")
+        echo(f"  {name:<10} {value}")
 
 
 def _manifest_rows(m) -> list[tuple[str, str]]:
@@ -142,8 +147,12 @@ def _source_text(source: dict) -> str:
                    "corrupt-data warning counts as damaged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
+@click.option("--allow-outside", is_flag=True,
+              help="Follow symbolic links in the dataset's folder that lead out of it "
+                   "(shards spread over disks by links you made). Refused by default: a "
+                   "dataset from elsewhere must not make fastdata read other files.")
 @_handle_errors
-def verify(path, decode, as_json, progress):
+def verify(path, decode, as_json, progress, allow_outside):
     """Check every byte of PATH that its manifest covers.
 
     Each record against its stored CRC32; labels, CRC32s, keys and the index
@@ -153,21 +162,21 @@ def verify(path, decode, as_json, progress):
     """
     from fastdata.loaders.verify import verify_dataset
 
-    result = verify_dataset(path, decode=decode, progress=progress)
+    result = verify_dataset(path, decode=decode, progress=progress, allow_outside=allow_outside)
     if as_json:
         _print_json(result.to_dict())
     else:
         files = sum(p["index"] is None for p in result.problems)
-        click.echo(f"{result.path}: {result.checked} records checked, {result.damaged} "
+        echo(f"{result.path}: {result.checked} records checked, {result.damaged} "
                    f"damaged" + (f", {files} file problem(s)" if files else "")
                    + (" (decoded)" if decode else ""))
         for p in result.problems[:20]:
             if p["index"] is None:
-                click.echo(f"  {p['path']}: {p['reason']}")
+                echo(f"  {p['path']}: {p['reason']}")
             else:
-                click.echo(f"  {_record_problem(p)}")
+                echo(f"  {_record_problem(p)}")
         if len(result.problems) > 20:
-            click.echo(f"  ... {len(result.problems) - 20} more (--json lists all)")
+            echo(f"  ... {len(result.problems) - 20} more (--json lists all)")
     if not result.ok:
         sys.exit(1)
 

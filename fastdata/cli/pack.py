@@ -34,9 +34,9 @@ from fastdata.encodings import TORCHVISION_EXTENSIONS
                    "counted in the summary.")
 @click.option("--path-column", metavar="NAME", default=None,
               help="For a list or Parquet SOURCE: the column holding each image. In a "
-                   ".csv/.tsv/.jsonl list its file path, relative to the list's folder or "
-                   "absolute [default: path]; in Parquet the image struct (bytes, path), its "
-                   "bytes or its path [default: image].")
+                   ".csv/.tsv/.jsonl list its file path, relative to the list's folder "
+                   "(and inside it, unless --allow-outside) [default: path]; in Parquet the "
+                   "image struct (bytes, path), its bytes or its path [default: image].")
 @click.option("--label-column", metavar="NAME", default=None,
               help="For a list or Parquet SOURCE: the column holding the labels, class names "
                    "(classes: the sorted names) or integers (kept as given; classes \"0\" to "
@@ -45,7 +45,8 @@ from fastdata.encodings import TORCHVISION_EXTENSIONS
 @_handle_errors
 def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
          jpeg_restarts, workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
-         as_json, progress, scheduler, extensions, path_column, label_column):
+         keep_source_path, allow_outside, as_json, progress, scheduler, extensions,
+         path_column, label_column):
     """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -82,10 +83,11 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
                            quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
                            overwrite=overwrite,
                            resume=resume, strict=strict, verify_decode=verify_decode,
-                           max_pixels=max_pixels, shuffle=shuffle, extensions=extensions)
-    if path_column is not None or label_column is not None:
+                           max_pixels=max_pixels, shuffle=shuffle, extensions=extensions,
+                           keep_source_path=keep_source_path)
+    if path_column is not None or label_column is not None or allow_outside:
         source = open_source(source, path_column=path_column, label_column=label_column,
-                             extensions=extensions)
+                             extensions=extensions, allow_outside=allow_outside)
     summary = run_pack(source, output, options=options, progress=progress,
                        on_event=echo_warning, scheduler=scheduler)
     if as_json:

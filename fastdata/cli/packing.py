@@ -8,6 +8,8 @@ import os
 
 import click
 
+from fastdata.cli import echo
+
 from fastdata.formats import FORMATS, known_extensions, sharded_formats
 from fastdata.machine import human_bytes
 
@@ -86,6 +88,17 @@ def _options(out: str) -> tuple:
                           "when other tools (webdataset, DALI) will read the shards with only a "
                           "shuffle buffer: unshuffled, a window holds one or two classes. "
                           "Map-style reading (DataLoader shuffle=True) does not need it."),
+        click.option("--keep-source-path", is_flag=True,
+                     help="Record the input's absolute path (a URL without its credentials) "
+                          "as the manifest's source.root; by default only its name is "
+                          "recorded, so the packing machine's folders do not travel with "
+                          "every copy of the dataset."),
+        click.option("--allow-outside", is_flag=True,
+                     help="Let the input's names lead out of its folder: a list's or "
+                          "Parquet table's absolute or ../ paths, a dataset's links to files "
+                          "elsewhere. Refused by default, so a list or dataset made by "
+                          "someone else cannot make fastdata read other files; give it for "
+                          "inputs of your own."),
         click.option("--json", "as_json", is_flag=True,
                      help="Print the summary as JSON on stdout."),
         click.option("--progress/--no-progress", default=None,
@@ -105,7 +118,7 @@ def output_options(out: str = "OUTPUT"):
 
 def pack_options(*, format_, shard_size, resize, center_crop, max_size, encoding, quality,
                  workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
-                 extensions=None, jpeg_restarts=False):
+                 extensions=None, jpeg_restarts=False, keep_source_path=False):
     """The ``PackOptions`` the shared options ask for."""
     from fastdata.packers.options import PackOptions
     from fastdata.packers.preprocess import Preprocess, parse_resize
@@ -117,36 +130,36 @@ def pack_options(*, format_, shard_size, resize, center_crop, max_size, encoding
     return PackOptions(format=format_, overwrite=overwrite, strict=strict,
                        verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
                        workers=workers, extensions=extensions, shuffle=parse_seed(shuffle),
-                       resume=resume, **limit)
+                       resume=resume, keep_source_path=keep_source_path, **limit)
 
 
 def echo_warning(msg: str) -> None:
-    click.echo(f"warning: {msg}", err=True)
+    echo(f"warning: {msg}", err=True)
 
 
 def echo_summary(summary, options, heading: str) -> None:
     """The summary after ``heading`` (what was done, to how many images)."""
-    click.echo(f"{heading} into {summary.output} ({summary.format}) in "
+    echo(f"{heading} into {summary.output} ({summary.format}) in "
                f"{summary.seconds:.1f} s, {summary.rate:,.0f} img/s")
-    click.echo(f"  bytes in {human_bytes(summary.bytes_in)}, on disk "
+    echo(f"  bytes in {human_bytes(summary.bytes_in)}, on disk "
                f"{human_bytes(summary.bytes_out)}; encodings "
                + ", ".join(f"{k} {v}" for k, v in summary.encodings.items()))
     if summary.files and summary.files != [summary.output]:
-        click.echo(f"  {_files_line(summary.files)}")
+        echo(f"  {_files_line(summary.files)}")
     if options.shuffle is not None:
-        click.echo(f"  order: shuffled with seed {options.shuffle}")
+        echo(f"  order: shuffled with seed {options.shuffle}")
     if summary.ignored:
         _echo_ignored(summary.ignored, summary.ignored_extensions)
     if summary.renamed:
         _echo_renamed(summary.renamed)
     if summary.skipped:
-        click.echo(f"  skipped {len(summary.skipped)} bad image(s):")
+        echo(f"  skipped {len(summary.skipped)} bad image(s):")
         for item in summary.skipped[:10]:
-            click.echo(f"    {item.key}: {item.reason}")
+            echo(f"    {item.key}: {item.reason}")
         if len(summary.skipped) > 10:
-            click.echo(f"    ... and {len(summary.skipped) - 10} more")
+            echo(f"    ... and {len(summary.skipped) - 10} more")
     if summary.report:
-        click.echo(f"  report: {summary.report}")
+        echo(f"  report: {summary.report}")
 
 
 def images_text(summary) -> str:
@@ -157,9 +170,9 @@ def images_text(summary) -> str:
 
 def _echo_ignored(count: int, by_extension: dict[str, int]) -> None:
     """The ignored count, with the extensions left out (they are what --extensions adds)."""
-    click.echo(f"  ignored {count} hidden, stray or other-extension file(s)")
+    echo(f"  ignored {count} hidden, stray or other-extension file(s)")
     if by_extension:
-        click.echo("    extensions not packed: "
+        echo("    extensions not packed: "
                    + ", ".join(f".{ext} {n}" if ext else f"(none) {n}"
                                for ext, n in by_extension.items())
                    + " (--extensions +EXT packs them too)")
@@ -168,12 +181,12 @@ def _echo_ignored(count: int, by_extension: dict[str, int]) -> None:
 def _echo_renamed(renamed) -> None:
     """Records stored under another tar member key than their own (the dataset keys
     stay the originals); the full list is in --json and the report file."""
-    click.echo(f"  renamed {len(renamed)} tar member key(s) (dataset keys unchanged; all in "
+    echo(f"  renamed {len(renamed)} tar member key(s) (dataset keys unchanged; all in "
                f"the report):")
     for item in renamed[:5]:
-        click.echo(f"    {item.key} -> {item.stored_as}")
+        echo(f"    {item.key} -> {item.stored_as}")
     if len(renamed) > 5:
-        click.echo(f"    ... and {len(renamed) - 5} more")
+        echo(f"    ... and {len(renamed) - 5} more")
 
 
 def _files_line(files: list[str]) -> str:

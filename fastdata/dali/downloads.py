@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdata.formats.remote_files import is_remote
+from fastdata.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,9 @@ def shard_files(reader: Any, side_suffix: str | None = None) -> ShardFiles:
     cache.keep_locked = max(cache.keep_locked, 2 * len(urls) + 16)
     log.info("DALI's reader reads local files only: the %d shards of %s (%s bytes) are "
              "downloaded into the cache at %s, where not there already", len(urls),
-             reader.url or urls[0], f"{dataset_bytes(reader):,}", cache.cache_dir)
+             redact(reader.url or urls[0]), f"{dataset_bytes(reader):,}", cache.cache_dir)
     with ThreadPoolExecutor(min(_DOWNLOAD_THREADS, len(urls))) as pool:
-        paths = list(pool.map(cache.local, urls))
+        paths = list(pool.map(lambda shard: reader.shard_copy(shard, cache), range(len(urls))))
         side = list(pool.map(lambda url: _side_copy(cache, url, side_suffix), urls))
     for shard, path in enumerate(paths):
         reader.attach_local(shard, path)

@@ -52,6 +52,11 @@ class Reader:
         verify: check each record's CRC32 against the one stored at pack time
             (cheap next to decoding; turn off only for pre-decoded data that is
             read faster than it can be checksummed).
+        allow_outside: follow symbolic links inside the dataset's folder that
+            lead out of it (shards spread over disks by links you made). Off by
+            default: a dataset from elsewhere must not make fastdata read other
+            files (see fastdata.contained). Names that are absolute, hold
+            ``..`` or are URLs are refused either way.
     """
 
     format_name = ""
@@ -63,7 +68,9 @@ class Reader:
     #: at a URL is downloaded into the shared cache on open (see ``_data_url``).
     needs_local_file = False
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, verify: bool = True,
+                 allow_outside: bool = False) -> None:
+        self.allow_outside = bool(allow_outside)
         self.path = absolute(path)
         #: The URL the dataset was opened by, when it is remote.
         self.url = self.path if is_remote(self.path) else None
@@ -147,7 +154,7 @@ class Reader:
     def child_options(self) -> dict:
         """Keyword arguments that open this dataset alike in a child process
         (JSON-ready; see ``walk_in_child``)."""
-        return {"verify": self.verify}
+        return {"verify": self.verify, "allow_outside": self.allow_outside}
 
     def crash_path(self) -> str:
         """The file to name when reading the dataset killed a child process."""

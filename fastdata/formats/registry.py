@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastdata.formats.remote_files import as_local, is_remote, read_bytes
+from fastdata.formats.remote_files import MANIFEST_LIMIT, as_local, is_remote, read_bytes
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
 
 #: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
@@ -185,7 +185,7 @@ def manifest_format(path: str | os.PathLike) -> str | None:
     """The format a ``.fastdata.json`` manifest file names; None when it cannot be
     read as one (missing, unreadable, not a JSON object with a string ``format``)."""
     try:
-        data = json.loads(read_bytes(path))
+        data = json.loads(read_bytes(path, limit=MANIFEST_LIMIT))
     except (OSError, ValueError, FastDataError):  # FastDataError: a remote one failed
         return None
     name = data.get("format") if isinstance(data, dict) else None
@@ -236,7 +236,7 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
 
 def _format_from_manifest(path: str) -> FormatSpec:
     try:
-        name = json.loads(read_bytes(path)).get("format", "")
+        name = json.loads(read_bytes(path, limit=MANIFEST_LIMIT)).get("format", "")
     except (OSError, ValueError, AttributeError) as exc:
         raise UnknownFormatError(f"cannot read manifest ({exc})", path=path) from None
     if not isinstance(name, str):
@@ -250,7 +250,8 @@ def open_reader(path, **options):
     return detect_format(path).load_reader()(path, **options)
 
 
-def read_manifest(path):
-    """The manifest of the packed dataset at ``path``."""
-    with open_reader(path) as reader:
+def read_manifest(path, **options):
+    """The manifest of the packed dataset at ``path`` (``options``: the reader's,
+    such as ``allow_outside=True``)."""
+    with open_reader(path, **options) as reader:
         return reader.manifest

@@ -36,21 +36,46 @@ def exists(path) -> bool:
     return os.path.exists(path)
 
 
-def read_bytes(path) -> bytes:
-    """A whole file's bytes (raises OSError locally, StorageError remotely)."""
+#: The most a manifest may take (a million shards take ~150 MB): a server that
+#: answers with more is refused rather than buffered.
+MANIFEST_LIMIT = 256 << 20
+
+
+def read_bytes(path, *, limit: int | None = None) -> bytes:
+    """A whole file's bytes (raises OSError locally, StorageError remotely);
+    more than ``limit`` bytes is refused without reading past the limit."""
     if is_remote(path):
         from fastdata.storage import open_remote
 
-        return open_remote(path).read()
+        return open_remote(path).read(limit=limit)
     with open(path, "rb") as f:
-        return f.read()
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        from fastdata.errors import CorruptDataError
+
+        raise CorruptDataError(f"file is larger than the {limit:,} bytes it may take here; "
+                               f"the dataset is damaged or not what it claims", path=path)
+    return data
 
 
-def local_copy(path) -> str:
-    """A local file with the contents of ``path``: itself, or a cached download."""
+def local_copy(path, *, limit: int | None = None) -> str:
+    """A local file with the contents of ``path``: itself, or a cached download
+    of at most ``limit`` bytes (what the manifest says the file holds: a server
+    that sends more is cut off there)."""
     if not is_remote(path):
         return path
-    return process_cache().local(path)
+    return process_cache().local(path, limit=limit)
+
+
+def index_limit(count: int) -> int:
+    """The most an index file (``.npy`` rows) of ``count`` records may take."""
+    return count * 64 + (1 << 20)
+
+
+def keys_limit(count: int) -> int:
+    """The most a keys file (a JSON list) of ``count`` records may take: a
+    thousand bytes a key, far past any real path, and 16 MiB."""
+    return count * 1024 + (16 << 20)
 
 
 #: One ShardCache per process and cache settings: it holds a shared lock on

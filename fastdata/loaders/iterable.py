@@ -25,6 +25,7 @@ from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.stream_state import (DEFAULT_BLOCK, DEFAULT_WINDOW, StreamPoint,
                                            WorkerPosition, parse_state, worker_positions)
 from fastdata.machine import rank_and_world
+from fastdata.redaction import redact
 
 #: Records read per random-access batch (and per retry batch after damage).
 _REST_BATCH = 64
@@ -399,6 +400,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             self._corrupt(lost[0][1], lost[0][0])
         elif lost:
             self.skipped += len(lost)
-            warnings.warn(f"{self.path}: skipping {len(lost)} corrupt records {lost[0][0]} to "
+            warnings.warn(f"{redact(self.path)}: skipping {len(lost)} corrupt records {lost[0][0]} to "
                           f"{lost[-1][0]}; {self.skipped} skipped so far; the first: "
                           f"{lost[0][1]}", RuntimeWarning, stacklevel=3)

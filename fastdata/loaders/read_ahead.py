@@ -58,8 +58,8 @@ class ReadAhead:
             self.cache = ShardCache()  # holds the copies it returned until closed
         for shard in self.reader.shards_of(self.chunks[k]):
             if shard not in self.shards:
-                self.shards[shard] = self.downloads.submit(
-                    self.cache.local, self.reader.shard_paths[shard])
+                self.shards[shard] = self.downloads.submit(self.reader.shard_copy, shard,
+                                                           self.cache)
 
     def _fetch(self, k: int, indices: list[int]):
         if self.downloads is not None:

@@ -20,6 +20,7 @@ from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.decode import DecoderChain, decode_pil
 from fastdata.loaders.sizes import MixedSizeNotice
+from fastdata.redaction import redact
 
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
 ON_ERROR = ("raise", "skip")
@@ -197,5 +198,5 @@ class SamplePipeline:
         else:
             key = self.reader.key_of(index)  # None when the keys cannot be read
             what = f"record {index}" + (f" (key {key!r})" if key is not None else "")
-        warnings.warn(f"{self.path}: skipping {why} {what}; {self.skipped} skipped so far",
+        warnings.warn(f"{redact(self.path)}: skipping {why} {what}; {self.skipped} skipped so far",
                       RuntimeWarning, stacklevel=4)

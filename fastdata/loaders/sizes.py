@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterable
 
 from fastdata.errors import MixedSizeWarning
+from fastdata.redaction import redact
 
 ADVICE = ("decode to one size with size=(h, w) (or size=S plus a crop in transform=), "
           "resize in a transform, or pass a collate_fn that keeps a list, "
@@ -61,7 +62,7 @@ class MixedSizeNotice:
         if self.warned_pid == pid:
             return
         self.warned_pid = pid
-        warnings.warn(f"{path}: {mixed_size_message(shapes, where)} "
+        warnings.warn(f"{redact(str(path))}: {mixed_size_message(shapes, where)} "
                       f"(torch's default collate fails on them; ignore this warning if "
                       f"nothing stacks them: a collate_fn that keeps a list, batch_size=None)", MixedSizeWarning, stacklevel=4)
 

@@ -69,7 +69,7 @@ class VerifyResult:
 
 
 def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
-                   progress: bool | None = None) -> VerifyResult:
+                   progress: bool | None = None, allow_outside: bool = False) -> VerifyResult:
     """Check every record of ``path`` and every file its manifest covers.
 
     Args:
@@ -77,6 +77,8 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
         decode: also decode every image (JPEGs strictly: a JPEG that decodes
             only with libjpeg's corrupt-data warning is reported as damaged).
         progress: show a progress bar (None: only on a terminal).
+        allow_outside: follow links that lead out of the dataset's folder (see
+            :class:`fastdata.formats.reader.Reader`).
 
     Returns:
         The result; damaged records and files are listed, not raised.
@@ -88,7 +90,7 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
     """
     # verify=True: formats with checks of their own framing (TFRecord's CRC32C
     # of every record) run them too; the payload CRC32 is checked here.
-    reader = open_reader(path, verify=True)
+    reader = open_reader(path, verify=True, allow_outside=allow_outside)
     problems: list[dict] = []
     bar = progress_bar(len(reader), "verify", enabled=progress)
     try:

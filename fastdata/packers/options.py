@@ -43,6 +43,10 @@ class PackOptions:
         resume: continue the interrupted pack to this output: pieces already
             written (and checked whole) are kept, the rest is packed; refused
             when the source or the options (workers aside) changed. Not recorded.
+        keep_source_path: record the source's absolute path (a URL without its
+            credentials) as the manifest's ``source.root``; by default only its
+            name is recorded (``images``, ``train.csv``), so the packing
+            machine's folders do not travel with every copy. Not recorded.
     """
 
     format: str | None = None
@@ -57,3 +61,4 @@ class PackOptions:
     extensions: Iterable[str] | str | None = None
     shuffle: int | None = None
     resume: bool = False
+    keep_source_path: bool = False

@@ -44,6 +44,7 @@ from fastdata.packers.summary import PackSummary, remove_stale_report, write_rep
 from fastdata.packers.tally import Tally
 from fastdata.progress import progress_bar
 from fastdata.records import Manifest
+from fastdata.redaction import redact_url
 
 __all__ = ["PackOptions", "PackSummary", "SkippedFile", "pack"]
 
@@ -130,7 +131,8 @@ def pack(
         raise SourceError("the output would write over the dataset being read"
                           + (f" ({source_root})" if source_root != output else "")
                           + ": give the converted dataset another name", path=output)
-    if source_root and os.path.commonpath([output, source_root]) == source_root:
+    if source_root and not is_remote(source_root) and \
+            os.path.commonpath([output, source_root]) == source_root:
         raise SourceError("the output must not be inside the source folder", path=output)
     try:
         check_max_pixels(options.max_pixels)
@@ -360,15 +362,35 @@ def _manifest(spec: FormatSpec, src: Source, tally: Tally, writer, options: Pack
         bytes={"source": tally.bytes_in, "payload": writer.payload_bytes},
         checksums={},
         shards=[],
-        source={"root": described.get("root"), "fingerprint": tally.fingerprint.hexdigest(),
-                "files": described.get("files", len(src)), "skipped": len(tally.skipped),
-                "ignored": described.get("ignored", 0),
-                **{k: v for k, v in described.items()
-                   if k not in ("root", "files", "ignored")}},
+        source=recorded_source({
+            "root": described.get("root"), "fingerprint": tally.fingerprint.hexdigest(),
+            "files": described.get("files", len(src)), "skipped": len(tally.skipped),
+            "ignored": described.get("ignored", 0),
+            **{k: v for k, v in described.items() if k not in ("root", "files", "ignored")}},
+            options.keep_source_path),
         pack_options=_recorded_options(spec, options, writer_options),
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         fastdata_version=__version__,
     )
+
+
+def recorded_source(source: dict, keep_path: bool) -> dict:
+    """The manifest's ``source`` with its paths (the root; a converted
+    dataset's ``converted_from.path``) as recorded: their names (``images``,
+    ``train.csv``), or with ``keep_path`` the absolute paths or URLs; never a
+    credential (see fastdata.redaction)."""
+    from fastdata.storage.urls import basename
+
+    def recorded(path):
+        if not isinstance(path, str) or not path:
+            return path
+        return redact_url(path if keep_path else basename(path.rstrip("/" + os.sep)) or path)
+
+    out = dict(source, root=recorded(source.get("root")))
+    if isinstance(out.get("converted_from"), dict):
+        origin = out["converted_from"]
+        out["converted_from"] = dict(origin, path=recorded(origin.get("path")))
+    return out
 
 
 class _sigterm_as_interrupt:

@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import replace
 
+from fastdata.contained import name_problem
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats import MANIFEST_SUFFIX, format_for_output
 from fastdata.formats.sharded.writer import shard_listener
@@ -184,24 +185,41 @@ def _remote_dataset_exists(url: str, spec, exists, join) -> bool:
 
 def _old_sharded_files(url: str, spec) -> list[str]:
     """The objects of the sharded dataset at ``url`` (its manifest last), from
-    its manifest; [] for LMDB and HDF5, whose one object a put replaces whole."""
+    its manifest; [] for LMDB and HDF5, whose one object a put replaces whole.
+
+    Only names that are provably this output's own are taken, as a local
+    ``--overwrite`` does: its shard naming or its sidecars, plain names in its
+    folder. Whatever else the old manifest lists (another dataset's objects,
+    ``..``, other prefixes) is never deleted."""
     if not spec.sharded:
         return []
     import json
 
+    from fastdata.formats.remote_files import MANIFEST_LIMIT
     from fastdata.formats.sharded.layout import parse_output
     from fastdata.packers.summary import report_path
-    from fastdata.storage import join, open_remote
+    from fastdata.storage import basename, join, open_remote
 
     layout = parse_output(url, spec.extensions, sharded=False)
-    manifest = json.loads(open_remote(layout.manifest_path).read())
+    manifest = json.loads(open_remote(layout.manifest_path).read(limit=MANIFEST_LIMIT))
+    manifest = manifest if isinstance(manifest, dict) else {}
     folder = layout.directory
+    sidecars = {basename(p) for p in (layout.index_path, layout.keys_path, layout.metadata_path)}
     names = []
-    for shard in manifest.get("shards", []):
-        names.append(join(folder, shard["path"]))
-        if spec.name == "tfrecord":
-            names.append(join(folder, shard["path"] + ".idx"))
-    extra = manifest.get("extra", {})
-    names += [join(folder, extra[k]) for k in ("index", "keys") if extra.get(k)]
+    for shard in manifest.get("shards") if isinstance(manifest.get("shards"), list) else []:
+        name = shard.get("path") if isinstance(shard, dict) else None
+        if _plain(name) and layout.owns(name, spec.extensions):
+            names.append(join(folder, name))
+            if spec.name == "tfrecord":
+                names.append(join(folder, name + ".idx"))
+    extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
+    metadata = extra.get("metadata") if isinstance(extra.get("metadata"), dict) else {}
+    names += [join(folder, n) for n in (extra.get("index"), extra.get("keys"),
+                                        metadata.get("index")) if _plain(n) and n in sidecars]
     names.append(report_path(layout.manifest_path))
     return names + [layout.manifest_path]
+
+
+def _plain(name) -> bool:
+    """A plain file name directly in the dataset's folder (see fastdata.contained)."""
+    return isinstance(name, str) and "/" not in name and name_problem(name, remote=True) is None

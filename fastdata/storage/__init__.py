@@ -1,7 +1,8 @@
 """One storage layer under every format: a path or URL (s3://, gs://, az://,
 http(s)://, file://, plain paths) turned into reads, ranged reads, cached local
-copies and atomic uploads. Built on obstore, imported only when a remote URL is
-used, so ``import fastdata`` stays light.
+copies and atomic uploads. Object stores through obstore, imported only when
+such a URL is used, so ``import fastdata`` stays light; http(s) through the
+standard library (fastdata.storage.http), which keeps to the URL's host.
 """
 
 from fastdata.errors import StorageError

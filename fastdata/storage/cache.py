@@ -98,8 +98,11 @@ class ShardCache:
         name = re.sub(r"[^A-Za-z0-9._-]", "_", basename(url))[-80:]
         return os.path.join(self.cache_dir, f"{digest}-{name}")
 
-    def local(self, url: str, storage_options: dict | None = None) -> str:
-        """The local path of ``url``'s object, downloaded on first use."""
+    def local(self, url: str, storage_options: dict | None = None, *,
+              limit: int | None = None) -> str:
+        """The local path of ``url``'s object, downloaded on first use; at most
+        ``limit`` bytes of it (the size a manifest gives: a server that sends
+        more is cut off there)."""
         own = local_path(url)
         if own is not None:
             return own
@@ -112,7 +115,7 @@ class ShardCache:
             fd = _lock(path + ".lock", fcntl.LOCK_EX)
             try:
                 if not os.path.exists(path):    # nobody downloaded it while we waited
-                    open_remote(url, storage_options).download(path)
+                    open_remote(url, storage_options).download(path, limit=limit)
                     self._evict(keep=path)
             except BaseException:
                 os.close(fd)

@@ -8,6 +8,7 @@ import os
 import re
 
 from fastdata.errors import StorageError
+from fastdata.redaction import redact as redact_urls
 from fastdata.storage.endpoints import ENDPOINT_OPTION_NAMES, endpoint_of
 from fastdata.storage.urls import parse_url
 
@@ -35,7 +36,7 @@ def redact(text: str, storage_options: dict | None = None) -> str:
                 and len(v) >= 4]
     for secret in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(secret, "***")
-    return _SECRET_PAIRS.sub(r"\1***", text)
+    return _SECRET_PAIRS.sub(r"\1***", redact_urls(text))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -118,10 +118,11 @@ def _ops() -> dict:
 
     return {
         "size": lambda url, opts: objects.RemoteObject(url, opts).size(),
-        "read": lambda url, opts: objects.RemoteObject(url, opts).read(),
+        "read": lambda url, opts, limit=None: objects.RemoteObject(url, opts).read(limit=limit),
         "read_ranges": lambda url, opts, ranges:
             objects.RemoteObject(url, opts).read_ranges(ranges),
-        "download": lambda url, opts, dest: objects.RemoteObject(url, opts).download(dest),
+        "download": lambda url, opts, dest, limit=None:
+            objects.RemoteObject(url, opts).download(dest, limit=limit),
         "exists": lambda url, opts: objects.exists(url, opts),
         "list_names": lambda url, opts: objects.list_names(url, opts),
         "upload_file": lambda url, opts, local: objects.upload_file(local, url, opts),

@@ -1,5 +1,7 @@
 """Reads, ranged reads, downloads, uploads and listings of one object, for a
-remote URL (through obstore) or a local path (through the filesystem)."""
+remote URL (s3://, gs://, az:// through obstore; http(s):// through
+fastdata.storage.http, which keeps to the URL's host) or a local path (through
+the filesystem)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import tempfile
 from pathlib import Path
 
 from fastdata.errors import StorageError
+from fastdata.storage import http
 from fastdata.storage.failures import translated
 from fastdata.storage.forked import forked, via_helper
 from fastdata.storage.stores import get_store
-from fastdata.storage.urls import local_path, parse_url
+from fastdata.storage.urls import is_http, local_path, parse_url
 
 
 def _store_and_key(url: str, storage_options: dict | None):
@@ -37,6 +40,7 @@ class RemoteObject:
         self.storage_options = storage_options
         self._size: int | None = None
         self._local = local_path(url)
+        self._http = is_http(url)
 
     def __repr__(self) -> str:
         return f"RemoteObject({self.url!r})"
@@ -48,6 +52,8 @@ class RemoteObject:
         if self._size is None:
             if self._local is not None:
                 self._size = _local_call(self.url, os.path.getsize, self._local)
+            elif self._http:
+                self._size = http.size(self.url, self.storage_options)
             elif forked():
                 self._size = via_helper("size", self.url, self.storage_options)
             else:
@@ -57,15 +63,21 @@ class RemoteObject:
                     self._size = int(obstore.head(store, key)["size"])
         return self._size
 
-    def read(self) -> bytes:
+    def read(self, *, limit: int | None = None) -> bytes:
+        """The whole object; one larger than ``limit`` bytes is refused without
+        reading past the limit (a server may send anything)."""
         if self._local is not None:
-            return _local_call(self.url, Path(self._local).read_bytes)
-        if forked():
-            return via_helper("read", self.url, self.storage_options)
-        import obstore
-        store, key = _store_and_key(self.url, self.storage_options)
-        with self._translated():
-            return bytes(obstore.get(store, key).bytes())
+            data = _local_call(self.url, _read_local, self._local, limit)
+        elif self._http:
+            return http.read(self.url, self.storage_options, limit=limit)
+        elif forked():
+            data = via_helper("read", self.url, self.storage_options, limit)
+        else:
+            data = b"".join(self._chunks(None if limit is None else limit + 1))
+        if limit is not None and len(data) > limit:
+            raise StorageError(f"the object holds more than the {limit:,} bytes it may here; "
+                               f"the dataset is damaged or not what it claims", path=self.url)
+        return data
 
     def read_range(self, start: int, length: int) -> bytes:
         return self.read_ranges([(start, length)])[0]
@@ -83,6 +95,8 @@ class RemoteObject:
                                    f"({size} bytes)", path=self.url, offset=start)
         if self._local is not None:
             return _local_call(self.url, _read_local_ranges, self._local, ranges)
+        if self._http:
+            return http.read_ranges(self.url, ranges, self.storage_options)
         if forked():
             return via_helper("read_ranges", self.url, self.storage_options, ranges)
         import obstore
@@ -92,22 +106,38 @@ class RemoteObject:
                                        lengths=[n for _, n in ranges])
         return [bytes(part) for part in parts]
 
-    def download(self, dest: str) -> None:
+    def download(self, dest: str, *, limit: int | None = None) -> None:
         """Copy the object to ``dest``, streamed through ``dest.partial-XXXX`` and
-        renamed into place: ``dest`` is never a half-written file."""
-        if self._local is None and forked():
-            return via_helper("download", self.url, self.storage_options, dest)
+        renamed into place: ``dest`` is never a half-written file. ``limit``:
+        copy at most that many bytes (the size a manifest gives: a server that
+        sends more is cut off there)."""
+        if self._local is None and not self._http and forked():
+            return via_helper("download", self.url, self.storage_options, dest, limit)
         tmp = partial_name(dest)
         try:
             with open(tmp, "wb") as out:
-                for chunk in self._chunks():
+                for chunk in self._chunks(limit):
                     out.write(chunk)
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def _chunks(self):
+    def _chunks(self, limit: int | None = None):
+        """The object's bytes in chunks, the first ``limit`` of them (None: all)."""
+        if self._http:
+            yield from http.stream(self.url, self.storage_options, limit=limit)
+            return
+        left = limit
+        for chunk in self._all_chunks():
+            if left is not None:
+                chunk = chunk[:left]
+                left -= len(chunk)
+            yield chunk
+            if left == 0:
+                return
+
+    def _all_chunks(self):
         if self._local is not None:
             with _local_call(self.url, open, self._local, "rb") as f:
                 while chunk := f.read(8 << 20):
@@ -118,6 +148,16 @@ class RemoteObject:
         with self._translated():
             for chunk in obstore.get(store, key).stream(min_chunk_size=8 << 20):
                 yield bytes(chunk)
+
+
+def _read_only(url: str) -> StorageError:
+    return StorageError("http(s) URLs are read only: write to a local folder or to s3://, "
+                        "gs:// or az://", path=url)
+
+
+def _read_local(path: str, limit: int | None) -> bytes:
+    with open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit + 1)
 
 
 def _read_local_ranges(path: str, ranges) -> list[bytes]:
@@ -148,6 +188,8 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
     path = local_path(url)
     if path is not None:
         return os.path.exists(path)
+    if is_http(url):
+        return http.exists(url, storage_options)
     if forked():
         return via_helper("exists", url, storage_options)
     import obstore
@@ -191,6 +233,8 @@ def upload_file(local: str, url: str, storage_options: dict | None = None) -> No
     if path is not None:
         _copy_local(local, path)
         return
+    if is_http(url):
+        raise _read_only(url)
     if forked():
         return via_helper("upload_file", url, storage_options, local)
     import obstore
@@ -207,6 +251,8 @@ def upload_bytes(data: bytes, url: str, storage_options: dict | None = None) -> 
         Path(tmp).write_bytes(data)
         os.replace(tmp, path)
         return
+    if is_http(url):
+        raise _read_only(url)
     if forked():
         return via_helper("upload_bytes", url, storage_options, bytes(data))
     import obstore
@@ -233,6 +279,8 @@ def delete(url: str, storage_options: dict | None = None) -> None:
         if os.path.exists(path):
             os.unlink(path)
         return
+    if is_http(url):
+        raise _read_only(url)
     if forked():
         return via_helper("delete", url, storage_options)
     import obstore

@@ -1,5 +1,6 @@
 """One obstore store per (process, scheme, bucket, settings), built from the
-cloud's standard environment variables merged with ``storage_options``.
+cloud's standard environment variables merged with ``storage_options``, for
+s3://, gs:// and az:// (http(s):// is read by fastdata.storage.http).
 
 obstore reads the standard variables itself (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION,
@@ -104,7 +105,7 @@ def _retry_config(retry: dict) -> dict:
 
 def _build_store(parsed: ParsedURL, options: dict):
     from obstore.exceptions import BaseError
-    from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
+    from obstore.store import AzureStore, GCSStore, S3Store
 
     config, client, retry = _split_options(options)
     endpoint = endpoint_of(parsed, options)
@@ -113,8 +114,6 @@ def _build_store(parsed: ParsedURL, options: dict):
     common = {"client_options": client, "retry_config": _retry_config(retry)}
     where = f"{parsed.scheme}://{parsed.bucket}"
     try:
-        if parsed.scheme in ("http", "https"):
-            return HTTPStore.from_url(endpoint, **common)
         if parsed.scheme == "s3":
             provider = _aws_profile_provider(options)
             if provider is not None:

@@ -36,6 +36,11 @@ def is_url(path) -> bool:
     return _scheme(path) in REMOTE_SCHEMES
 
 
+def is_http(path) -> bool:
+    """True for an http:// or https:// URL."""
+    return _scheme(path) in ("http", "https")
+
+
 def local_path(path) -> str | None:
     """The local filesystem path of a plain path or a file:// URL; None for a
     remote URL."""

@@ -24,8 +24,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.errors import CorruptDataError, FastDataError, ManifestError, UnsafeNameError
 from fastdata.formats.hdf5.heap import check_vlen_dataset, read_root_attribute
+from fastdata.formats.hdf5.links import check_stored_inside
 from fastdata.formats.hdf5.schema import (
     CRC32,
     CRC32_DTYPE,
@@ -73,13 +74,16 @@ class HDF5Reader(Reader):
         merge_gap: records of a batch less than this many bytes apart are
             read as one range (the gap is read and dropped).
         block_bytes: bytes read at a time by sequential iteration.
+        allow_outside: follow symbolic links that lead out of the dataset's
+            folder (see :class:`fastdata.formats.reader.Reader`).
     """
 
     format_name = "hdf5"
     needs_local_file = True
 
     def __init__(self, path, *, verify: bool = True, rdcc_nbytes: int = 0,
-                 merge_gap: int = 64 << 10, block_bytes: int = 16 << 20) -> None:
+                 merge_gap: int = 64 << 10, block_bytes: int = 16 << 20,
+                 allow_outside: bool = False) -> None:
         for name, value, low in (("rdcc_nbytes", rdcc_nbytes, 0), ("merge_gap", merge_gap, 0),
                                  ("block_bytes", block_bytes, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -89,7 +93,7 @@ class HDF5Reader(Reader):
         self.block_bytes = block_bytes
         self._offsets: np.ndarray | None = None
         self._meta_offsets: np.ndarray | None = None
-        super().__init__(path, verify=verify)
+        super().__init__(path, verify=verify, allow_outside=allow_outside)
 
     # -- handles ----------------------------------------------------------------
 
@@ -138,10 +142,14 @@ class HDF5Reader(Reader):
             raise self._open_error(exc) from None
         payload = None
         try:
+            check_stored_inside(file, self.path)
             if PAYLOAD in file:
                 dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
                 dapl.set_chunk_cache(521, self.rdcc_nbytes, 0.75)
                 payload = _dataset(h5py.h5d.open(file.id, PAYLOAD.encode(), dapl=dapl))
+        except UnsafeNameError:
+            file.close()
+            raise
         except (*H5_ERRORS, TypeError) as exc:
             file.close()
             raise CorruptDataError(f"cannot open dataset {PAYLOAD!r} ({_h5_message(exc)}); the "

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from fastdata.contained import check_inside
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.lmdb.schema import (
     CRC32_DTYPE,
@@ -97,6 +98,8 @@ class LMDBReader(Reader):
         readahead: let the OS read ahead. Helps sequential scans on a cold page
             cache, hurts shuffled reads of datasets larger than RAM. The first
             reader of a path in a process decides for that process.
+        allow_outside: follow symbolic links that lead out of the dataset's
+            folder (see :class:`fastdata.formats.reader.Reader`).
     """
 
     format_name = "lmdb"
@@ -113,10 +116,11 @@ class LMDBReader(Reader):
     # MDB_CORRUPTED) rather than by cursor (which asserts).
     walk_in_child = True
 
-    def __init__(self, path, *, verify: bool = True, readahead: bool = False) -> None:
+    def __init__(self, path, *, verify: bool = True, readahead: bool = False,
+                 allow_outside: bool = False) -> None:
         self.readahead = readahead
         self._env_key = None
-        super().__init__(path, verify=verify)
+        super().__init__(path, verify=verify, allow_outside=allow_outside)
 
     def _get_env(self):
         return self._process_handle()
@@ -138,6 +142,9 @@ class LMDBReader(Reader):
 
         if not os.path.isdir(self.path) and not os.path.isfile(self.path):
             raise ManifestError("no such LMDB dataset", path=self.path)
+        if os.path.isdir(self.path):  # the folder's data file, not one a link leads to
+            check_inside(os.path.join(self.path, DATA_FILE), self.path, field=DATA_FILE,
+                         where=self.path, allow_outside=self.allow_outside, kind="file")
         env = self._get_env()
         try:
             self._check_size(env)
@@ -169,7 +176,7 @@ class LMDBReader(Reader):
 
     def child_options(self) -> dict:
         # The child walks every record in order: readahead pays there.
-        return {"verify": self.verify, "readahead": True}
+        return {**super().child_options(), "readahead": True}
 
     def crash_path(self) -> str:
         return os.path.join(self.path, DATA_FILE) if os.path.isdir(self.path) else self.path

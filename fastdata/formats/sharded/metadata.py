@@ -19,7 +19,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256
-from fastdata.formats.remote_files import is_remote, local_copy
+from fastdata.formats.remote_files import index_limit, is_remote, local_copy
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
 
@@ -46,13 +46,13 @@ class ShardedMetadata:
         return self._meta_index
 
     def _load_metadata_index(self) -> np.ndarray:
-        layout = self._layout()
-        name = self.manifest.extra["metadata"].get("index")
-        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-            raise ManifestError(f"manifest field extra.metadata.index is {name!r}, not a file "
-                                f"name beside the manifest", path=layout.manifest_path)
-        path = os.path.join(layout.directory, name)
-        local = local_copy(path)
+        path = self._meta_index_path  # resolved with the manifest's other names
+        if path is None:
+            raise ManifestError("manifest field extra.metadata.index is missing (the name of "
+                                "the metadata index); re-pack the dataset",
+                                path=self._layout().manifest_path)
+        name = self.manifest.extra["metadata"]["index"]
+        local = local_copy(path, limit=index_limit(self.manifest.count))
         check_file_sha256(self.manifest, name, local, what="the metadata index rows")
         rows = load_index(local, self.manifest.count)
         check_rows(rows, self._shard_sizes, path)  # before any row sizes a read

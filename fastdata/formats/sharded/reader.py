@@ -15,12 +15,14 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from fastdata.contained import check_inside, resolve
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
-from fastdata.formats.remote_files import (RangedReads, absolute, exists, is_remote,
-                                           local_copy, read_bytes)
+from fastdata.formats.remote_files import (MANIFEST_LIMIT, RangedReads, absolute, exists,
+                                           index_limit, is_remote, keys_limit, local_copy,
+                                           process_cache, read_bytes)
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards, parse_output
@@ -49,6 +51,16 @@ def _fd_limit() -> str:
         return "unknown"
 
 
+def _sidecar(manifest: Manifest, field: str, where: str) -> str:
+    """The name of a sidecar the manifest's ``extra`` must give (its form is
+    checked with the manifest, see fastdata.manifest_schema)."""
+    name = manifest.extra.get(field)
+    if name is None:
+        raise ManifestError(f"manifest field extra.{field} is missing (the name of the "
+                            f"dataset's {field} file); re-pack the dataset", path=where)
+    return name
+
+
 class ShardedReader(ShardedMetadata, Reader):
     """Reader over the shards of one dataset.
 
@@ -57,6 +69,8 @@ class ShardedReader(ShardedMetadata, Reader):
             pattern (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list
             of shard files written by another tool.
         verify: check payload checksums on read.
+        allow_outside: follow symbolic links that lead out of the dataset's
+            folder (see :class:`fastdata.formats.reader.Reader`).
 
     Subclasses implement ``_scan_shard`` (for shards without a fastdata index)
     and may override ``_extract`` (turn the indexed bytes into the payload).
@@ -66,7 +80,7 @@ class ShardedReader(ShardedMetadata, Reader):
     extensions: tuple[str, ...] = ()
     total_in_name = False
 
-    def __init__(self, path, *, verify: bool = True) -> None:
+    def __init__(self, path, *, verify: bool = True, allow_outside: bool = False) -> None:
         self._fds: dict[int, int] = {}
         self._ranged = RangedReads()  # records of shards at URLs
         self._local_shards: dict[int, str] = {}  # remote shards with a downloaded copy
@@ -76,6 +90,7 @@ class ShardedReader(ShardedMetadata, Reader):
         self._foreign_keys: list[str] | None = None
         #: Rows (INDEX_DTYPE) locating each record's metadata JSON; loaded on first use.
         self._meta_index: np.ndarray | None = None
+        self._meta_index_path: str | None = None
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ManifestError("no shard files given (an empty list)")
@@ -83,7 +98,7 @@ class ShardedReader(ShardedMetadata, Reader):
             path = self._explicit[0]
         else:
             self._explicit = None
-        super().__init__(path, verify=verify)
+        super().__init__(path, verify=verify, allow_outside=allow_outside)
 
     # -- hooks ----------------------------------------------------------------
 
@@ -125,19 +140,32 @@ class ShardedReader(ShardedMetadata, Reader):
         return None
 
     def _load_fastdata(self, layout: ShardLayout, manifest_path: str) -> None:
-        manifest = self._accept_manifest(read_bytes(manifest_path), manifest_path)
-        index_path = os.path.join(layout.directory, manifest.extra.get("index", ""))
-        local_index = local_copy(index_path)
+        manifest = self._accept_manifest(read_bytes(manifest_path, limit=MANIFEST_LIMIT),
+                                         manifest_path)
+        # Every name resolved (and refused if it leads outside) before any is opened.
+        inside = lambda name, field: resolve(  # noqa: E731
+            layout.directory, name, field=field, where=manifest_path,
+            allow_outside=self.allow_outside)
+        shard_paths = [inside(s["path"], f"shards[{n}].path")
+                       for n, s in enumerate(manifest.shards)]
+        index_path = inside(_sidecar(manifest, "index", manifest_path), "extra.index")
+        keys_path = inside(_sidecar(manifest, "keys", manifest_path), "extra.keys")
+        meta = manifest.extra.get("metadata")
+        meta_name = meta.get("index") if isinstance(meta, dict) else None
+        # Loaded on first use, but refused now like every other name.
+        self._meta_index_path = None if meta_name is None else inside(
+            meta_name, "extra.metadata.index")
+        local_index = local_copy(index_path, limit=index_limit(manifest.count))
         # Checked before parsing: a damaged header never reaches np.load.
-        check_file_sha256(manifest, manifest.extra.get("index", ""), local_index,
+        check_file_sha256(manifest, manifest.extra["index"], local_index,
                           what="the dataset index rows")
         index = load_index(local_index, manifest.count)
         self._manifest = manifest
         self._index = index
         self._labels = index["label"].astype(np.int64)
         self._crcs = index["crc32"]
-        self._shard_paths = [os.path.join(layout.directory, s["path"]) for s in manifest.shards]
-        self._keys_path = os.path.join(layout.directory, manifest.extra.get("keys", ""))
+        self._shard_paths = shard_paths
+        self._keys_path = keys_path
         sizes = []
         for p, s in zip(self._shard_paths, manifest.shards):
             if is_remote(p):
@@ -158,6 +186,12 @@ class ShardedReader(ShardedMetadata, Reader):
     def _load_foreign(self, layout: ShardLayout) -> None:
         paths = self._explicit or (self._remote_shards() if is_remote(self.path)
                                    else expand_shards(self.path, layout))
+        if not self._explicit:  # files a pattern found: inside its folder, like a manifest's
+            for p in paths:
+                if not is_remote(p):
+                    check_inside(p, layout.directory, field=f"shard {os.path.basename(p)!r}",
+                                 where=self.path, allow_outside=self.allow_outside,
+                                 kind="pattern match")
         # Shards of another tool are scanned whole: remote ones are read from
         # a cached download.
         paths = [local_copy(p) for p in paths]
@@ -242,9 +276,20 @@ class ShardedReader(ShardedMetadata, Reader):
         where = os.path.join(self._layout().directory, self.manifest.extra.get("index", ""))
         return index_problems(index, self.manifest.shards, self._shard_paths, where)
 
+    def shard_copy(self, shard: int, cache=None) -> str:
+        """A local file of shard ``shard``: itself, or a download into ``cache``
+        (default: the process's) of at most the bytes the manifest gives it."""
+        url = self.shard_paths[shard]
+        if not is_remote(url):
+            return url
+        limit = None if self._foreign_keys is not None else \
+            self.manifest.shards[shard].get("bytes")
+        return (cache or process_cache()).local(url, limit=limit)
+
     def check_files(self, on_bytes=None) -> list[dict]:
         self._ensure_index()
-        local = [local_copy(p) for p in self._shard_paths]  # checked whole: downloaded once
+        # Checked whole: downloaded once.
+        local = [self.shard_copy(n) for n in range(len(self._shard_paths))]
         problems = shard_problems(self.manifest.shards, local, on_bytes)
         named = dict(zip(local, self._shard_paths))
         for problem in problems:
@@ -262,7 +307,7 @@ class ShardedReader(ShardedMetadata, Reader):
         if self._foreign_keys is not None:
             return self._foreign_keys
         try:
-            raw = read_bytes(self._keys_path)
+            raw = read_bytes(self._keys_path, limit=keys_limit(self.manifest.count))
         except OSError as exc:
             if expected_sha256(self.manifest, os.path.basename(self._keys_path),
                                path=self._keys_path) is None:

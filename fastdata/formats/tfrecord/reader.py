@@ -66,6 +66,8 @@ class TFRecordReader(ShardedReader):
             the key feature is optional (records are then named
             ``"<file>:<n>"``).
         chunk_size: bytes per read when streaming a shard.
+        allow_outside: follow symbolic links that lead out of the dataset's
+            folder (see :class:`fastdata.formats.reader.Reader`).
     """
 
     format_name = "tfrecord"
@@ -74,7 +76,7 @@ class TFRecordReader(ShardedReader):
 
     def __init__(self, path, *, verify: bool = True,
                  feature_keys: Mapping[str, str] | None = None,
-                 chunk_size: int = 256 << 10) -> None:
+                 chunk_size: int = 256 << 10, allow_outside: bool = False) -> None:
         keys = dict(DEFAULT_FEATURE_KEYS)
         if feature_keys:
             unknown = sorted(set(feature_keys) - set(DEFAULT_FEATURE_KEYS))
@@ -86,7 +88,7 @@ class TFRecordReader(ShardedReader):
         self.chunk_size = max(HEADER_SIZE, int(chunk_size))
         self._image_only = {keys["image"].encode("utf-8"): "image"}
         self._scan_keys = {keys[role].encode("utf-8"): role for role in ("image", "label", "key")}
-        super().__init__(path, verify=verify)
+        super().__init__(path, verify=verify, allow_outside=allow_outside)
 
     # -- framing ------------------------------------------------------------------
 

@@ -33,20 +33,26 @@ class CSVSource(ListedSource):
         label_column: the column holding the labels; None: ``label`` when the
             header has it, else the list is unlabelled (labels -1, no classes).
         delimiter: the field separator; None: a tab for ``.tsv``, else ",".
+        allow_outside: take paths that lead out of the list's folder (absolute,
+            ``..``, links out): for a list of your own; refused by default.
 
     Raises:
         SourceError: a missing file, no path column (or no such label column),
             a line with another number of fields than the header, an empty path,
             a label column mixing class names and integers, no rows.
+        UnsafeNameError: a path leads out of the list's folder (absolute, ``..``,
+            a link out) and ``allow_outside`` is off.
     """
 
     def __init__(self, path: str | os.PathLike, *, path_column: str = PATH_COLUMN,
-                 label_column: str | None = None, delimiter: str | None = None) -> None:
+                 label_column: str | None = None, delimiter: str | None = None,
+                 allow_outside: bool = False) -> None:
         tsv = os.fspath(path).lower().endswith(".tsv")
         self.delimiter = delimiter or ("\t" if tsv else ",")
         self.kind = "tsv" if self.delimiter == "\t" else "csv"
         self.metadata_columns: list[str] = []
-        super().__init__(path, path_column=path_column, label_column=label_column)
+        super().__init__(path, path_column=path_column, label_column=label_column,
+                         allow_outside=allow_outside)
 
     def describe(self):
         return {**super().describe(), "metadata_columns": self.metadata_columns}

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastdata.errors import SourceError, UnknownFormatError
+from fastdata.formats.remote_files import absolute
 from fastdata.packers.source import SourceEntry
 
 #: Payload bytes a batch of records holds, about (from the manifest's average).
@@ -58,7 +59,7 @@ class DatasetSource:
 
         self.path = path if isinstance(path, (list, tuple)) else os.fspath(path)
         first = self.path[0] if isinstance(self.path, (list, tuple)) and self.path else self.path
-        self.root = os.path.abspath(os.fspath(first)) if first else ""
+        self.root = absolute(first) if first else ""  # a URL stays a URL
         self.reader_options = dict(reader_options)
         try:
             self.reader = open_reader(self.path, **reader_options)

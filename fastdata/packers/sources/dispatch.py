@@ -34,7 +34,8 @@ def source_kind(path: str | os.PathLike) -> str:
 
 def open_source(path: str | os.PathLike, *, path_column: str | None = None,
                 label_column: str | None = None,
-                extensions: Iterable[str] | str | None = None) -> Source:
+                extensions: Iterable[str] | str | None = None,
+                allow_outside: bool = False) -> Source:
     """The :class:`~fastdata.Source` for ``path``, chosen by :func:`source_kind`.
 
     Args:
@@ -47,6 +48,9 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
         label_column: the column holding the labels (default: ``label`` when
             there is one; without, the records are unlabelled: label -1, no classes).
         extensions: an image folder's extensions (see :class:`ImageFolderSource`).
+        allow_outside: let a list's or table's paths, or a dataset's links,
+            lead out of its folder (see fastdata.contained); an image folder
+            follows its links as torchvision does, whatever this says.
 
     Raises:
         SourceError: what the chosen source refuses (missing, malformed ...).
@@ -68,7 +72,7 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
                                 "as stored", path=os.fspath(path))
         from fastdata.packers.sources.dataset import DatasetSource
 
-        return DatasetSource(path)
+        return DatasetSource(path, allow_outside=allow_outside)
     if kind == "folder":
         if path_column is not None or label_column is not None:
             raise FastDataError("path_column= and label_column= apply to list files (.csv, "
@@ -82,17 +86,18 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
         from fastdata.packers.sources.parquet import IMAGE_COLUMN, ParquetSource
 
         return ParquetSource(path, image_column=path_column or IMAGE_COLUMN,
-                             label_column=label_column)
+                             label_column=label_column, allow_outside=allow_outside)
     from fastdata.packers.sources.listed import PATH_COLUMN
 
     if kind == "jsonl":
         from fastdata.packers.sources.json_lines import JSONLinesSource
 
         return JSONLinesSource(path, path_column=path_column or PATH_COLUMN,
-                               label_column=label_column)
+                               label_column=label_column, allow_outside=allow_outside)
     from fastdata.packers.sources.csv_list import CSVSource
 
-    return CSVSource(path, path_column=path_column or PATH_COLUMN, label_column=label_column)
+    return CSVSource(path, path_column=path_column or PATH_COLUMN, label_column=label_column,
+                     allow_outside=allow_outside)
 
 
 def _is_dataset(path: str) -> bool:

@@ -27,18 +27,23 @@ class JSONLinesSource(ListedSource):
         label_column: the field holding the labels; None: ``label`` when any
             line has it, else the list is unlabelled (labels -1, no classes).
             When lines have it, every line must.
+        allow_outside: take paths that lead out of the list's folder (absolute,
+            ``..``, links out): for a list of your own; refused by default.
 
     Raises:
         SourceError: a missing file, a line that is not a JSON object (its
             number named), a line without a path, a label field mixing class
             names and integers or missing from some lines, no rows.
+        UnsafeNameError: a path leads out of the list's folder (absolute, ``..``,
+            a link out) and ``allow_outside`` is off.
     """
 
     kind = "jsonl"
 
     def __init__(self, path: str | os.PathLike, *, path_column: str = PATH_COLUMN,
-                 label_column: str | None = None) -> None:
-        super().__init__(path, path_column=path_column, label_column=label_column)
+                 label_column: str | None = None, allow_outside: bool = False) -> None:
+        super().__init__(path, path_column=path_column, label_column=label_column,
+                         allow_outside=allow_outside)
 
     def _read_rows(self) -> list[ListRow]:
         label = self.label_column or LABEL_COLUMN

@@ -1,8 +1,10 @@
 """What list sources share: one row per image with its file path, its label and
 anything else, read from a list file (CSV/TSV, JSON Lines).
 
-Paths are relative to the list file's folder, or absolute; an entry's key is
-the path as the list gives it ("/"-separated). A path listed twice (the same
+Paths are relative to the list file's folder and stay inside it (absolute
+paths, ``..`` out of the folder and links leading out are refused unless
+``allow_outside=True``: see fastdata.contained); an entry's key is the path as
+the list gives it ("/"-separated). A path listed twice (the same
 file, however written) is kept once, from its first line, and reported. Files
 are not opened here: a missing or unreadable one is yielded like any other,
 and the pack skips it and names it in its report.
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fastdata.contained import FolderNames
 from fastdata.errors import SourceError
 from fastdata.packers.source import SourceEntry
 from fastdata.packers.sources.labels import LabelScan
@@ -50,10 +53,11 @@ class ListedSource:
     kind = "list"
 
     def __init__(self, path: str | os.PathLike, *, path_column: str = PATH_COLUMN,
-                 label_column: str | None = None) -> None:
+                 label_column: str | None = None, allow_outside: bool = False) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.path_column = path_column
         self.label_column = label_column
+        self.allow_outside = allow_outside
         if label_column is not None and label_column == path_column:
             raise SourceError(f"the path column and the label column are both "
                               f"{path_column!r}; name two different columns", path=self.path)
@@ -65,7 +69,8 @@ class ListedSource:
         raise NotImplementedError
 
     def _build(self, rows: list[ListRow]) -> None:
-        base = os.path.dirname(self.path)
+        names = FolderNames(os.path.dirname(self.path), where=self.path,
+                            allow_outside=self.allow_outside)
         scan = LabelScan(self.label_column or LABEL_COLUMN, self.path)
         first_line: dict[str, ListRow] = {}
         kept: list[tuple[ListRow, str]] = []
@@ -73,7 +78,7 @@ class ListedSource:
         self._first_duplicate: tuple[str, int, int] | None = None
         self._relabelled = 0
         for row in rows:
-            file = os.path.join(base, row.path)  # an absolute path stays as it is
+            file = names.path(row.path, f"line {row.line} ({self.path_column})")
             same = os.path.normpath(file)
             first = first_line.get(same)
             if first is not None:

@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from fastdata.contained import FolderNames
 from fastdata.errors import SourceError
 from fastdata.packers.source import SourceEntry
 from fastdata.packers.sources.labels import LabelPlan, LabelScan
@@ -58,20 +59,27 @@ class ParquetSource:
         image_column: the column holding the images.
         label_column: the column holding the labels; None: ``label`` when the
             table has it, else the table is unlabelled (labels -1, no classes).
+        allow_outside: read image paths that lead out of the table's folder
+            (absolute, ``..``, links out) for rows without bytes: for a table
+            of your own; refused by default (a path beside embedded bytes is
+            only the row's key, never opened).
 
     Raises:
         SourceError: pyarrow missing, no such file or no Parquet files, a file
             that is not Parquet, tables with different columns, no image column,
             a label column of another type, labels that are no class index,
             mixed names and integers, or missing in some rows, no rows.
+        UnsafeNameError: (while reading) a row without bytes names a file
+            outside the table's folder and ``allow_outside`` is off.
     """
 
     kind = "parquet"
 
     def __init__(self, path: str | os.PathLike, *, image_column: str = IMAGE_COLUMN,
-                 label_column: str | None = None) -> None:
+                 label_column: str | None = None, allow_outside: bool = False) -> None:
         pq = import_parquet()
         self.path = os.path.abspath(os.fspath(path))
+        self.allow_outside = allow_outside
         self.tables = parquet_files(self.path)
         self.image_column = image_column
         schema = self._schema(pq)
@@ -123,7 +131,8 @@ class ParquetSource:
                    *self.metadata_columns]
         for number, table in enumerate(self.tables):
             stem = self._stems[number]
-            base = os.path.dirname(table)
+            names = FolderNames(os.path.dirname(table), where=table,
+                                allow_outside=self.allow_outside, kind="table row")
             row = 0
             for batch in _batches(pq, table, columns):
                 data, paths = self._images(batch.column(0))
@@ -141,8 +150,8 @@ class ParquetSource:
                         # no bytes and no path: empty, which the pack skips and reports
                         yield SourceEntry(key, label, data=data[i] or b"", metadata=meta)
                     else:
-                        yield SourceEntry(key, label, path=os.path.join(base, paths[i]),
-                                          metadata=meta)
+                        path = names.path(paths[i], f"{row + i} ({self._path_column})")
+                        yield SourceEntry(key, label, path=path, metadata=meta)
                 row += batch.num_rows
 
     def describe(self) -> dict[str, Any]:

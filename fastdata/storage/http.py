@@ -1,0 +1,138 @@
+"""Reads and ranged reads of objects at http(s) URLs, which are read only (the
+requests themselves, with their redirect and retry rules: fastdata.storage.http_client).
+
+Bodies are read to the size asked for and no further: a range is its length, a
+whole object at most ``limit`` bytes, whatever the server sends. Ranges of one
+object nearer than ``COALESCE`` bytes go out as one request, and the requests
+of one call run in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from fastdata.errors import StorageError
+from fastdata.storage.http_client import refused, request
+
+#: Ranges of one object nearer than this are fetched in one request (as obstore does).
+COALESCE = 1 << 20
+_PARALLEL = 8
+_executor = None
+
+
+def size(url: str, options: dict | None = None) -> int:
+    """The object's size in bytes (a HEAD request)."""
+    answer = request("HEAD", url, options)
+    if answer.status != 200:
+        raise refused(answer, url)
+    length = answer.header("Content-Length")
+    answer.finish()
+    if length is None or not length.isdigit():
+        raise StorageError("the server gives no Content-Length for the object", path=url)
+    return int(length)
+
+
+def exists(url: str, options: dict | None = None) -> bool:
+    answer = request("HEAD", url, options)
+    answer.finish()
+    if answer.status in (404, 410):
+        return False
+    if answer.status != 200:
+        raise refused(answer, url)
+    return True
+
+
+def read(url: str, options: dict | None = None, limit: int | None = None) -> bytes:
+    """The whole object; more than ``limit`` bytes is refused, unread."""
+    return b"".join(stream(url, options, limit=limit, refuse_larger=True))
+
+
+def stream(url: str, options: dict | None = None, *, limit: int | None = None,
+           refuse_larger: bool = False):
+    """The object's bytes in chunks, cut off after ``limit`` bytes; with
+    ``refuse_larger``, an object larger than ``limit`` is refused instead."""
+    answer = request("GET", url, options)
+    if answer.status != 200:
+        raise refused(answer, url)
+    length = answer.header("Content-Length")
+    declared = int(length) if length and length.isdigit() else None
+    refuse = refuse_larger and limit is not None
+    if refuse and declared is not None and declared > limit:
+        answer.close()
+        raise _too_large(url, limit)
+    total = 0
+    # One byte past the limit tells a body larger than it says apart from one that fits.
+    for chunk in answer.chunks(limit + 1 if refuse else limit, url):
+        total += len(chunk)
+        if refuse and total > limit:
+            answer.close()
+            raise _too_large(url, limit)
+        yield chunk
+    expected = declared if limit is None or declared is None else min(declared, limit)
+    if expected is not None and total < expected:
+        answer.close()
+        raise StorageError("connection dropped mid-transfer", path=url)
+    answer.finish()  # a body cut off at the limit closes its connection
+
+
+def _too_large(url: str, limit: int) -> StorageError:
+    return StorageError(f"the object holds more than the {limit:,} bytes it may here; the "
+                        f"server sends other data than the dataset describes", path=url)
+
+
+def read_range(url: str, start: int, length: int, options: dict | None = None) -> bytes:
+    """``length`` bytes at ``start``: exactly those, from a 206 answer."""
+    if length == 0:
+        return b""
+    answer = request("GET", url, options,
+                     headers={"Range": f"bytes={start}-{start + length - 1}"})
+    if answer.status == 200:
+        answer.close()
+        raise StorageError("the server does not honour Range requests (it answered 200 "
+                           "with the whole object)", path=url, offset=start)
+    if answer.status != 206:
+        raise refused(answer, url)
+    got = answer.header("Content-Range") or ""
+    if not got.startswith(f"bytes {start}-"):
+        answer.close()
+        raise StorageError(f"the server answered another range ({got or 'none'}) than "
+                           f"bytes {start}-{start + length - 1}", path=url, offset=start)
+    data = answer.read(length, url)
+    if len(data) < length:
+        answer.close()
+        raise StorageError("connection dropped mid-transfer", path=url, offset=start)
+    answer.finish()
+    return data
+
+
+def read_ranges(url: str, ranges: list[tuple[int, int]], options: dict | None = None
+                ) -> list[bytes]:
+    """The bytes of each (start, length): ranges nearer than COALESCE bytes go
+    out as one request, and the requests run in parallel."""
+    order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+    spans: list[list] = []  # [start, end, [k ...]]
+    for k in order:
+        start, length = ranges[k]
+        if spans and start - spans[-1][1] <= COALESCE:
+            spans[-1][1] = max(spans[-1][1], start + length)
+            spans[-1][2].append(k)
+        else:
+            spans.append([start, start + length, [k]])
+    fetch = lambda span: read_range(url, span[0], span[1] - span[0], options)  # noqa: E731
+    bodies = list(_threads().map(fetch, spans)) if len(spans) > 1 else [fetch(spans[0])]
+    out: list[bytes] = [b""] * len(ranges)
+    for (first, _end, ks), body in zip(spans, bodies):
+        view = memoryview(body)
+        for k in ks:
+            start, length = ranges[k]
+            out[k] = bytes(view[start - first:start - first + length])
+    return out
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None or _executor._fastdata_pid != os.getpid():
+        _executor = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="fastdata-http")
+        _executor._fastdata_pid = os.getpid()
+    return _executor
