@@ -101,9 +101,8 @@ def check_inside(path: str, folder: str, *, field: str, where: str | None,
     if allow_outside or is_inside(path, folder):
         return path
     raise UnsafeNameError(
-        f"{kind} {field} ({_shown(os.path.relpath(path, folder))}) leads through a symbolic "
-        f"link to {os.path.realpath(path)}, outside {os.path.realpath(folder)}; {hint}",
-        path=where)
+        f"{kind} {field} leads through a symbolic link to {os.path.realpath(path)}, outside "
+        f"{os.path.realpath(folder)}; {hint}", path=where)
 
 
 def resolve(folder: str, name: str, *, field: str, where: str | None,
@@ -122,7 +121,8 @@ def resolve(folder: str, name: str, *, field: str, where: str | None,
     if remote:
         return join(folder, name)
     path = os.path.join(folder, *name.split("/"))
-    return check_inside(path, folder, field=field, where=where, allow_outside=allow_outside)
+    return check_inside(path, folder, field=f"{field} ({_shown(name)})", where=where,
+                        allow_outside=allow_outside)
 
 
 
@@ -162,6 +162,6 @@ class FolderNames:
         if inside is None:
             inside = self._parents[parent] = is_inside(parent, self.base)
         if not inside or os.path.islink(path):
-            check_inside(path, self.folder, field=field, where=self.where, kind=self.kind,
-                         hint=self.hint)
+            check_inside(path, self.folder, field=f"{field} ({_shown(name)})", where=self.where,
+                         kind=self.kind, hint=self.hint)
         return path

@@ -122,23 +122,22 @@ def test_the_refusal_names_the_manifest_and_the_field(world, tmp_path):
 
 # -- links you made yourself --------------------------------------------------------------------
 
-@pytest.fixture
-def linked(world, tmp_path):
-    """A tar dataset whose second shard is a link to a copy on another "disk"."""
+def _linked(world, tmp_path: Path, store: Path) -> tuple[str, str]:
+    """A copy of the tar dataset whose second shard is moved to ``store`` and
+    linked back; (its manifest, the original's manifest)."""
     folder, opened = world.pristine["tar"]
     dataset = tmp_path / "ds"
     shutil.copytree(folder, dataset)
     manifest = json.loads((dataset / opened).read_text())
     shard = dataset / manifest["shards"][1]["path"]
-    disk = tmp_path / "other-disk"
-    disk.mkdir()
-    shutil.move(shard, disk / shard.name)
-    os.symlink(disk / shard.name, shard)
+    store.mkdir()
+    shutil.move(shard, store / shard.name)
+    os.symlink(store / shard.name, shard)
     return str(dataset / opened), os.path.join(folder, opened)
 
 
-def test_links_out_are_read_when_asked_for(linked):
-    path, original = linked
+def test_links_out_are_read_when_asked_for(world, tmp_path):
+    path, original = _linked(world, tmp_path, tmp_path / "other-disk")
     with pytest.raises(UnsafeNameError, match="allow_outside=True"):
         fastdata.open_dataset(path)
     with fastdata.open_dataset(path, output="bytes", allow_outside=True) as ds, \
@@ -154,17 +153,27 @@ def test_links_out_are_read_when_asked_for(linked):
         assert taken.exit_code == 0, taken.output
 
 
+def test_another_tools_shards_found_by_a_pattern_stay_inside_too(tmp_path):
+    from test_tar import webdataset_shards
+
+    paths, samples = webdataset_shards(tmp_path / "wds", n=8, per_shard=4)
+    disk = tmp_path / "other-disk"
+    disk.mkdir()
+    shutil.move(paths[1], disk / paths[1].name)
+    os.symlink(disk / paths[1].name, paths[1])
+    pattern = str(tmp_path / "wds" / "wds-%06d.tar")
+    with pytest.raises(UnsafeNameError, match="shard 'wds-000001.tar' leads through a "
+                                              "symbolic link"):
+        fastdata.open_dataset(pattern)
+    with fastdata.open_dataset(pattern, output="bytes", allow_outside=True) as ds:
+        assert [ds[i][0] for i in range(len(ds))] == [data for _, data, _ in samples]
+
+
 def test_links_inside_the_folder_are_followed(world, tmp_path):
-    folder, opened = world.pristine["tar"]
-    dataset = tmp_path / "ds"
-    shutil.copytree(folder, dataset)
-    manifest = json.loads((dataset / opened).read_text())
-    shard = dataset / manifest["shards"][0]["path"]
-    (dataset / "store").mkdir()
-    shutil.move(shard, dataset / "store" / shard.name)
-    os.symlink(dataset / "store" / shard.name, shard)
-    with fastdata.open_dataset(dataset / opened, output="bytes") as ds:
-        assert len([ds[i] for i in range(len(ds))]) == len(ds)
+    path, original = _linked(world, tmp_path, tmp_path / "ds" / "store")
+    with fastdata.open_dataset(path, output="bytes") as ds, \
+            fastdata.open_dataset(original, output="bytes") as same:
+        assert [ds[i] for i in range(len(ds))] == [same[i] for i in range(len(same))]
 
 
 def test_a_list_of_your_own_may_name_files_elsewhere(world, tmp_path):

@@ -189,9 +189,9 @@ class ShardedReader(ShardedMetadata, Reader):
         if not self._explicit:  # files a pattern found: inside its folder, like a manifest's
             for p in paths:
                 if not is_remote(p):
-                    check_inside(p, layout.directory, field=f"shard {os.path.basename(p)!r}",
+                    check_inside(p, layout.directory, field=repr(os.path.basename(p)),
                                  where=self.path, allow_outside=self.allow_outside,
-                                 kind="pattern match")
+                                 kind="shard")
         # Shards of another tool are scanned whole: remote ones are read from
         # a cached download.
         paths = [local_copy(p) for p in paths]
