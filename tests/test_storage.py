@@ -278,11 +278,36 @@ def _cached_bytes(folder) -> int:
                if not n.endswith(".lock"))
 
 
+def test_a_download_never_waits_behind_a_reader_of_the_copy(tmp_path):
+    """A process that finds no copy must not wait for the exclusive lock: the
+    process downloading it holds a shared lock on the copy from then on (a
+    writer waiting behind it would wait for ever)."""
+    import fcntl
+    import threading
+    from pathlib import Path
+
+    cache = storage.ShardCache(str(tmp_path))
+    url = "s3://never-fetched/x.tar"
+    path = cache.path_for(url)
+    other = os.open(path + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(other, fcntl.LOCK_SH)     # another process looking, then holding its copy
+    got = []
+    thread = threading.Thread(target=lambda: got.append(cache.local(url)), daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive() and not got  # waiting for the copy, not downloading it
+    Path(path).write_bytes(b"copy")       # the other process's download lands
+    thread.join(10)
+    assert got == [path]
+    os.close(other)
+    cache.release()
+
+
 class ShardCacheNoHold(storage.ShardCache):
     """A cache that releases each object once returned (a reader that opened it)."""
 
-    def local(self, url, storage_options=None):
-        path = super().local(url, storage_options)
+    def local(self, url, storage_options=None, **kwargs):
+        path = super().local(url, storage_options, **kwargs)
         self.release()
         return path
 

@@ -4,8 +4,9 @@ Each object lives in ``<cache_dir>/<hash>-<basename>`` beside a lock file
 ``<same>.lock``:
 
 * a process downloading an object holds an exclusive flock on its lock file,
-  so two processes never download the same object at once (the second waits,
-  then finds the file there);
+  so two processes never download the same object at once (the second waits
+  on a shared lock, then finds the file there; the exclusive lock is only ever
+  tried, never waited for, since readers of a copy hold shared locks on it);
 * a process using an object holds a shared flock on it (the most recent
   ``keep_locked`` objects per ShardCache; older ones are released), and
   eviction only removes objects whose exclusive lock it can take at once, so
@@ -112,7 +113,14 @@ class ShardCache:
             if os.path.exists(path):
                 break
             os.close(fd)
-            fd = _lock(path + ".lock", fcntl.LOCK_EX)
+            # Not blocking: a process that downloaded the object holds a shared
+            # lock on it from then on, and a writer waiting behind it would wait
+            # for ever. Busy: someone is downloading (the shared lock above then
+            # waits for the end) or looked at the same moment; go round again.
+            fd = _lock(path + ".lock", fcntl.LOCK_EX, blocking=False)
+            if fd is None:
+                time.sleep(0.01)
+                continue
             try:
                 if not os.path.exists(path):    # nobody downloaded it while we waited
                     open_remote(url, storage_options).download(path, limit=limit)
