@@ -105,63 +105,62 @@ def check_inside(path: str, folder: str, *, field: str, where: str | None,
         f"{os.path.realpath(folder)}; {hint}", path=where)
 
 
-def resolve(folder: str, name: str, *, field: str, where: str | None,
-            allow_outside: bool = False) -> str:
-    """The path (or URL) of ``name`` inside ``folder``, a local folder or a URL
-    prefix, after its checks.
-
-    Raises:
-        UnsafeNameError: ``name`` is not a plain relative name, or (locally) a
-            symbolic link takes it out of ``folder`` and ``allow_outside`` is off.
-    """
-    from fastdata.storage.urls import is_url, join
-
-    remote = is_url(folder)
-    check_name(name, field=field, where=where, remote=remote)
-    if remote:
-        return join(folder, name)
-    path = os.path.join(folder, *name.split("/"))
-    return check_inside(path, folder, field=f"{field} ({_shown(name)})", where=where,
-                        allow_outside=allow_outside)
-
-
-
-class FolderNames:
-    """Many names checked against one folder (a list's rows): the resolved form
-    of each parent folder is remembered, so a million rows cost a million
-    ``lstat`` calls rather than a million full resolutions.
+class Folder:
+    """Names resolved inside one folder (a local one or a URL prefix), after
+    their checks. The resolved form of each parent folder is remembered, so a
+    million names cost a million ``lstat`` calls rather than a million full
+    resolutions (a manifest's shards, a list's rows).
 
     Args:
         folder: the folder the names are relative to.
         where: the file that holds the names, for messages.
-        allow_outside: take every name as it is (absolute and ``..`` too),
-            joined to ``folder`` when relative: the caller vouches for them.
+        links_out: follow symbolic links that lead out of the folder (the
+            names themselves are checked all the same).
+        kind, hint, canonical: how refusals read and how names must be
+            written (see :func:`check_name`).
     """
 
-    def __init__(self, folder: str, *, where: str, allow_outside: bool = False,
-                 kind: str = "list row", hint: str = LIST_HINT) -> None:
-        self.folder = folder
-        self.base = os.path.realpath(folder)
-        self.where, self.kind, self.hint = where, kind, hint
-        self.allow_outside = allow_outside
+    def __init__(self, folder: str, *, where: str | None, links_out: bool = False,
+                 kind: str = "manifest field", hint: str = DATASET_HINT,
+                 outside_hint: str = OUTSIDE_HINT, canonical: bool = True) -> None:
+        from fastdata.storage.urls import is_url
+
+        self.folder, self.where, self.links_out = folder, where, links_out
+        self.kind, self.hint, self.outside_hint, self.canonical = kind, hint, outside_hint, canonical
+        self.remote = is_url(folder)
+        self._base: str | None = None
         self._parents: dict[str, bool] = {}
 
     def path(self, name: str, field: str) -> str:
-        """The path of ``name`` inside the folder, after its checks.
+        """The path (or URL) of ``name`` inside the folder.
 
         Raises:
-            UnsafeNameError: ``name`` leads out of the folder.
+            UnsafeNameError: ``name`` is not a relative name inside the folder,
+                or (locally) a symbolic link takes it out and ``links_out`` is off.
         """
-        if self.allow_outside:
-            return os.path.join(self.folder, name)  # an absolute name stays as it is
-        check_name(name, field=field, where=self.where, kind=self.kind, hint=self.hint,
-                   canonical=False)
+        check_name(name, field=field, where=self.where, remote=self.remote, kind=self.kind,
+                   hint=self.hint, canonical=self.canonical)
+        if self.remote:
+            from fastdata.storage.urls import join
+
+            return join(self.folder, name)
         path = os.path.join(self.folder, *name.split("/"))
+        if self.links_out:
+            return path
+        if self._base is None:
+            self._base = os.path.realpath(self.folder)
         parent = os.path.dirname(path)
         inside = self._parents.get(parent)
         if inside is None:
-            inside = self._parents[parent] = is_inside(parent, self.base)
+            inside = self._parents[parent] = is_inside(parent, self._base)
         if not inside or os.path.islink(path):
             check_inside(path, self.folder, field=f"{field} ({_shown(name)})", where=self.where,
-                         kind=self.kind, hint=self.hint)
+                         kind=self.kind, hint=self.outside_hint)
         return path
+
+
+def list_folder(folder: str, where: str, *, kind: str = "list row") -> Folder:
+    """The :class:`Folder` of a list's (or table's) image paths: written as
+    the list writes them (``./img/a.png``), refused with :data:`LIST_HINT`."""
+    return Folder(folder, where=where, kind=kind, hint=LIST_HINT, outside_hint=LIST_HINT,
+                  canonical=False)

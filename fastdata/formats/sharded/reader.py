@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from fastdata.contained import check_inside, resolve
+from fastdata.contained import Folder, check_inside
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
@@ -143,9 +143,8 @@ class ShardedReader(ShardedMetadata, Reader):
         manifest = self._accept_manifest(read_bytes(manifest_path, limit=MANIFEST_LIMIT),
                                          manifest_path)
         # Every name resolved (and refused if it leads outside) before any is opened.
-        inside = lambda name, field: resolve(  # noqa: E731
-            layout.directory, name, field=field, where=manifest_path,
-            allow_outside=self.allow_outside)
+        inside = Folder(layout.directory, where=manifest_path,
+                        links_out=self.allow_outside).path
         shard_paths = [inside(s["path"], f"shards[{n}].path")
                        for n, s in enumerate(manifest.shards)]
         index_path = inside(_sidecar(manifest, "index", manifest_path), "extra.index")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastdata.contained import FolderNames
+from fastdata.contained import list_folder
 from fastdata.errors import SourceError
 from fastdata.packers.source import SourceEntry
 from fastdata.packers.sources.labels import LabelScan
@@ -69,8 +69,8 @@ class ListedSource:
         raise NotImplementedError
 
     def _build(self, rows: list[ListRow]) -> None:
-        names = FolderNames(os.path.dirname(self.path), where=self.path,
-                            allow_outside=self.allow_outside)
+        base = os.path.dirname(self.path)
+        names = list_folder(base, self.path)
         scan = LabelScan(self.label_column or LABEL_COLUMN, self.path)
         first_line: dict[str, ListRow] = {}
         kept: list[tuple[ListRow, str]] = []
@@ -78,7 +78,9 @@ class ListedSource:
         self._first_duplicate: tuple[str, int, int] | None = None
         self._relabelled = 0
         for row in rows:
-            file = names.path(row.path, f"line {row.line} ({self.path_column})")
+            # allow_outside: the list is the user's own; an absolute path stays as it is.
+            file = os.path.join(base, row.path) if self.allow_outside else \
+                names.path(row.path, f"line {row.line} ({self.path_column})")
             same = os.path.normpath(file)
             first = first_line.get(same)
             if first is not None:

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from fastdata.contained import FolderNames
+from fastdata.contained import list_folder
 from fastdata.errors import SourceError
 from fastdata.packers.source import SourceEntry
 from fastdata.packers.sources.labels import LabelPlan, LabelScan
@@ -131,8 +131,8 @@ class ParquetSource:
                    *self.metadata_columns]
         for number, table in enumerate(self.tables):
             stem = self._stems[number]
-            names = FolderNames(os.path.dirname(table), where=table,
-                                allow_outside=self.allow_outside, kind="table row")
+            base = os.path.dirname(table)
+            names = list_folder(base, table, kind="table row")
             row = 0
             for batch in _batches(pq, table, columns):
                 data, paths = self._images(batch.column(0))
@@ -150,7 +150,8 @@ class ParquetSource:
                         # no bytes and no path: empty, which the pack skips and reports
                         yield SourceEntry(key, label, data=data[i] or b"", metadata=meta)
                     else:
-                        path = names.path(paths[i], f"{row + i} ({self._path_column})")
+                        path = os.path.join(base, paths[i]) if self.allow_outside else \
+                            names.path(paths[i], f"{row + i} ({self._path_column})")
                         yield SourceEntry(key, label, path=path, metadata=meta)
                 row += batch.num_rows
 
