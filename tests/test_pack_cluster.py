@@ -19,7 +19,7 @@ import pytest
 from conftest import build_tree, free_port, list_partials, run_python, uniform_spec
 
 import fastdata
-from fastdata.errors import BadImageError, FastDataError
+from fastdata.errors import BadImageError, FastDataError, UnsafeNameError
 from fastdata.formats import read_manifest
 from fastdata.packers.preprocess import Preprocess
 
@@ -139,6 +139,20 @@ def test_cluster_pack_of_a_single_file_format(cluster, source, local_packs, tmp_
                             progress=False, scheduler=cluster.scheduler.address)
     assert summary.records == 35 and [s.key for s in summary.skipped] == [BAD]
     assert_same_pack(tmp_path, local_packs(fmt, "resize"))
+
+
+def test_a_list_that_leads_outside_is_refused_before_any_task(cluster, source, tmp_path):
+    """A cluster pack reads the names a list holds on the client, with the same
+    rule as a local pack: nothing leaves the list's folder, no task runs."""
+    image = next(p for p in sorted(source.rglob("*.png")) if p.name != Path(BAD).name)
+    (tmp_path / "lists").mkdir()
+    listed = tmp_path / "lists" / "list.csv"
+    listed.write_text(f"path,label\n../outside.png,a\n{image},b\n")
+    (tmp_path / "outside.png").write_bytes(image.read_bytes())
+    with pytest.raises(UnsafeNameError, match="line 2"):
+        fastdata.pack(listed, tmp_path / "x.lmdb", progress=False,
+                      scheduler=cluster.scheduler.address)
+    assert not (tmp_path / "x.lmdb").exists()
 
 
 def test_strict_names_the_first_bad_image_in_plan_order(cluster, source, tmp_path):
