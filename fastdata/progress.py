@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from fastdata.redaction import redact
+
 
 class _NullBar:
     def update(self, n: int = 1) -> None:
@@ -36,5 +38,5 @@ def progress_bar(total: int | None, desc: str, *, enabled: bool | None = None, u
     from tqdm import tqdm
 
     # SI prefixes (12.3k) only where counts are large; small ones read "40/40".
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=bool(total and total >= 10000),
+    return tqdm(total=total, desc=redact(desc), unit=unit, unit_scale=bool(total and total >= 10000),
                 dynamic_ncols=True, file=sys.stderr, smoothing=0.1)

@@ -65,9 +65,12 @@ def remove_stale_report(output: str) -> None:
 def write_report(output: str, skipped: list[SkippedFile], warnings_: list[str],
                  renamed: list[RenamedKey]) -> str:
     """``OUTPUT.report.json``: every skipped file with its reason, the warnings, and
-    every record stored under another name (``key``, ``stored_as``, ``file``, ``reason``)."""
+    every record stored under another name (``key``, ``stored_as``, ``file``, ``reason``).
+    The report travels with the dataset: it names the output by its name, not by
+    the packing machine's folders."""
     path = report_path(output)
-    data = {"output": output, "skipped": [asdict(s) for s in skipped], "warnings": warnings_,
+    data = {"output": os.path.basename(output), "skipped": [asdict(s) for s in skipped],
+            "warnings": warnings_,
             "renamed": [asdict(r) for r in renamed]}
     tmp = f"{path}.partial"
     with open(tmp, "w", encoding="utf-8") as f:
