@@ -5,7 +5,8 @@ opened by every command, with every open of a file outside watched.
 command) and ``tests/test_contained.py`` runs it too. A *case* is one packed
 dataset (or list) with one name changed: a manifest field (``shards[0].path``,
 ``extra.index``, ``extra.keys``, ``extra.metadata.index``) set to a hostile
-value, a file the dataset names replaced by a symbolic link to a file outside,
+value, a file the dataset names (or a TFRecord shard's ``.idx``) replaced by a
+symbolic link to a file outside,
 an HDF5 dataset stored in another file, or a list's image path. The hostile
 values: an absolute path, ``../`` and ``sub/../../`` out of the folder, an
 http URL on a second server, an s3:// and a file:// URL, a NUL, a terminal
@@ -224,6 +225,8 @@ def cases(world: World) -> list[Case]:
         if fmt in SHARDED:
             for name in SHARDED_FIELDS:
                 out += [Case(fmt, name, v) for v in (*VALUES, "symlink")]
+            if fmt == "tfrecord":
+                out.append(Case(fmt, "shard .idx", "symlink"))
         else:
             out += [Case(fmt, "shards[0].path", v) for v in VALUES]
             if fmt == "lmdb":
@@ -265,7 +268,10 @@ def prepare(world: World, case: Case, folder: str) -> str:
     if case.kind in SHARDED:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
-        target = os.path.join(folder, _field_file(manifest, case.field))
+        if case.field == "shard .idx":
+            target = os.path.join(folder, manifest["shards"][0]["path"] + ".idx")
+        else:
+            target = os.path.join(folder, _field_file(manifest, case.field))
         shutil.copy(target, secret)  # a read outside would find real data
         if case.value == "symlink":
             os.remove(target)
@@ -439,6 +445,8 @@ def commands(case: Case, world: World) -> dict:
     """The commands that apply to ``case``: name -> fn(path, scratch folder)."""
     if case.kind in LISTS:
         return {"pack": _pack}
+    if case.field == "shard .idx":  # read by verify and by DALI's TFRecord reader only
+        return {"verify": _verify, **({"dali": _dali} if _dali_installed() else {})}
     out = {"open_dataset": _open_dataset, "verify": _verify, "info": _info,
            "convert": _convert, "cache": _cache}
     if case.kind in SHARDED:
@@ -456,6 +464,8 @@ def expected_words(case: Case) -> str:
         return "line 2" if case.kind == "csv" else "line 1" if case.kind == "jsonl" else "row 0"
     if case.field == "payload":
         return "'payload'"
+    if case.field == "shard .idx":
+        return ".idx'"
     return case.field
 
 

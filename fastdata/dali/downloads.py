@@ -89,7 +89,7 @@ def shard_files(reader: Any, side_suffix: str | None = None) -> ShardFiles:
     """
     if not remote_shards(reader):
         paths = list(reader.shard_paths)
-        side = [_beside(p, side_suffix) for p in paths]
+        side = [_beside(reader, n, side_suffix) for n in range(len(paths))]
         # Shards of another tool at a URL: the reader's own cached downloads.
         cached = reader.url is not None
         return ShardFiles(paths, side, cached, _identities(reader, paths) if cached else None)
@@ -108,10 +108,10 @@ def shard_files(reader: Any, side_suffix: str | None = None) -> ShardFiles:
     return ShardFiles(paths, side, True, _identities(reader, paths))
 
 
-def _beside(path: str, suffix: str | None) -> str | None:
-    if suffix is None or not os.path.isfile(path + suffix):
+def _beside(reader: Any, shard: int, suffix: str | None) -> str | None:
+    if suffix is None or not os.path.isfile(reader.shard_paths[shard] + suffix):
         return None
-    return path + suffix
+    return reader.side_path(shard, suffix)  # a link out of the folder is refused
 
 
 def _side_copy(cache: Any, url: str, suffix: str | None) -> str | None:

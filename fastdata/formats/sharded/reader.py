@@ -285,6 +285,16 @@ class ShardedReader(ShardedMetadata, Reader):
             self.manifest.shards[shard].get("bytes")
         return (cache or process_cache()).local(url, limit=limit)
 
+    def side_path(self, shard: int, suffix: str) -> str:
+        """The file beside shard ``shard`` named ``<shard><suffix>`` (a TFRecord
+        ``.idx``), refused like the shards when a link takes it out of the
+        dataset's folder."""
+        path = self.shard_paths[shard] + suffix
+        if is_remote(path) or self._explicit is not None:
+            return path
+        return check_inside(path, self._layout().directory, field=repr(os.path.basename(path)),
+                            where=self.path, allow_outside=self.allow_outside, kind="file")
+
     def check_files(self, on_bytes=None) -> list[dict]:
         self._ensure_index()
         # Checked whole: downloaded once.

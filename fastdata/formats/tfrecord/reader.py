@@ -162,9 +162,9 @@ class TFRecordReader(ShardedReader):
         problems = super().check_files(on_bytes)
         if self.manifest.extra.get("foreign"):
             return problems  # other tools' .idx files are theirs
-        for shard, path in enumerate(self.shard_paths):
+        for shard in range(len(self.shard_paths)):
             rows = self.shard_rows(shard)
-            idx = path + SHARD_INDEX_SUFFIX
+            idx = self.side_path(shard, SHARD_INDEX_SUFFIX)
             reason = shard_index_mismatch(idx, zip(rows["offset"].tolist(),
                                                    rows["size"].tolist()))
             if reason is not None:
