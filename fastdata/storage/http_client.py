@@ -162,18 +162,7 @@ class _Answer:
 
     def read(self, size: int, url: str) -> bytes:
         """Exactly ``size`` bytes of the body (fewer only when it ends first)."""
-        parts, left = [], size
-        try:
-            while left > 0:
-                part = self.response.read(min(left, _CHUNK))
-                if not part:
-                    break
-                parts.append(part)
-                left -= len(part)
-        except (OSError, http.client.HTTPException):
-            self.close()
-            raise StorageError("connection dropped mid-transfer", path=url) from None
-        return b"".join(parts)
+        return b"".join(self.chunks(size, url))
 
     def chunks(self, limit: int | None, url: str):
         """The body in chunks, cut off after ``limit`` bytes."""
@@ -201,7 +190,7 @@ class _Answer:
         self.conn.close()
 
 
-def _send(method: str, origin: _Origin, settings: _Settings, headers: dict, body):
+def _send(method: str, origin: _Origin, settings: _Settings, headers: dict):
     """One request on a pooled (or new) connection; a kept-alive connection the
     server closed meanwhile is replaced once."""
     while True:
@@ -209,9 +198,7 @@ def _send(method: str, origin: _Origin, settings: _Settings, headers: dict, body
         target = (f"http://{origin.host}:{origin.port}{origin.target}"
                   if conn.fastdata_proxied else origin.target)
         try:
-            if hasattr(body, "seek"):
-                body.seek(0)
-            conn.request(method, target, body=body, headers=headers)
+            conn.request(method, target, headers=headers)
             return _Answer(conn.getresponse(), key, conn)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
             conn.close()
@@ -220,7 +207,7 @@ def _send(method: str, origin: _Origin, settings: _Settings, headers: dict, body
 
 
 def request(method: str, url: str, options: dict | None = None, *,
-            headers: dict | None = None, body=None) -> _Answer:
+            headers: dict | None = None) -> _Answer:
     """``method`` on ``url``: retried on failed connections and 429/5xx answers,
     redirects followed on the same origin only. The answer's body is unread.
 
@@ -237,7 +224,7 @@ def request(method: str, url: str, options: dict | None = None, *,
         if origin.auth and "Authorization" not in sent:
             sent["Authorization"] = origin.auth
         try:
-            answer = _send(method, origin, settings, sent, body)
+            answer = _send(method, origin, settings, sent)
         except (OSError, http.client.HTTPException) as exc:
             if _may_retry(settings, attempt, start):
                 attempt = _backoff(settings, attempt)
@@ -266,7 +253,7 @@ def request(method: str, url: str, options: dict | None = None, *,
         moved.auth = origin.auth
         current, origin = target, moved
         if answer.status == 303:
-            method, body = ("HEAD" if method == "HEAD" else "GET"), None
+            method = "HEAD" if method == "HEAD" else "GET"
 
 
 def _may_retry(settings: _Settings, attempt: int, start: float) -> bool:
