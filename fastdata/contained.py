@@ -126,7 +126,8 @@ class Folder:
         from fastdata.storage.urls import is_url
 
         self.folder, self.where, self.links_out = folder, where, links_out
-        self.kind, self.hint, self.outside_hint, self.canonical = kind, hint, outside_hint, canonical
+        self.kind, self.hint, self.outside_hint = kind, hint, outside_hint
+        self.canonical = canonical
         self.remote = is_url(folder)
         self._base: str | None = None
         self._parents: dict[str, bool] = {}

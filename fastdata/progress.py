@@ -38,5 +38,6 @@ def progress_bar(total: int | None, desc: str, *, enabled: bool | None = None, u
     from tqdm import tqdm
 
     # SI prefixes (12.3k) only where counts are large; small ones read "40/40".
-    return tqdm(total=total, desc=redact(desc), unit=unit, unit_scale=bool(total and total >= 10000),
+    return tqdm(total=total, desc=redact(desc), unit=unit,
+                unit_scale=bool(total and total >= 10000),
                 dynamic_ncols=True, file=sys.stderr, smoothing=0.1)

@@ -400,6 +400,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             self._corrupt(lost[0][1], lost[0][0])
         elif lost:
             self.skipped += len(lost)
-            warnings.warn(f"{redact(self.path)}: skipping {len(lost)} corrupt records {lost[0][0]} to "
-                          f"{lost[-1][0]}; {self.skipped} skipped so far; the first: "
-                          f"{lost[0][1]}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{redact(self.path)}: skipping {len(lost)} corrupt records "
+                          f"{lost[0][0]} to {lost[-1][0]}; {self.skipped} skipped so far; "
+                          f"the first: {lost[0][1]}", RuntimeWarning, stacklevel=3)
