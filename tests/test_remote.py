@@ -132,6 +132,20 @@ def test_info_and_verify_by_url(tree, s3_server, s3_env, cache):
     assert verify.exit_code == 0, verify.output
 
 
+def test_verify_of_tfrecords_at_a_url_checks_their_idx_files(tree, http_server, cache,
+                                                              monkeypatch):
+    from fastdata.loaders.verify import verify_dataset
+
+    _pack(tree.root, http_server.root / "d-%05d.tfrecord")
+    url = f"{http_server.url}/d.tfrecord.fastdata.json"
+    assert verify_dataset(url, progress=False).ok
+    idx = sorted(http_server.root.glob("*.tfrecord.idx"))[1]
+    idx.write_text("0 1\n")
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(cache / "fresh"))  # no copy of the old one
+    problems = verify_dataset(url, progress=False).problems
+    assert [p["path"] for p in problems] == [f"{http_server.url}/{idx.name}"]
+
+
 def test_missing_object_is_one_clear_line(s3_server, s3_env, cache):
     s3_server.make_bucket("empty")
     result = CliRunner().invoke(main, ["info", "s3://empty/nothing.tar.fastdata.json"])

@@ -21,7 +21,8 @@ from collections.abc import Iterator, Mapping
 
 import crc32c
 
-from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.errors import CorruptDataError, ManifestError, StorageError
+from fastdata.formats.remote_files import local_copy
 from fastdata.formats.sharded.reader import ShardedReader, shard_error
 from fastdata.formats.sparse import check_stored
 from fastdata.formats.tfrecord.example import (
@@ -165,8 +166,15 @@ class TFRecordReader(ShardedReader):
         for shard in range(len(self.shard_paths)):
             rows = self.shard_rows(shard)
             idx = self.side_path(shard, SHARD_INDEX_SUFFIX)
-            reason = shard_index_mismatch(idx, zip(rows["offset"].tolist(),
-                                                   rows["size"].tolist()))
+            try:
+                # At a URL: a copy of at most what a right index of these rows takes.
+                local = local_copy(idx, limit=42 * len(rows) + 64)
+            except StorageError as exc:
+                reason = f"cannot be read ({exc.message}): the tfrecord package and DALI " \
+                         f"read it; re-pack the dataset"
+            else:
+                reason = shard_index_mismatch(local, zip(rows["offset"].tolist(),
+                                                         rows["size"].tolist()))
             if reason is not None:
                 problems.append({"index": None, "path": idx, "reason": reason})
         return problems
