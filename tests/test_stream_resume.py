@@ -100,6 +100,33 @@ def _flat(batches) -> list[int]:
 # -- exact resume (StatefulDataLoader, same ranks and workers) -------------------------
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_draws_the_crops_of_the_saved_epoch(packed_stream, workers):
+    """A state saved in epoch 1 resumes with epoch 1's crops, without set_epoch()."""
+    import torch
+
+    tree, manifest = packed_stream
+    crop = dict(output="numpy", crop=fastdata.RandomResizedCrop(4), shuffle=True)
+
+    def loader(ds):
+        return StatefulDataLoader(ds, batch_size=BATCH, num_workers=workers,
+                                  multiprocessing_context="fork" if workers else None)
+
+    ds = _stream(manifest, **crop)
+    ds.set_epoch(1)
+    full = [images for images, _ in loader(ds)]
+    first_loader = loader(_stream(manifest, **crop))
+    first_loader.dataset.set_epoch(1)
+    it = iter(first_loader)
+    first = [next(it)[0] for _ in range(3)]
+    state = first_loader.state_dict()
+    resumed = loader(_stream(manifest, **crop))  # a new process: no set_epoch()
+    resumed.load_state_dict(state)
+    rest = [images for images, _ in resumed]
+    assert len(first) + len(rest) == len(full)
+    assert all(torch.equal(a, b) for a, b in zip(first + rest, full))
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_twice_equals_the_uninterrupted_epoch(packed_stream, workers, shuffle):

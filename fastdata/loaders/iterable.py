@@ -293,6 +293,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
 
     def _iterate(self, position: WorkerPosition) -> Iterator[tuple[Any, int]]:
         plan = position.slice()
+        # Crops follow the epoch read, which a loaded worker state carries.
+        self._drawing_epoch = position.epoch
         starts = np.asarray([first for first, _ in self.reader.shard_ranges()],
                             dtype=np.int64) if self.shuffle_block == "shard" else None
         order = epoch_order(plan.n, self.order, position.epoch, starts)

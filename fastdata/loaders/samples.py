@@ -146,11 +146,17 @@ class SamplePipeline:
             return convert_payload(data, self.output, self.decode)
         return array_to_output(self._pixels(data, index), self.output)
 
+    #: The epoch whose crops this process draws while it iterates one (a stream
+    #: resumed from a state reads that state's epoch, set_epoch() or not);
+    #: None: ``epoch``.
+    _drawing_epoch: int | None = None
+
     def _pixels(self, data, index: int):
         """Record ``index``'s decoded HWC uint8 pixels, with ``crop`` applied
-        (its box drawn from the seed, the current epoch and the index)."""
+        (its box drawn from the seed, the epoch and the index)."""
         if self.crop is not None:
-            return self.crop.decode(data, self.decode, self.seed, self.epoch, index)
+            epoch = self.epoch if self._drawing_epoch is None else self._drawing_epoch
+            return self.crop.decode(data, self.decode, self.seed, epoch, index)
         return self.decode(data)
 
     def _try_convert(self, data, index: int):
