@@ -55,10 +55,13 @@ def test_same_size_batch_is_stacked_once(tree, tmp_path, variant):
 
 def test_mixed_sizes_fall_back_to_samples(tree, tmp_path):
     ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
-    with pytest.warns(fastdata.MixedSizeWarning):
-        batch = ds.__getitems__([0, 1, 2])
+    batch = ds.__getitems__([0, 1, 2])
     assert isinstance(batch, list) and {tuple(b[0].shape) for b in batch} == \
         {(3, 16, 16), (3, 12, 20)}
+    # Where torch's default collate would stack them, the warning says why it fails.
+    with pytest.warns(fastdata.MixedSizeWarning, match="differ in size"):
+        with pytest.raises(RuntimeError):
+            next(iter(DataLoader(ds, batch_size=3)))
     assert isinstance(fastdata.open_dataset(ds.path, size=(8, 8)).__getitems__([0, 1, 2]), Batch)
 
 
@@ -102,10 +105,18 @@ def test_mixed_sizes_are_fine_where_nothing_stacks_them(tree, tmp_path):
     import warnings
 
     ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
+    out = str(tmp_path / "mixed-stream.tar")
+    fastdata.pack(str(tree), out, options=PackOptions(workers=1), progress=False)
+    stream = fastdata.ShardedIterableDataset(out)
+    keep_lists = dict(batch_size=6, collate_fn=lambda b: tuple(zip(*b)))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", fastdata.MixedSizeWarning)
-        batches = list(DataLoader(ds, batch_size=6, collate_fn=lambda b: tuple(zip(*b))))
-    assert sum(len(images) for images, _ in batches) == len(ds)
+        warnings.simplefilter("error", fastdata.MixedSizeWarning)  # no warning is given
+        batches = list(DataLoader(ds, **keep_lists))
+        streamed = list(DataLoader(stream, **keep_lists))
+        looped = list(fastdata.ShardedIterableDataset(out, output="numpy"))
+        got = ds.__getitems__(list(range(6)))  # asked for directly: a list of samples
+    assert sum(len(images) for images, _ in batches) == len(ds) == len(looped)
+    assert sum(len(images) for images, _ in streamed) == len(ds) and len(got) == 6
     # One size: no warning, stacked.
     with warnings.catch_warnings():
         warnings.simplefilter("error", fastdata.MixedSizeWarning)

@@ -78,6 +78,13 @@ def webdataset_shards(folder: Path, n: int = 10, per_shard: int = 4, *, cls: boo
 # -- round trip ------------------------------------------------------------------
 
 
+def test_a_stream_has_the_keys_targets_and_classes_of_a_map_style_dataset(sharded):
+    stream = fastdata.ShardedIterableDataset(sharded.output)
+    with fastdata.open_dataset(sharded.output) as ds:
+        assert stream.keys == ds.keys and stream.targets == ds.targets
+        assert stream.classes == ds.classes and stream.class_to_idx == ds.class_to_idx
+
+
 def test_round_trip_several_shards(image_tree, tmp_path):
     summary = pack(image_tree.root, tmp_path / "out" / "ds.tar", shard_size=3)
     assert summary.format == "tar"

@@ -9,6 +9,7 @@ batch in one call (one transaction, one pass over the file).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.decode_pool import DecodePool, decode_threads_for_worker
 from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
-from fastdata.loaders.sizes import fixed_shape
+from fastdata.loaders.sizes import fixed_shape, stacked_by_caller
 
 
 class PackedDataset(SamplePipeline, Dataset):
@@ -189,9 +190,11 @@ class PackedDataset(SamplePipeline, Dataset):
         indices = list(indices)
         stack = (self.output == "tensor" and self.transform is None
                  and self.target_transform is None and len(indices) > 1)
-        return self._load(indices, stack=stack)
+        return self._load(indices, stack=stack,
+                          warn_sizes=stack and stacked_by_caller(self, sys._getframe(1)))
 
-    def _load(self, indices: list[int], stack: bool = False) -> Sequence:
+    def _load(self, indices: list[int], stack: bool = False, warn_sizes: bool = False
+              ) -> Sequence:
         """Samples of ``indices`` (a Batch when ``stack`` and the shapes allow):
         each record is read once and decoded once."""
         decoded_cache = getattr(self.cache, "kind", None) == "decoded"
@@ -245,7 +248,8 @@ class PackedDataset(SamplePipeline, Dataset):
                 images = _batch_tensor((len(arrays), *arrays[0].shape))
                 np.stack(arrays, out=images.numpy())
                 return self._batch(images, indices, metas)
-            self.mixed_sizes.batch([(a.shape[2], *a.shape[:2]) for a in arrays], self.path)
+            if warn_sizes:
+                self.mixed_sizes.batch([(a.shape[2], *a.shape[:2]) for a in arrays], self.path)
         return self._samples(indices, [a if isinstance(a, Failed)
                                        else array_to_output(a, self.output) for a in arrays],
                              metas)

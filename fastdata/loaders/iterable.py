@@ -8,6 +8,7 @@ it resumes.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.epoch_plan import Shuffle, Slice, epoch_order
 from fastdata.loaders.read_ahead import Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
+from fastdata.loaders.sizes import stacked_by_caller
 from fastdata.loaders.stream_state import (DEFAULT_BLOCK, DEFAULT_WINDOW, StreamPoint,
                                            WorkerPosition, parse_state, worker_positions)
 from fastdata.machine import rank_and_world
@@ -181,6 +183,16 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     # -- the plan ---------------------------------------------------------------
 
     @property
+    def targets(self) -> list[int]:
+        """Labels of every record in stored order, as map-style Datasets have them."""
+        return self.reader.labels.tolist()
+
+    @property
+    def keys(self) -> list[str]:
+        """Source keys of every record in stored order, as map-style Datasets have them."""
+        return self.reader.keys
+
+    @property
     def order(self) -> Shuffle:
         return Shuffle(self.shuffle, self.seed, self.shuffle_block, self.shuffle_window)
 
@@ -289,9 +301,10 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         # next epoch, or the main process's) starts from the epoch's beginning.
         if isinstance(self._resume, WorkerPosition) or info is None:
             self._resume = None
-        return self._iterate(self._position)
+        # A warning about mixed sizes helps only where torch's collate stacks them.
+        return self._iterate(self._position, stacked_by_caller(self, sys._getframe(1)))
 
-    def _iterate(self, position: WorkerPosition) -> Iterator[tuple[Any, int]]:
+    def _iterate(self, position: WorkerPosition, stacked: bool) -> Iterator[tuple[Any, int]]:
         plan = position.slice()
         # Crops follow the epoch read, which a loaded worker state carries.
         self._drawing_epoch = position.epoch
@@ -299,7 +312,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                             dtype=np.int64) if self.shuffle_block == "shard" else None
         order = epoch_order(plan.n, self.order, position.epoch, starts)
         labels = self.reader.labels
-        watch_sizes = self.output in ("tensor", "numpy") and self.transform is None
+        watch_sizes = stacked and self.output in ("tensor", "numpy") and self.transform is None
         for index, data, meta in self._records(plan, order, position):
             if isinstance(meta, CorruptDataError):  # this record's metadata is damaged
                 self._corrupt(meta, index)

@@ -5,7 +5,8 @@ why ("Trying to resize storage that is not resizable" inside a worker, "stack
 expects each tensor to be equal size"). fastdata raises its own error where it
 collates (``fastdata.collate``, ``fastdata.loader``) and, where a DataLoader
 collates with torch's default, warns once per process before the batch reaches
-it, with what to do.
+it, with what to do; nowhere else (a loop over a stream, a collate that keeps
+a list).
 """
 
 from __future__ import annotations
@@ -30,7 +31,23 @@ def describe_shapes(shapes: Iterable[tuple]) -> str:
 
 
 def mixed_size_message(shapes: Iterable[tuple], where: str) -> str:
-    return f"images of {where} differ in size ({describe_shapes(shapes)}), so they cannot be stacked: {ADVICE}"
+    return (f"images of {where} differ in size ({describe_shapes(shapes)}), so they cannot "
+            f"be stacked: {ADVICE}")
+
+
+def stacked_by_caller(dataset, frame) -> bool:
+    """Whether the code asking ``dataset`` for samples (the frame that called
+    ``__iter__`` or ``__getitems__``) is a DataLoader fetcher that batches them
+    with torch's default collate, which stacks them: the one place a warning
+    about mixed sizes helps. A plain loop, a collate that keeps a list or
+    ``fastdata.collate`` (which raises its own error) stacks nothing here."""
+    fetcher = frame.f_locals.get("self") if frame is not None else None
+    if getattr(fetcher, "dataset", None) is not dataset \
+            or not getattr(fetcher, "auto_collation", False):
+        return False
+    from torch.utils.data import default_collate
+
+    return getattr(fetcher, "collate_fn", None) is default_collate
 
 
 class MixedSizeNotice:
@@ -64,7 +81,8 @@ class MixedSizeNotice:
         self.warned_pid = pid
         warnings.warn(f"{redact(str(path))}: {mixed_size_message(shapes, where)} "
                       f"(torch's default collate fails on them; ignore this warning if "
-                      f"nothing stacks them: a collate_fn that keeps a list, batch_size=None)", MixedSizeWarning, stacklevel=4)
+                      f"nothing stacks them: a collate_fn that keeps a list, batch_size=None)",
+                      MixedSizeWarning, stacklevel=4)
 
 
 def fixed_shape(decode, crop) -> tuple[int, int, int] | None:
