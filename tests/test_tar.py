@@ -22,6 +22,7 @@ from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.tar.members import iter_members, split_key
 from fastdata.formats.tar.reader import TarReader
 from fastdata.formats.tar.schema import member_header, sample_stem, split_name, ustar_header
+from fastdata.loaders.verify import verify_dataset
 
 from conftest import build_tree, expected_chw, make_image_bytes, uniform_spec
 
@@ -76,6 +77,24 @@ def webdataset_shards(folder: Path, n: int = 10, per_shard: int = 4, *, cls: boo
 
 
 # -- round trip ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext", [".tar", ".tfrecord"])
+def test_one_shard_of_a_set_opens_with_the_sets_classes_and_keys(small_tree, tmp_path, ext):
+    out = tmp_path / "out" / f"ds-%06d{ext}"
+    summary = pack(small_tree.root, out, shard_size=5)  # shards of 5, 5 and 2
+    whole = fastdata.open_dataset(summary.output, output="bytes")
+    names = [s["path"] for s in whole.manifest.shards]
+    one = fastdata.open_dataset(out.parent / names[1], output="bytes")
+    assert len(one) == 5 and one.classes == whole.classes
+    assert one.keys == whole.keys[5:10] and one.targets == whole.targets[5:10]
+    assert [one[i] for i in range(5)] == [whole[i] for i in range(5, 10)]
+    assert one.manifest.extra["shard_of"] == os.path.basename(summary.output)
+    stream = fastdata.ShardedIterableDataset(out.parent / names[1], output="bytes")
+    assert list(stream) == [whole[i] for i in range(5, 10)]
+    assert verify_dataset(out.parent / names[1], progress=False).ok
+    result = CliRunner().invoke(main, ["info", str(out.parent / names[1])])
+    assert f"one shard of {os.path.basename(summary.output)}" in result.output
 
 
 def test_a_stream_has_the_keys_targets_and_classes_of_a_map_style_dataset(sharded):

@@ -53,7 +53,8 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
          else "none (unlabelled records, label -1)"),
         ("encoding", _encoding_text(m.encoding or {})),
         ("size", ", ".join(sizes) or "not recorded"),
-        ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")),
+        ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")
+         + (f" (one shard of {m.extra['shard_of']})" if m.extra.get("shard_of") else "")),
         ("checksums", _checksums_text(m.checksums or {})),
         ("metadata", _metadata_text(m)),
         ("source", _source_text(m.source or {})),

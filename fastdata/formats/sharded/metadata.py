@@ -52,9 +52,14 @@ class ShardedMetadata:
                                 "the metadata index); re-pack the dataset",
                                 path=self._layout().manifest_path)
         name = self.manifest.extra["metadata"]["index"]
-        local = local_copy(path, limit=index_limit(self.manifest.count))
+        # One shard of a set (``_records``): the set's file, its rows sliced.
+        first, count, total = self._records or (0, self.manifest.count, self.manifest.count)
+        local = local_copy(path, limit=index_limit(total))
         check_file_sha256(self.manifest, name, local, what="the metadata index rows")
-        rows = load_index(local, self.manifest.count)
+        rows = load_index(local, total)[first:first + count]
+        if self._records is not None:
+            rows = rows.copy()
+            rows["shard"] = 0
         check_rows(rows, self._shard_sizes, path)  # before any row sizes a read
         if not np.array_equal(rows["shard"], self._index["shard"]):
             raise CorruptDataError("the metadata index puts records in other shards than the "

@@ -28,6 +28,7 @@ from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.foreign import ForeignShards
 from fastdata.formats.sharded.layout import ShardLayout, parse_output
 from fastdata.formats.sharded.metadata import ShardedMetadata
+from fastdata.formats.sharded.one_shard import set_of_shard, shard_manifest
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
 from fastdata.records import Manifest
 
@@ -92,6 +93,10 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         #: Rows (INDEX_DTYPE) locating each record's metadata JSON; loaded on first use.
         self._meta_index: np.ndarray | None = None
         self._meta_index_path: str | None = None
+        #: Opened by one shard's name: the set's layout, and (first, count, set
+        #: count) of the set's records kept (see ``_keep_shard``).
+        self._set_layout: ShardLayout | None = None
+        self._records: tuple[int, int, int] | None = None
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ManifestError("no shard files given (an empty list)")
@@ -116,16 +121,40 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
     # -- metadata ---------------------------------------------------------------
 
     def _layout(self) -> ShardLayout:
+        if self._set_layout is not None:  # one shard of a set: the set's files
+            return self._set_layout
         return parse_output(self.path, self.extensions, sharded=False,
                             total_in_name=self.total_in_name)
 
     def _load_metadata(self) -> None:
+        self._set_layout = self._records = None
         layout = self._layout()
         manifest_path = None if self._explicit is not None else self._manifest_path(layout)
         if manifest_path is not None:
             self._load_fastdata(layout, manifest_path)
-        else:
+            return
+        found = None if self._explicit is not None else set_of_shard(
+            self.path, self.extensions, total_in_name=self.total_in_name)
+        if found is None:
             self._load_foreign(layout)
+            return
+        self._set_layout, manifest_path, shard = found
+        self._load_fastdata(self._set_layout, manifest_path)
+        self._keep_shard(shard, os.path.basename(manifest_path))
+
+    def _keep_shard(self, shard: int, set_name: str) -> None:
+        """Become shard ``shard`` of the set just loaded: its records only, with
+        the set's classes, keys and checksums (see fastdata.formats.sharded.one_shard)."""
+        first, count = self.shard_ranges()[shard]
+        rows = slice(first, first + count)
+        index = self._index[rows].copy()
+        index["shard"] = 0
+        self._records = (first, count, len(self._index))  # rows of the set's files kept
+        self._manifest = shard_manifest(self._manifest, shard, index, self._labels[rows],
+                                        set_name)
+        self._index, self._labels, self._crcs = index, self._labels[rows], self._crcs[rows]
+        self._shard_paths = [self._shard_paths[shard]]
+        self._shard_sizes = [self._shard_sizes[shard]]
 
     def _manifest_path(self, layout: ShardLayout) -> str | None:
         """This dataset's manifest: under the current name, or else under the
@@ -265,9 +294,13 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         check_sha256(self.manifest, os.path.basename(self._keys_path), raw,
                      path=self._keys_path, what="the keys")
         try:
-            return json.loads(raw)
+            keys = json.loads(raw)
         except ValueError:
             return None
+        if self._records is not None and isinstance(keys, list):
+            first, count, _ = self._records
+            keys = keys[first:first + count]
+        return keys
 
     # -- reading ----------------------------------------------------------------
 
