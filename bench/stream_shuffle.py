@@ -7,7 +7,7 @@ Quality: packs are written class by class, so a shard holds one or two
 classes. For a batch of B samples the class entropy (bits) of its labels is
 compared with what a uniformly random permutation gives (the mean over its
 batches, measured the same way): 1.00 means batches look like random draws.
-It is computed from the order the job reads (fastdata.loaders.epoch_plan),
+It is computed from the order the job reads (fastdata.order),
 which is the same for any number of workers and ranks, on label arrays of
 class-sorted datasets: the 2,400-sample, 10-class case of the project's
 notes, CIFAR-like and ImageNet-like sizes. "previous" is the scheme before
@@ -35,8 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fastdata.loaders.epoch_plan import Shuffle, epoch_order  # noqa: E402
-from fastdata.loaders.stream_state import DEFAULT_BLOCK, DEFAULT_WINDOW  # noqa: E402
+from fastdata.order.epochs import DEFAULT_BLOCK, DEFAULT_WINDOW, Shuffle, epoch_order  # noqa: E402
 
 
 def batch_entropy(labels: np.ndarray, batch: int) -> float:

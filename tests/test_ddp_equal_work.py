@@ -20,7 +20,7 @@ from collections import Counter
 import pytest
 
 import fastdata
-from fastdata.loaders.epoch_plan import Shuffle, epoch_order
+from fastdata.order.epochs import Shuffle, epoch_order
 
 from conftest import UNEVEN_COUNTS, build_tree, run_ranks, uneven_spec
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 import fastdata
 from fastdata.errors import CorruptDataError
-from fastdata.loaders.epoch_plan import Shuffle, epoch_order
+from fastdata.order.epochs import Shuffle, epoch_order
 
 from conftest import UNEVEN_COUNTS, build_tree, uneven_spec
 

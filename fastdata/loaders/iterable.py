@@ -20,13 +20,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format
 from fastdata.image_header import DEFAULT_MAX_PIXELS
-from fastdata.loaders.epoch_plan import Shuffle, Slice, epoch_order
 from fastdata.loaders.read_ahead import Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.sizes import stacked_by_caller
-from fastdata.loaders.stream_state import (DEFAULT_BLOCK, DEFAULT_WINDOW, StreamPoint,
-                                           WorkerPosition, parse_state, worker_positions)
 from fastdata.machine import rank_and_world
+from fastdata.order.epochs import DEFAULT_BLOCK, DEFAULT_WINDOW, Shuffle, epoch_order
+from fastdata.order.slices import Slice
+from fastdata.order.state import StreamPoint, WorkerPosition, parse_state, worker_positions
 from fastdata.redaction import redact
 
 #: Records read per random-access batch (and per retry batch after damage).
@@ -38,7 +38,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     on every rank, one order for the whole job, and exact resume.
 
     **One order per epoch.** For a seed and an epoch, the whole job reads the
-    records in one fixed order (see :mod:`fastdata.loaders.epoch_plan`):
+    records in one fixed order (see :mod:`fastdata.order`):
     without ``shuffle`` the stored order, with it a block shuffle that mixes
     ``shuffle_window`` records at a time (blocks of ``shuffle_block``
     consecutive records move together, so reads stay near each other). Ranks

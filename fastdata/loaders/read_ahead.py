@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastdata.errors import CorruptDataError
-from fastdata.loaders.epoch_plan import Slice
+from fastdata.order.slices import Slice
 
 #: Positions of a worker's sequence read (and decoded) at a time.
 READ_CHUNK = 64

@@ -47,10 +47,11 @@ def parse_seed(text: str | None) -> int | None:
 
 
 def shuffle_order(n: int, seed: int) -> list[int]:
-    """The documented permutation of ``range(n)`` for ``seed``."""
-    import numpy as np
+    """The documented permutation of ``range(n)`` for ``seed``: the order
+    engine's (:func:`fastdata.order.epochs.permutation`)."""
+    from fastdata.order.epochs import permutation
 
-    return np.random.Generator(np.random.PCG64(seed)).permutation(n).tolist()
+    return permutation(n, seed).tolist()
 
 
 def shuffled(src: Source, seed: int) -> Source:

@@ -8,7 +8,7 @@ Two kinds of state, both plain JSON-able dicts tagged ``"fastdata_stream"``:
   same worker on resume: exact, for the same ranks and workers.
 - a resume point (``"point"``): the epoch and how many samples of the epoch's
   order the whole job has consumed, which is a prefix (see
-  :mod:`fastdata.loaders.epoch_plan`). It is computed from the worker
+  :mod:`fastdata.order.slices`). It is computed from the worker
   positions of any one rank and resumes with any number of ranks and workers.
 """
 
@@ -18,14 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from fastdata.loaders.epoch_plan import (Shuffle, Slice, batches_delivered,
-                                         worker_batches)
+from fastdata.order.epochs import Shuffle
+from fastdata.order.slices import Slice, batches_delivered, worker_batches
 
 TAG = "fastdata_stream"
 VERSION = 1
-#: Records that stay together in a shuffled order, and records mixed at once.
-DEFAULT_BLOCK = 16
-DEFAULT_WINDOW = 8192
 
 
 @dataclass
