@@ -52,6 +52,7 @@ _LAZY = {
     "TFRecordDataset": "fastdata.loaders.datasets:TFRecordDataset",
     "TarDataset": "fastdata.loaders.datasets:TarDataset",
     "ShardedIterableDataset": "fastdata.loaders.iterable:ShardedIterableDataset",
+    "EpochBatches": "fastdata.loaders.sampler:EpochBatches",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "BackgroundBatches": "fastdata.loaders.background:BackgroundBatches",
     "loader": "fastdata.loaders.prefetch:loader",

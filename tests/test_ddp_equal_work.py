@@ -8,7 +8,9 @@ waits for a rank that ran out); every record at least once and fewer than
 ``world`` repeats (padding), or each at most once with fewer than ``world``
 left out (``drop_last``); and, taken round by round (rank 0's batch t, rank
 1's batch t, ...), exactly the one order of the epoch that a single process
-reads. A DDP training loop over the uneven shards ends instead of hanging.
+reads. Map-style reading with ``fastdata.EpochBatches`` and the same order
+options gives every rank the stream's batches. A DDP training loop over the
+uneven shards ends instead of hanging.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ SPLIT_SCRIPT = """
                 loader = DataLoader(ds, batch_size=batch, num_workers=2,
                                     multiprocessing_context="fork", collate_fn=digests)
                 runs[f"{shuffle}-{drop_last}"] = {"len": len(ds), "batches": list(loader)}
+                # Map-style, the same engine: the same batches on every rank.
+                mapped = fastdata.open_dataset(manifest, output="bytes")
+                sampler = fastdata.EpochBatches(
+                    mapped, batch_size=batch, shuffle=shuffle, seed=order["options"]["seed"],
+                    drop_last=drop_last, block=order["options"]["shuffle_block"],
+                    window=order["options"]["shuffle_window"])
+                sampler.set_epoch(order["epoch"])
+                loader = DataLoader(mapped, batch_sampler=sampler, num_workers=2,
+                                    multiprocessing_context="fork", collate_fn=digests)
+                runs[f"map-{shuffle}-{drop_last}"] = {"len": len(sampler), "batches": list(loader)}
         steps = [None] * world
         dist.all_gather_object(steps, {k: len(v["batches"]) for k, v in runs.items()})
         with open(out, "w") as f:
@@ -154,7 +166,10 @@ def test_equal_batches_on_every_rank_and_one_job_order(uneven, tmp_path, world, 
                       [packs[shards], BATCH, json.dumps({"options": ORDER, "epoch": EPOCH})],
                       tmp_path, timeout=90)
     assert [r["rank"] for r in ranks] == list(range(world))
-    for run in ranks[0]["runs"]:
+    for r in ranks:  # map-style reading (EpochBatches) reads each rank the stream's batches
+        for run in [k for k in r["runs"] if not k.startswith("map-")]:
+            assert r["runs"][f"map-{run}"]["batches"] == r["runs"][run]["batches"], run
+    for run in [k for k in ranks[0]["runs"] if not k.startswith("map-")]:
         shuffle, drop_last = (part == "True" for part in run.split("-"))
         per_rank = [r["runs"][run] for r in ranks]
         ids = [[[number[digest] for digest, _ in batch] for batch in p["batches"]]

@@ -2,8 +2,11 @@
 
 Used for LMDB and HDF5 (DALI has no reader for them), for pre-decoded (raw)
 datasets and encodings DALI cannot decode (GIF), and for every format with
-``reader="external"``. It shuffles the whole dataset each epoch and checks
-fastdata's CRC32s, which DALI's own readers do not.
+``reader="external"``. Its order is the order engine's (:mod:`fastdata.order`):
+each epoch a permutation of the whole dataset (shuffled) or the stored order,
+each pipeline shard an equal part of it (padded, as every fastdata reader is),
+so with the same seed it reads a map-style Dataset's and a stream's batches.
+It checks fastdata's CRC32s, which DALI's own readers do not.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from fastdata.encodings import sniff_encoding
+from fastdata.order.epochs import Shuffle, epoch_order
+from fastdata.order.slices import Slice
 
 #: Encodings DALI's image decoder reads (``fn.decoders.image``); GIF is not one.
 DALI_ENCODINGS = frozenset({"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm", "pbm",
@@ -21,9 +26,15 @@ DALI_ENCODINGS = frozenset({"jpeg", "png", "bmp", "webp", "tiff", "ppm", "pgm", 
 
 
 def shard_bounds(count: int, shard_id: int, num_shards: int) -> tuple[int, int]:
-    """[start, stop) of shard ``shard_id`` of ``count`` records: DALI's readers
-    split the same way, so both paths give a shard the same share."""
+    """[start, stop) of shard ``shard_id`` of ``count`` records, as DALI's own
+    readers split a dataset (the external source takes the engine's slices)."""
     return count * shard_id // num_shards, count * (shard_id + 1) // num_shards
+
+
+def external_slice(count: int, shard_id: int, num_shards: int, batch_size: int) -> Slice:
+    """The external source's share of an epoch: the order engine's slice of
+    pipeline shard ``shard_id`` (equal on every shard, padded)."""
+    return Slice(count, 0, num_shards, shard_id, batch_size, "pad")
 
 
 class ExternalBatches:
@@ -37,8 +48,9 @@ class ExternalBatches:
         path: the packed dataset.
         batch_size: records per batch (the last one of an epoch may be smaller).
         shard_id, num_shards: this pipeline's part of each epoch's order.
-        shuffle: permute the whole dataset each epoch (seeded by ``seed`` and
-            the epoch, so every shard sees the same permutation).
+        shuffle: permute the whole dataset each epoch (the order engine's
+            permutation, seeded by ``seed`` and the epoch: every shard sees
+            the same one).
         seed: the shuffle seed.
         drop_last: leave out the last batch of a shard when it is partial.
         mode: "encoded" (payload bytes as 1-D uint8 arrays) or "raw" (HWC
@@ -79,10 +91,12 @@ class ExternalBatches:
             self._reader = open_reader(self.path, **self.reader_options)
         return self._reader
 
+    def _slice(self) -> Slice:
+        return external_slice(self.count, self.shard_id, self.num_shards, self.batch_size)
+
     def shard_size(self) -> int:
         """Records of this shard per epoch."""
-        start, stop = shard_bounds(self.count, self.shard_id, self.num_shards)
-        return stop - start
+        return self._slice().per_rank
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -92,12 +106,14 @@ class ExternalBatches:
     def indices(self, epoch: int) -> np.ndarray:
         """The record indices of this shard in epoch ``epoch``, in order."""
         if self._order is None or self._order[0] != epoch:
-            if self.shuffle:
-                order = np.random.default_rng([self.seed, epoch]).permutation(self.count)
-            else:
-                order = np.arange(self.count)
-            start, stop = shard_bounds(self.count, self.shard_id, self.num_shards)
-            self._order = (epoch, order[start:stop])
+            order = epoch_order(self.count, Shuffle(self.shuffle, self.seed, 1, self.count),
+                                epoch)
+            plan = self._slice()
+            positions = np.concatenate(
+                [np.arange(r.start, r.stop) for r in map(plan.batch_positions,
+                                                           range(plan.batches()))]
+                or [np.zeros(0, dtype=np.int64)])
+            self._order = (epoch, plan.record_indices(order, positions))
         return self._order[1]
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], np.ndarray]:

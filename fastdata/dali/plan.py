@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdata.dali.device import resolve_device
-from fastdata.dali.external import DALI_ENCODINGS, shard_bounds
+from fastdata.dali.external import DALI_ENCODINGS, external_slice, shard_bounds
 from fastdata.dali.options import DALIOptions
 from fastdata.dali.readers import NativeReader, NativeRequest, NativeUnavailable
 from fastdata.errors import FastDataError
@@ -115,13 +115,18 @@ def make_plan(path: str | list[str], reader: Any, options: DALIOptions, where: P
                             shard_id=where.shard_id, num_shards=where.num_shards,
                             options=options)
     native = choose_native(reader, request)
-    start, stop = shard_bounds(count, where.shard_id, where.num_shards)
-    batches = _batches(stop - start, options, where, path)
+    if native is not None:  # DALI's own readers split the records into contiguous parts
+        start, stop = shard_bounds(count, where.shard_id, where.num_shards)
+        shard_size = stop - start
+    else:
+        shard_size = external_slice(count, where.shard_id, where.num_shards,
+                                    options.batch_size).per_rank
+    batches = _batches(shard_size, options, where, path)
     plan = PipelinePlan(path=path, format=reader.format_name,
                         reader=native.name if native is not None else "external",
                         mode=mode, transcode=transcode, device=where.device,
                         device_id=where.device_id, shard_id=where.shard_id,
-                        num_shards=where.num_shards, count=count, shard_size=stop - start,
+                        num_shards=where.num_shards, count=count, shard_size=shard_size,
                         batches=batches)
     return plan, native
 

@@ -213,8 +213,13 @@ def loader(
             "cpu". Either way batches come out the same kind: float ``dtype``,
             normalised with ``mean``/``std`` (on the CPU when there is no GPU).
         mean, std, channels_last, dtype: passed to the prefetcher.
-        drop_last: drop a partial last batch.
-        seed: seeds the shuffle (same seed, same order for any ``num_workers``).
+        drop_last: drop a partial last batch (map-style: and the last samples
+            of the order, fewer than one per rank, instead of padding).
+        seed: the order's seed (None: 0). A map-style dataset is read in the
+            order engine's batches (:class:`fastdata.EpochBatches`): one order
+            per (seed, epoch) whatever the workers, equal batches on every
+            torch.distributed rank, the next epoch after each pass, and a
+            position a ``StatefulDataLoader`` saves and restores.
         background: for a map-style dataset with ``num_workers=0``, batches
             made this many ahead in a thread while the training loop runs
             (fastdata decodes with the GIL released); 0: each made when asked
@@ -258,11 +263,14 @@ def loader(
 
         # Batches stacked once by __getitems__; metadata dicts kept as lists.
         options["collate_fn"] = collate
-    if seed is not None and shuffle and not iterable:
-        generator = torch.Generator()
-        generator.manual_seed(seed)
-        options["generator"] = generator
     options.update(dataloader_options)
+    if not iterable and not {"sampler", "batch_sampler"} & set(dataloader_options):
+        from fastdata.loaders.sampler import EpochBatches
+
+        # One order for the job (ranks, workers, resume): the engine's batches.
+        options["batch_sampler"] = EpochBatches(
+            dataset, batch_size=options.pop("batch_size"), shuffle=options.pop("shuffle"),
+            seed=0 if seed is None else seed, drop_last=options.pop("drop_last"))
     _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(dataset, **options)
     return CUDAPrefetcher(data_loader, device, mean=mean, std=std,

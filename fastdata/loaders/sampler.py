@@ -1,0 +1,131 @@
+"""Batches of record indices for map-style Datasets, from the order engine.
+
+``DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds, batch_size=64, shuffle=True))``
+reads a map-style dataset in the job's one order (:mod:`fastdata.order`): for
+(seed, epoch) one sequence of the records, each torch.distributed rank an
+equal part of it (padded or dropped, as streams are), and a resume state that
+is one position in it. A ``StatefulDataLoader`` saves and restores that
+position with the rest of its state; another number of ranks or workers
+resumes from the same position. The sampler also sets its dataset's epoch, so
+random crops follow the epoch the sampler reads, resumed or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from fastdata.machine import rank_and_world
+from fastdata.order.epochs import Shuffle, epoch_order
+from fastdata.order.slices import Slice
+from fastdata.order.state import StreamPoint, parse_state
+
+
+class EpochBatches(Sampler[list[int]]):
+    """This rank's batches of record indices, epoch by epoch, in the job's order.
+
+    Args:
+        dataset: the map-style Dataset read (its epoch follows this sampler's),
+            or a record count.
+        batch_size: indices per batch (the last batch of an epoch may be short,
+            unless ``drop_last``).
+        shuffle: a seeded random order each epoch (else the stored order).
+        seed: the order's seed; the epoch is mixed in.
+        drop_last: drop the last samples of the order (fewer than one per
+            rank) instead of padding with repeats of its first ones.
+        rank, world_size: this rank and the ranks (default: torch.distributed's).
+        block, window: the order's shuffle (see :mod:`fastdata.order.epochs`):
+            by default every record on its own in one window (a permutation);
+            a stream's defaults (16, 8192) give the order a stream reads.
+
+    Every rank yields the same number of batches. After a whole pass the
+    next epoch follows (``set_epoch`` sets one). ``state_dict()`` is the point
+    the job has reached (epoch and samples consumed); ``load_state_dict`` takes
+    it, or a ``StatefulDataLoader``'s whole state, and continues there.
+    """
+
+    def __init__(self, dataset, *, batch_size: int, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, rank: int | None = None,
+                 world_size: int | None = None, block: int | str = 1,
+                 window: int | None = None) -> None:
+        self.dataset = None if isinstance(dataset, int) else dataset
+        self.records = int(dataset) if isinstance(dataset, int) else len(dataset)
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        if int(seed) < 0:
+            raise ValueError(f"seed must be non-negative, not {seed}")
+        self.batch_size = int(batch_size)
+        self.order = Shuffle(bool(shuffle), int(seed), block,
+                             self.records if window is None else int(window))
+        self.drop_last = bool(drop_last)
+        self._rank, self._world = rank, world_size
+        self.epoch = 0
+        self._start = 0     # samples of this epoch's order consumed before this pass
+        self._taken = 0     # batches this pass has handed on
+
+    def _layout(self) -> tuple[int, int]:
+        rank, world = rank_and_world()
+        rank = rank if self._rank is None else self._rank
+        world = world if self._world is None else self._world
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside a world of size {world}")
+        return rank, world
+
+    def plan(self) -> Slice:
+        """This rank's share of the current epoch (from a loaded position on)."""
+        rank, world = self._layout()
+        return Slice(self.records, self._start, world, rank, self.batch_size,
+                     "drop" if self.drop_last else "pad")
+
+    def __len__(self) -> int:
+        """Batches this rank yields this epoch (the same on every rank)."""
+        return self.plan().batches()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (its order, and the dataset's crops)."""
+        if int(epoch) != self.epoch:
+            self._start = 0  # a position of another epoch no longer applies
+        self.epoch = int(epoch)
+        if self.dataset is not None and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan = self.plan()
+        order = epoch_order(self.records, self.order, self.epoch)
+        self._taken = 0
+        if self.dataset is not None and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)  # crops follow the epoch read
+        for t in range(plan.batches()):
+            positions = plan.batch_positions(t)
+            batch = plan.record_indices(order, np.arange(positions.start, positions.stop)).tolist()
+            self._taken = t + 1  # counted before it is handed on: state_dict() is after it
+            yield batch
+        # A whole pass read: the next one reads the next epoch (set_epoch() may
+        # still say which), so a loop without set_epoch() does not repeat an
+        # order. The dataset learns it when that pass starts: DataLoader workers
+        # are still decoding this pass's last batches, with this epoch's crops.
+        self._start, self._taken = 0, 0
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        """The point the job has reached: this epoch and the samples of its
+        order consumed once every rank has taken the batches this one has."""
+        consumed = self.plan().consumed_after(self._taken)
+        return StreamPoint(self.epoch, consumed, self.records, self.order.describe()).to_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (this sampler's, or a ``StatefulDataLoader``'s
+        whole state): its epoch, from the samples it had consumed on, with any
+        number of ranks and workers.
+
+        Raises:
+            ValueError: the state belongs to another dataset or order.
+        """
+        point = parse_state(state, records=self.records, order=self.order)
+        if not isinstance(point, StreamPoint):
+            raise ValueError("this is one stream worker's position; load the loader's whole "
+                             "state_dict() or a resume point")
+        self.set_epoch(point.epoch)
+        self._start, self._taken = point.consumed, 0

@@ -1,0 +1,127 @@
+"""Map-style reading in the order engine's batches (fastdata.EpochBatches):
+exact resume with StatefulDataLoader (random crops included, without calling
+set_epoch again), resume with other ranks, the next epoch after each pass, a
+state of another order refused, and fastdata.loader() reading this way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fastdata
+from conftest import build_tree, uniform_spec
+
+StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """21 images of 3 classes (an odd count), packed into LMDB."""
+    root = tmp_path_factory.mktemp("sampler")
+    tree = build_tree(root / "src", uniform_spec(("a", "b", "c"), 7), size=(12, 12))
+    out = root / "ds.lmdb"
+    fastdata.pack(tree.root, out, options=fastdata.PackOptions(workers=1), progress=False)
+    return tree, str(out)
+
+
+def _numbers(tree):
+    number = {s.data: i for i, s in enumerate(tree.samples)}
+    return lambda batch: [number[bytes(data)] for data, _ in batch]
+
+
+def test_every_rank_gets_equal_batches_and_the_epoch_is_the_dataset(packed):
+    tree, path = packed
+    ds = fastdata.open_dataset(path, output="bytes")
+    for world in (1, 2, 4, 5):
+        per_rank = [list(DataLoader(ds, batch_sampler=fastdata.EpochBatches(
+            ds, batch_size=BATCH, shuffle=True, seed=2, rank=r, world_size=world),
+            collate_fn=_numbers(tree))) for r in range(world)]
+        assert len({len(b) for b in per_rank}) == 1
+        seen = [i for b in per_rank for batch in b for i in batch]
+        assert set(seen) == set(range(len(ds))) and len(seen) - len(ds) < world
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_gives_the_uninterrupted_pixels_with_its_crops(packed, workers):
+    _, path = packed
+    crop = dict(crop=fastdata.RandomResizedCrop(6), seed=4)
+
+    def loader():
+        ds = fastdata.open_dataset(path, **crop)
+        sampler = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, seed=7)
+        return StatefulDataLoader(ds, batch_sampler=sampler, num_workers=workers,
+                                  multiprocessing_context="fork" if workers else None)
+
+    full = loader()
+    full.batch_sampler.set_epoch(1)
+    expected = [images for images, _ in full]
+    first = loader()
+    first.batch_sampler.set_epoch(1)
+    it = iter(first)
+    got = [next(it)[0] for _ in range(2)]
+    state = first.state_dict()
+    resumed = loader()  # a new process: nothing says "epoch 1" but the state
+    resumed.load_state_dict(state)
+    got += [images for images, _ in resumed]
+    assert len(got) == len(expected)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert resumed.batch_sampler.epoch == 2  # the pass ended: the next epoch follows
+
+
+def test_a_resume_with_other_ranks_reads_the_rest_once(packed):
+    tree, path = packed
+    ds = fastdata.open_dataset(path, output="bytes")
+    numbers = _numbers(tree)
+    two = [fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, rank=r, world_size=2)
+           for r in range(2)]
+    its = [iter(DataLoader(ds, batch_sampler=s, collate_fn=numbers)) for s in two]
+    done = [i for _ in range(2) for it in its for i in next(it)]  # 2 steps of both ranks
+    state = two[0].state_dict()
+    three = [fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, rank=r, world_size=3)
+             for r in range(3)]
+    rest = []
+    for sampler in three:
+        sampler.load_state_dict(state)
+        rest += [i for batch in DataLoader(ds, batch_sampler=sampler, collate_fn=numbers)
+                 for i in batch]
+    assert set(done) | set(rest) == set(range(len(ds)))
+    assert not set(done) & set(rest) and len(rest) - len(set(rest)) < 3
+
+
+def test_each_pass_reads_the_next_epoch(packed):
+    tree, path = packed
+    ds = fastdata.open_dataset(path, output="bytes")
+    sampler = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True)
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=_numbers(tree))
+    first, second = list(loader), list(loader)
+    assert first != second and sorted(sum(first, [])) == sorted(sum(second, []))
+    again = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True)
+    again.set_epoch(1)
+    assert list(DataLoader(ds, batch_sampler=again, collate_fn=_numbers(tree))) == second
+
+
+def test_a_state_of_another_order_or_dataset_is_refused(packed, tmp_path):
+    _, path = packed
+    ds = fastdata.open_dataset(path, output="bytes")
+    state = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, seed=1).state_dict()
+    with pytest.raises(ValueError, match="another order.*seed 1 now 2"):
+        fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="dataset of 21 records"):
+        fastdata.EpochBatches(20, batch_size=BATCH, shuffle=True, seed=1).load_state_dict(state)
+
+
+def test_the_loader_reads_in_the_engines_batches(packed):
+    tree, path = packed
+    ds = fastdata.open_dataset(path, size=(12, 12))
+    orders = []
+    for workers in (0, 2):
+        fork = {"multiprocessing_context": "fork"} if workers else {}
+        loader = fastdata.loader(ds, batch_size=BATCH, num_workers=workers, seed=3,
+                                 device="cpu", **fork)
+        assert isinstance(loader.loader.batch_sampler, fastdata.EpochBatches)
+        orders.append([labels.tolist() for _, labels in loader])
+    assert orders[0] == orders[1]  # one order whatever the workers
