@@ -58,9 +58,9 @@ def main() -> None:
 
     import simplejpeg
 
-    from fastdata.loaders import turbojpeg
-    from fastdata.loaders.decode import DecoderChain
-    from fastdata.loaders.random_crop import RandomResizedCrop
+    from fastdata.decoding import turbojpeg
+    from fastdata.decoding.decode import DecoderChain
+    from fastdata.decoding.random_crop import RandomResizedCrop
     from fastdata.bench.report import machine_info, machine_line
 
     if not turbojpeg.available():
@@ -102,8 +102,8 @@ def main() -> None:
 
 def _restart_rows(data, fused, unfused, chain, repeat: int) -> None:
     """The crop on the photos re-encoded without and with restart markers."""
-    from fastdata.loaders import turbojpeg
-    from fastdata.loaders.decode import decode_rgb
+    from fastdata.decoding import turbojpeg
+    from fastdata.decoding.decode import decode_rgb
     from fastdata.packers.preprocess import encode
 
     pixels = [decode_rgb(d) for d in data]
@@ -115,7 +115,7 @@ def _restart_rows(data, fused, unfused, chain, repeat: int) -> None:
     _python_per_cut(marked, fused, repeat)
     rows = [("quality 90", plain), ("quality 90 + restarts", marked)]
     if turbojpeg.restarts_supported():
-        from fastdata.loaders.jpeg_restarts import add_index
+        from fastdata.decoding.jpeg_restarts import add_index
 
         rows.append(("original + lossless restarts",
                      [add_index(turbojpeg.add_restarts(d)) for d in data]))
@@ -130,7 +130,7 @@ def _restart_rows(data, fused, unfused, chain, repeat: int) -> None:
 
 def _python_per_cut(marked: list[bytes], crop, repeat: int) -> None:
     """The Python part of a cut (it holds the GIL that the decode threads share)."""
-    from fastdata.loaders.jpeg_restarts import cut, restart_layout
+    from fastdata.decoding.jpeg_restarts import cut, restart_layout
 
     layouts = [restart_layout(d) for d in marked]
     boxes = [crop.box(lay.width, lay.height, 0, 0, i)[:4] for i, lay in enumerate(layouts)]

@@ -57,7 +57,7 @@ _LAZY = {
     "BackgroundBatches": "fastdata.loaders.background:BackgroundBatches",
     "loader": "fastdata.loaders.prefetch:loader",
     "collate": "fastdata.loaders.collate:collate",
-    "RandomResizedCrop": "fastdata.loaders.random_crop:RandomResizedCrop",
+    "RandomResizedCrop": "fastdata.decoding.random_crop:RandomResizedCrop",
 }
 
 __all__ = sorted([

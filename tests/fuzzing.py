@@ -248,7 +248,7 @@ def _read_stream(p: Pristine, path: str) -> str | None:
 
 
 def _verify(p: Pristine, path: str) -> None:
-    from fastdata.loaders.verify import verify_dataset
+    from fastdata.formats.verify import verify_dataset
 
     result = verify_dataset(path, progress=False)
     if not result.ok:
@@ -352,7 +352,7 @@ def preload() -> None:
     """Import what the children use once, in the parent, so no child pays for it."""
     import fastdata.loaders.datasets  # noqa: F401
     import fastdata.loaders.iterable  # noqa: F401
-    import fastdata.loaders.verify  # noqa: F401
+    import fastdata.formats.verify  # noqa: F401
     from fastdata.formats import FORMATS
 
     for spec in FORMATS.values():

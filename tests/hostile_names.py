@@ -387,7 +387,7 @@ def _stream(path, out):
 
 
 def _verify(path, out):
-    from fastdata.loaders.verify import verify_dataset
+    from fastdata.formats.verify import verify_dataset
 
     verify_dataset(path, progress=False)
 

@@ -286,7 +286,7 @@ def test_limit_packs_exactly_the_baseline_samples(tiny_folder, tmp_path):
 
 
 def test_train_rows_compare_fused_with_unfused_best_against_best(tmp_path):
-    from fastdata.loaders import turbojpeg
+    from fastdata.decoding import turbojpeg
 
     out_json = tmp_path / "train.json"
     result = _run(["--demo", "--limit", "64", "--train", "--formats", "lmdb", "--workers", "0",
@@ -358,7 +358,7 @@ def test_train_rows_crop_anew_every_epoch(tiny_folder, tmp_path, workers):
 
 def test_jpeg_and_restart_variants():
     from fastdata.errors import FastDataError
-    from fastdata.loaders import turbojpeg
+    from fastdata.decoding import turbojpeg
     from fastdata.packers.preprocess import Preprocess
 
     jpeg, restarts = bm.parse_variants("jpeg90, JPEG90+restarts", 224)
@@ -394,7 +394,7 @@ def _train_report(rows) -> bm.BenchReport:
 
 def test_train_summary_compares_the_best_fused_with_the_best_unfused_dataset():
     from fastdata.bench.train import RESTARTS_HINT, best_of_all, train_lines
-    from fastdata.loaders.fused_crop import FUSED_CUT, FUSED_REGION
+    from fastdata.decoding.fused_crop import FUSED_CUT, FUSED_REGION
 
     full = "full decode (simplejpeg, jpeg), then crop, resize, flip"
     rows = [("lmdb", "train unfused", 0, 100.0, full), ("lmdb", "train unfused", 2, 150.0, full),

@@ -140,7 +140,7 @@ _READ_EVERYTHING = """
                 pass
 
     def verify():
-        from fastdata.loaders.verify import verify_dataset
+        from fastdata.formats.verify import verify_dataset
         if not verify_dataset(path, progress=False).ok:
             raise FastDataError("verify reported damage")
 

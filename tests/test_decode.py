@@ -10,8 +10,8 @@ from PIL import Image
 
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import FastDataError
-from fastdata.loaders import decode as D
-from fastdata.loaders.decoders import dct_factor
+from fastdata.decoding import decode as D
+from fastdata.decoding.decoders import dct_factor
 
 # Documented tolerance for JPEG across decoders (README, decode.py docstring).
 JPEG_MEAN_TOL = 1.5

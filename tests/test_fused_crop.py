@@ -1,5 +1,5 @@
 """RandomResizedCrop's fused path: JPEG crops decoded on their own through
-TurboJPEG 3 (``fastdata.loaders.turbojpeg``) give the pixels of a full decode
+TurboJPEG 3 (``fastdata.decoding.turbojpeg``) give the pixels of a full decode
 then crop (exactly at full DCT scale, within resampling at reduced scales),
 with the same boxes and flips, the same fallbacks, pixel limit and errors, in
 any DataLoader worker."""
@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 import fastdata
 from fastdata.errors import DecodeError
-from fastdata.loaders import turbojpeg
-from fastdata.loaders.decode import DecoderChain
+from fastdata.decoding import turbojpeg
+from fastdata.decoding.decode import DecoderChain
 
 if not turbojpeg.available():
     pytest.skip(f"no TurboJPEG 3 library, so no fused crops ({turbojpeg.INSTALL_HINT})",
@@ -155,7 +155,7 @@ def antialiased(full: np.ndarray, box, flip: bool, size) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reduced_scale_crops_stay_close_to_a_full_decode_then_resize(seed):
-    from fastdata.loaders.decode import resize
+    from fastdata.decoding.decode import resize
 
     data = smooth_photo_jpeg(seed)
     full = full_decode(data)
@@ -183,7 +183,7 @@ def test_reduced_scale_crops_stay_close_to_a_full_decode_then_resize(seed):
 def _bilinear_only(crop, box) -> bool:
     """Whether the resize after decoding ``box`` is one bilinear step (no
     pyrDown halving, which is not mirror-symmetric)."""
-    from fastdata.loaders.decode import LINEAR_MAX_SHRINK
+    from fastdata.decoding.decode import LINEAR_MAX_SHRINK
 
     w, h = box[2], box[3]
     eighths = crop.eighths(w, h)
@@ -446,7 +446,7 @@ def test_fused_crops_do_not_depend_on_workers(photo_pack):
 def test_a_missing_env_library_falls_back_to_the_wheel(tmp_path):
     missing = tmp_path / "nowhere" / "libturbojpeg.so"
     out = run_python("""
-        from fastdata.loaders import turbojpeg
+        from fastdata.decoding import turbojpeg
         print(turbojpeg.available())
         print(turbojpeg.library_path())
     """, env=dict(os.environ, FASTDATA_TURBOJPEG=str(missing),

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 import fastdata
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.loaders.datasets import HDF5Dataset
-from fastdata.loaders.verify import verify_dataset
+from fastdata.formats.verify import verify_dataset
 from fastdata.formats.hdf5.reader import HDF5Reader
 from fastdata.formats.hdf5.schema import (
     CRC32,

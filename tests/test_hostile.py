@@ -34,7 +34,7 @@ from fastdata.errors import (
     ManifestError,
     SourceError,
 )
-from fastdata.loaders.decode import DecoderChain, available_decoders
+from fastdata.decoding.decode import DecoderChain, available_decoders
 from fastdata.packers.pack import PackOptions
 from fastdata.records import Manifest
 
@@ -143,7 +143,7 @@ def test_jpeg_bomb_refused_by_every_decoder(decoder, tmp_path):
     path.write_bytes(bomb_jpeg())
     result = run_bounded(
         "DecoderChain(sys.argv[2])(open(sys.argv[1], 'rb').read())", str(path), decoder,
-        imports="from fastdata.loaders.decode import DecoderChain")
+        imports="from fastdata.decoding.decode import DecoderChain")
     assert_refused(result, "DecodeError", "60000x60000", "max_pixels")
 
 
@@ -152,7 +152,7 @@ def test_png_bomb_refused_by_every_decoder(decoder, png_bomb):
     assert png_bomb.stat().st_size < 1 << 20
     result = run_bounded(
         "DecoderChain(sys.argv[2])(open(sys.argv[1], 'rb').read())", str(png_bomb), decoder,
-        imports="from fastdata.loaders.decode import DecoderChain")
+        imports="from fastdata.decoding.decode import DecoderChain")
     assert_refused(result, "DecodeError", "30000x30000", "max_pixels")
 
 
@@ -161,7 +161,7 @@ def test_pil_output_and_decode_rgb_check_pixels_too(tmp_path):
     path.write_bytes(bomb_jpeg())
     for call in ("decode_pil(data)", "decode_rgb(data)"):
         result = run_bounded(f"data = open(sys.argv[1], 'rb').read()\n{call}", str(path),
-                             imports="from fastdata.loaders.decode import decode_pil, decode_rgb")
+                             imports="from fastdata.decoding.decode import decode_pil, decode_rgb")
         assert_refused(result, "DecodeError", "max_pixels")
 
 
@@ -383,7 +383,7 @@ def test_index_row_out_of_range(tar_dataset, field, value, words):
     index_path = _edit_index(tar_dataset, field, 3, value)
     body = """
 from fastdata.formats.tar.reader import TarReader
-from fastdata.loaders.verify import verify_dataset
+from fastdata.formats.verify import verify_dataset
 try:
     r = TarReader(sys.argv[1])
     r.read(3)
@@ -580,7 +580,7 @@ def test_lmdb_errors_from_the_walk_are_reported(tmp_path):
     out = tmp_path / "big.lmdb"
     fastdata.pack(tree.root, out, progress=False)
     _lmdb_lose_a_page(out)
-    from fastdata.loaders.verify import verify_dataset
+    from fastdata.formats.verify import verify_dataset
 
     result = verify_dataset(out, progress=False)
     assert result.problems and "MDB_PAGE_NOTFOUND" in result.problems[-1]["reason"]

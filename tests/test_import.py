@@ -35,7 +35,7 @@ def _third_party_after(statements: str) -> set[str]:
      {"fastdata"}),
     # `fastdata --help` must not pay for torch, numpy or any format library.
     ("import fastdata.cli", {"fastdata", "click"}),
-    ("import fastdata.loaders.decoder_registry", {"fastdata"}),
+    ("import fastdata.decoding.decoder_registry", {"fastdata"}),
     # Packing and reading need the format libraries, never torch.
     ("import fastdata; fastdata.pack; fastdata.formats.open_reader; "
      "import fastdata.formats.lmdb.reader, fastdata.formats.hdf5.reader, "
@@ -72,3 +72,51 @@ def test_dir_lists_lazy_names():
         """
     proc = run_python(code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+# -- which package may import which ----------------------------------------------------
+
+#: Package -> the fastdata packages it must never import (at any depth of its
+#: modules, function-level imports included): the layers above it.
+FORBIDDEN = {
+    "formats": {"loaders", "dali", "packers", "bench", "cli", "demo"},
+    "decoding": {"loaders", "dali", "packers", "formats", "bench", "cli"},
+    "order": {"loaders", "dali", "packers", "formats", "decoding", "bench", "cli"},
+    "storage": {"loaders", "dali", "packers", "formats", "decoding", "order", "bench", "cli"},
+    "packers": {"loaders", "dali", "bench"},
+    "dali": {"loaders", "packers", "bench", "cli"},
+}
+#: Packages that never import torch: only the torch layer (loaders) and the
+#: tools built on it do (DALI only to find the current CUDA device).
+TORCH_FREE = ("formats", "decoding", "order", "storage", "packers")
+
+
+def _imports(package: str) -> list[tuple[str, int, str]]:
+    """(file, line, imported module) of every import in ``fastdata/<package>``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "fastdata" / package
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found += [(str(path), node.lineno, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.append((str(path), node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_package_imports_no_layer_above_it(package):
+    bad = [f"{path}:{line}: {module}" for path, line, module in _imports(package)
+           if module.split(".")[0] == "fastdata" and len(module.split(".")) > 1
+           and module.split(".")[1] in FORBIDDEN[package]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", TORCH_FREE)
+def test_torch_stays_in_the_torch_layer(package):
+    bad = [f"{path}:{line}: {module}" for path, line, module in _imports(package)
+           if module.split(".")[0] == "torch"]
+    assert not bad, "\n".join(bad)

@@ -32,7 +32,7 @@ from conftest import build_tree, lmdb_get, lmdb_put, run_python, uniform_spec
 import fastdata
 from fastdata.cli import main
 from fastdata.errors import CorruptDataError
-from fastdata.loaders.verify import verify_dataset
+from fastdata.formats.verify import verify_dataset
 
 EXTENSIONS = {"lmdb": ".lmdb", "hdf5": ".h5", "tar": ".tar", "tfrecord": ".tfrecord"}
 SHARDED = ("tar", "tfrecord")

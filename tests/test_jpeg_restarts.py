@@ -1,4 +1,4 @@
-"""JPEGs with a restart marker after every MCU (``fastdata.loaders.jpeg_restarts``):
+"""JPEGs with a restart marker after every MCU (``fastdata.decoding.jpeg_restarts``):
 their layout is found (or refused), indexed, and cut into smaller JPEGs whose
 pixels equal a whole-image decode's; RandomResizedCrop decodes only the cut;
 ``fastdata pack --jpeg-restarts`` stores such JPEGs."""
@@ -19,10 +19,10 @@ import fastdata
 from fastdata.cli import main
 from fastdata.demo.palette import class_palette, image_rng
 from fastdata.demo.photos import photo_image
-from fastdata.loaders import fused_crop, turbojpeg
-from fastdata.loaders.decode import DecoderChain
-from fastdata.loaders.jpeg_restarts import add_index, cut, restart_layout
-from fastdata.loaders.random_crop import UNFUSED_LIBRARY
+from fastdata.decoding import fused_crop, turbojpeg
+from fastdata.decoding.decode import DecoderChain
+from fastdata.decoding.jpeg_restarts import add_index, cut, restart_layout
+from fastdata.decoding.random_crop import UNFUSED_LIBRARY
 from fastdata.packers.preprocess import Preprocess
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

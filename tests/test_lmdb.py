@@ -38,7 +38,7 @@ from fastdata.errors import (
 )
 from fastdata.loaders.datasets import LMDBDataset
 from fastdata.formats.lmdb.reader import LMDBReader
-from fastdata.loaders.verify import verify_dataset
+from fastdata.formats.verify import verify_dataset
 from fastdata.packers.pack import PackOptions
 from fastdata.records import MANIFEST_VERSION
 

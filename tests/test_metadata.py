@@ -24,7 +24,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.formats import open_reader
 from fastdata.loaders.collate import Batch
-from fastdata.loaders.verify import verify_dataset
+from fastdata.formats.verify import verify_dataset
 from fastdata.packers.plan import ResumeRefused
 from fastdata.packers.source import SourceEntry
 from conftest import TESTS_DIR, build_tree, lmdb_get, lmdb_put, make_image_bytes, uniform_spec

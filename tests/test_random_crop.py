@@ -15,7 +15,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata.loaders.record_rng import RecordRNG
+from fastdata.decoding.record_rng import RecordRNG
 from fastdata.packers.preprocess import Preprocess
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -143,7 +143,7 @@ def test_bad_options_are_refused(kwargs):
 def test_import_loads_no_torch():
     from conftest import run_python
 
-    out = run_python("import sys, fastdata.loaders.random_crop as m\n"
+    out = run_python("import sys, fastdata.decoding.random_crop as m\n"
                      "m.RandomResizedCrop(8).box(10, 10, 0, 0, 0)\n"
                      "print('torch' in sys.modules)")
     assert out.returncode == 0, out.stderr

@@ -1,11 +1,11 @@
-"""The random stream of one record (``fastdata.loaders.record_rng``)."""
+"""The random stream of one record (``fastdata.decoding.record_rng``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fastdata.loaders.record_rng import RecordRNG
+from fastdata.decoding.record_rng import RecordRNG
 
 
 def draws(rng: RecordRNG, n: int) -> list[float]:

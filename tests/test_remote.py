@@ -134,7 +134,7 @@ def test_info_and_verify_by_url(tree, s3_server, s3_env, cache):
 
 def test_verify_of_tfrecords_at_a_url_checks_their_idx_files(tree, http_server, cache,
                                                               monkeypatch):
-    from fastdata.loaders.verify import verify_dataset
+    from fastdata.formats.verify import verify_dataset
 
     _pack(tree.root, http_server.root / "d-%05d.tfrecord")
     url = f"{http_server.url}/d.tfrecord.fastdata.json"

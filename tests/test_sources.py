@@ -21,7 +21,7 @@ from conftest import build_tree, list_partials, make_image_bytes, run_python
 import fastdata
 from fastdata.cli import main
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnsafeNameError
-from fastdata.loaders.verify import verify_dataset
+from fastdata.formats.verify import verify_dataset
 from fastdata.packers.pack import PackOptions
 from fastdata.packers.source import SourceEntry
 

@@ -17,7 +17,7 @@ from PIL import Image
 import fastdata
 from fastdata.cli import main
 from fastdata.demo import synthesize
-from fastdata.loaders.decode import decode_rgb
+from fastdata.decoding.decode import decode_rgb
 
 FORMATS = (".lmdb", ".h5", ".tfrecord", ".tar")
 

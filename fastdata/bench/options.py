@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fastdata.decoding.decoder_registry import decoder_choices
 from fastdata.errors import FastDataError
-from fastdata.loaders.decoder_registry import decoder_choices
 
 #: Row name of the image-folder baseline.
 BASELINE_NAME = "folder (PIL)"

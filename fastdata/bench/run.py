@@ -57,7 +57,7 @@ def run_bench(
         log: receives one line per finished measurement and notes.
         machine: the machine's description (default: :func:`machine_info` now).
     """
-    from fastdata.loaders.decode import check_decoder
+    from fastdata.decoding.decode import check_decoder
     from fastdata.progress import progress_bar
 
     check_decoder(options.decoder)

@@ -31,9 +31,9 @@ from typing import Any
 from fastdata.bench.options import TRAIN_FUSED, TRAIN_PIPELINES, TRAIN_UNFUSED, BenchOptions
 from fastdata.bench.results import BenchReport, Result
 from fastdata.bench.targets import Target
+from fastdata.decoding.fused_crop import FUSED_CUT, FUSED_REGION
+from fastdata.decoding.random_crop import UNFUSED_DECODER, UNFUSED_ENCODING
 from fastdata.errors import FastDataError
-from fastdata.loaders.fused_crop import FUSED_CUT, FUSED_REGION
-from fastdata.loaders.random_crop import UNFUSED_DECODER, UNFUSED_ENCODING
 
 #: What a fused row's path says when a fused decode ran.
 FUSED_PATHS = (FUSED_CUT, FUSED_REGION)
@@ -63,15 +63,15 @@ def make_crop(target: Target, options: BenchOptions):
     """The ``RandomResizedCrop`` of a training row, or None for an evaluation row."""
     if target.pipeline not in TRAIN_PIPELINES:
         return None
-    from fastdata.loaders.random_crop import RandomResizedCrop
+    from fastdata.decoding.random_crop import RandomResizedCrop
 
     return RandomResizedCrop(options.size, fused=target.pipeline == TRAIN_FUSED)
 
 
 def _full_decoder(encoding: str | None, decoder: str) -> str:
     """The decoder that decodes whole images of ``encoding`` under ``decoder``."""
-    from fastdata.loaders.decode import is_available
-    from fastdata.loaders.decoder_registry import AUTO_DEFAULT, AUTO_ORDER
+    from fastdata.decoding.decode import is_available
+    from fastdata.decoding.decoder_registry import AUTO_DEFAULT, AUTO_ORDER
 
     if decoder != "auto":
         return decoder
@@ -101,7 +101,7 @@ def decode_path(ds: Any, target: Target, options: BenchOptions) -> str | None:
         return full
     reason = inner.crop.unfused_reason(payload, inner.decode)
     if reason is None:
-        from fastdata.loaders import fused_crop
+        from fastdata.decoding import fused_crop
 
         return fused_crop.path(payload)
     return f"{full}: {_CLI_REASONS.get(reason, reason)}"

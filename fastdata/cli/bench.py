@@ -8,7 +8,7 @@ import sys
 import click
 
 from fastdata.cli import _handle_errors, _print_json, echo, main
-from fastdata.loaders.decoder_registry import decoder_choices
+from fastdata.decoding.decoder_registry import decoder_choices
 
 
 @main.command()

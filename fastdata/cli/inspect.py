@@ -161,7 +161,7 @@ def verify(path, decode, as_json, progress, allow_outside):
     TFRecord .idx files against the index. Exits 1 when anything is damaged,
     listing each problem on one line.
     """
-    from fastdata.loaders.verify import verify_dataset
+    from fastdata.formats.verify import verify_dataset
 
     result = verify_dataset(path, decode=decode, progress=progress, allow_outside=allow_outside)
     if as_json:

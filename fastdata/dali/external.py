@@ -149,9 +149,9 @@ class ExternalBatches:
 
     def _decoder(self) -> Any:
         if self._decode is None:
-            # fastdata.loaders.decode, not the Datasets: they would import torch
+            # fastdata.decoding.decode, not the Datasets: they would import torch
             # into DALI's worker processes.
-            from fastdata.loaders.decode import DecoderChain
+            from fastdata.decoding.decode import DecoderChain
 
             self._decode = DecoderChain(raw_shape=self.reader.manifest.raw_shape)
         return self._decode

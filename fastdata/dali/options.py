@@ -147,7 +147,7 @@ def _scale255(values: tuple[float, ...] | None) -> list[float] | None:
 
 def _random_crop(value: Any) -> Any | None:
     """``value`` when it is a RandomResizedCrop, else None."""
-    from fastdata.loaders.random_crop import RandomResizedCrop
+    from fastdata.decoding.random_crop import RandomResizedCrop
 
     return value if isinstance(value, RandomResizedCrop) else None
 

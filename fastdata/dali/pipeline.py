@@ -21,7 +21,7 @@ from fastdata.dali.device import import_dali
 from fastdata.dali.external import ExternalBatches, external_node
 from fastdata.dali.options import DALIOptions
 from fastdata.dali.plan import PipelinePlan, absolute, make_plan, place
-from fastdata.loaders.random_crop import TRIES
+from fastdata.decoding.random_crop import TRIES
 
 
 def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,

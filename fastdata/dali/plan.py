@@ -139,7 +139,7 @@ def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
         FastDataError: ``reader="dali"`` and DALI's readers cannot read it.
     """
     from fastdata.formats import get_format
-    from fastdata.formats.registry import load
+    from fastdata.lazy import load
 
     choice = request.options.reader
     if choice == "external":

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.formats.remote_files import absolute, is_remote, local_copy
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.integrity import check_labels
+from fastdata.formats.remote_files import absolute, is_remote, local_copy
 from fastdata.records import Manifest
 
 _OPEN_LOCK = threading.Lock()
@@ -62,7 +62,7 @@ class Reader:
     format_name = ""
     #: Whole-file walks (``fastdata verify``, the RAM cache fill) run in a child
     #: process, for formats whose C library aborts or faults on some damaged
-    #: files instead of returning an error (see fastdata.loaders.isolate).
+    #: files instead of returning an error (see fastdata.formats.isolate).
     walk_in_child = False
     #: The format's C library opens a local file itself (LMDB, HDF5): a dataset
     #: at a URL is downloaded into the shared cache on open (see ``_data_url``).

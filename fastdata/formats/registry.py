@@ -11,15 +11,15 @@ read it. Code is referenced by ``"module:attribute"`` strings, so nothing heavy
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastdata.formats.remote_files import MANIFEST_LIMIT, as_local, is_remote, read_bytes
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
+from fastdata.formats.remote_files import MANIFEST_LIMIT, as_local, is_remote, read_bytes
+from fastdata.lazy import load
 
 #: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
 #: output name without shard number: ``out.tar.fastdata.json``).
@@ -111,12 +111,6 @@ def register_format(spec: FormatSpec) -> FormatSpec:
 def unregister_format(name: str) -> None:
     """Remove a format added with :func:`register_format` (no error if absent)."""
     FORMATS.pop(name, None)
-
-
-def load(target: str):
-    """The object a ``"module:attribute"`` string names."""
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def known_extensions() -> list[str]:

@@ -207,9 +207,9 @@ class SharedPayloadCache(_SharedBlock):
         bar = progress_bar(n, "cache", enabled=progress)
         try:
             if reader.walk_in_child:  # its C library may abort on a damaged file
-                from fastdata.loaders.isolate import fill_in_child
+                from fastdata.loaders.cache_child import fill_in_child
 
-                self.damaged = fill_in_child(reader, self, bar, skip_damaged)
+                self.damaged = fill_in_child(self, reader, bar, skip_damaged)
             else:
                 self._fill(reader, bar, skip_damaged)
         except BaseException:
@@ -315,7 +315,7 @@ class SharedPixelCache(_SharedBlock):
 
     def __init__(self, reader, decode, *, threads: int = 1,
                  progress: bool | None = None) -> None:
-        from fastdata.loaders.decode import target_size
+        from fastdata.decoding.decode import target_size
 
         n = len(reader)
         if decode.keep_gray:

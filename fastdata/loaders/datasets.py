@@ -45,7 +45,7 @@ class PackedDataset(SamplePipeline, Dataset):
             ``skipped``.
         verify: check each record's CRC32 when read.
         decoder: "auto" (fastest installed for each encoding) or one of
-            ``fastdata.loaders.decoder_registry.DECODERS`` (pil, opencv, simplejpeg, jpeg4py).
+            ``fastdata.decoding.decoder_registry.DECODERS`` (pil, opencv, simplejpeg, jpeg4py).
         size: decode straight to this size: an int for the shorter side, or
             (h, w). JPEGs use DCT scaling first. None keeps each image's size.
         keep_gray: return grayscale images with 1 channel instead of 3.
@@ -273,7 +273,7 @@ class PackedDataset(SamplePipeline, Dataset):
 
     def _raw_as_stored(self) -> bool:
         """Raw RGB records that need no resize: no ``size``, or the size they have."""
-        from fastdata.loaders.decode import target_size
+        from fastdata.decoding.decode import target_size
 
         shape = self.decode.raw_shape
         if self.crop is not None or shape is None or len(shape) != 3 \

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import torch
 
+from fastdata.decoding.decode import DecoderChain, decode_pil
 from fastdata.errors import CorruptDataError, DecodeError, exception_text
 from fastdata.formats.reader import Reader
 from fastdata.image_header import DEFAULT_MAX_PIXELS
-from fastdata.loaders.decode import DecoderChain, decode_pil
 from fastdata.loaders.sizes import MixedSizeNotice
 from fastdata.redaction import redact
 
@@ -57,7 +57,7 @@ def _check_crop(crop, size, output: str):
     """Validate the ``crop=`` option against ``size=`` and ``output=``."""
     if crop is None:
         return None
-    from fastdata.loaders.random_crop import RandomResizedCrop
+    from fastdata.decoding.random_crop import RandomResizedCrop
 
     if not isinstance(crop, RandomResizedCrop):
         raise ValueError(f"crop must be a fastdata.RandomResizedCrop, not {crop!r}")

@@ -5,7 +5,7 @@ marker of JPEG and PNG streams, which catches empty, foreign and truncated
 files without decoding pixels. The full check (``verify_decode``) decodes the
 whole image, JPEGs strictly: libjpeg's warnings about damaged data, which
 every decoder otherwise passes over, make the image bad (see
-``fastdata.loaders.strict``).
+``fastdata.decoding.strict``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def check_image(data: bytes, *, key: str, verify_decode: bool = False,
         _check_png_end(data, key)
     _check_pixels(data, encoding, max_pixels, key)
 
-    from PIL import Image  # Pillow is a core dependency; imported here to keep `import fastdata` light
+    from PIL import (
+        Image,  # Pillow is a core dependency; imported here to keep `import fastdata` light
+    )
 
     what = "has an unreadable header"  # until Image.open has read it
     try:
@@ -99,7 +101,7 @@ def check_raw(data: bytes, shape: tuple[int, int, int], *, key: str) -> ImageInf
 
 def _decode_all(img, data: bytes, encoding: str, key: str) -> None:
     if encoding == "jpeg":
-        from fastdata.loaders.strict import decode_jpeg_strictly
+        from fastdata.decoding.strict import decode_jpeg_strictly
 
         try:
             if decode_jpeg_strictly(data):

@@ -34,7 +34,7 @@ class Preprocess:
         quality: JPEG quality when encoding JPEG.
         restarts: store JPEGs with a restart marker after every MCU, so that
             random crops decode only the crop's blocks
-            (``fastdata.loaders.jpeg_restarts``). Re-encoded JPEGs get them
+            (``fastdata.decoding.jpeg_restarts``). Re-encoded JPEGs get them
             from the encoder; original bytes are rewritten losslessly (the
             same pixels), which needs libjpeg-turbo 3.1 or later.
     """
@@ -64,7 +64,7 @@ class Preprocess:
             raise FastDataError(f"restart markers are a JPEG feature: encoding "
                                 f"{self.encoding!r} stores no JPEGs (use 'jpeg' or 'keep')")
         if self.lossless_restarts:
-            from fastdata.loaders import turbojpeg
+            from fastdata.decoding import turbojpeg
 
             if not turbojpeg.restarts_supported():
                 found = turbojpeg.library_path() or "none found"
@@ -97,7 +97,7 @@ class Preprocess:
         restart markers, anything else unchanged."""
         if encoding != "jpeg":
             return data
-        from fastdata.loaders import jpeg_restarts, turbojpeg
+        from fastdata.decoding import jpeg_restarts, turbojpeg
 
         return jpeg_restarts.add_index(turbojpeg.add_restarts(data))
 
@@ -117,7 +117,7 @@ class Preprocess:
         if encoding == "raw":
             pixels = np.frombuffer(data, dtype=np.uint8).reshape(raw_shape)
         else:
-            from fastdata.loaders.decode import decode_rgb
+            from fastdata.decoding.decode import decode_rgb
 
             pixels = decode_rgb(data)
         pixels = self._geometry(pixels)
@@ -131,7 +131,7 @@ class Preprocess:
                 out_encoding, w, h)
 
     def _geometry(self, pixels: np.ndarray) -> np.ndarray:
-        from fastdata.loaders.decode import target_size
+        from fastdata.decoding.decode import target_size
 
         h, w = pixels.shape[:2]
         if self.resize is not None:
@@ -177,7 +177,7 @@ def encode(pixels: np.ndarray, encoding: str, quality: int = 90, *,
         extra = {"restart_marker_blocks": 1} if restarts else {}
         img.save(buf, "JPEG", quality=int(quality), subsampling="4:2:0", **extra)
         if restarts:
-            from fastdata.loaders.jpeg_restarts import add_index
+            from fastdata.decoding.jpeg_restarts import add_index
 
             return add_index(buf.getvalue())
     elif encoding == "png":

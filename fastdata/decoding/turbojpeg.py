@@ -306,7 +306,7 @@ def restarts_supported() -> bool:
 
     from PIL import Image
 
-    from fastdata.loaders.jpeg_restarts import restart_layout
+    from fastdata.decoding.jpeg_restarts import restart_layout
 
     sample = io.BytesIO()
     Image.new("RGB", (32, 32), (90, 120, 200)).save(sample, "JPEG")

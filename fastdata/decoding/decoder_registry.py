@@ -2,17 +2,17 @@
 
 Light (no numpy, no decoding library): the CLI's ``--decoder`` choices and the
 benchmark's read the names from here. A new decoder is one class (a
-``fastdata.loaders.decoders.Decoder``) and one entry in ``DECODERS``.
+``fastdata.decoding.decoders.Decoder``) and one entry in ``DECODERS``.
 """
 
 from __future__ import annotations
 
 #: name -> "module:Class" of the decoder.
 DECODERS: dict[str, str] = {
-    "simplejpeg": "fastdata.loaders.decoders:SimpleJPEGDecoder",
-    "jpeg4py": "fastdata.loaders.decoders:JPEG4PyDecoder",
-    "opencv": "fastdata.loaders.decoders:OpenCVDecoder",
-    "pil": "fastdata.loaders.decoders:PILDecoder",
+    "simplejpeg": "fastdata.decoding.decoders:SimpleJPEGDecoder",
+    "jpeg4py": "fastdata.decoding.decoders:JPEG4PyDecoder",
+    "opencv": "fastdata.decoding.decoders:OpenCVDecoder",
+    "pil": "fastdata.decoding.decoders:PILDecoder",
 }
 
 #: Fastest first, per encoding (measured with `fastdata bench`, see bench/RESULTS.md).

@@ -1,6 +1,6 @@
 """The decoder classes: one per decoding library, all with one output contract
-(see ``fastdata.loaders.decode``). They are listed, by name, in
-``fastdata.loaders.decoder_registry``; a new decoder is one class here and
+(see ``fastdata.decoding.decode``). They are listed, by name, in
+``fastdata.decoding.decoder_registry``; a new decoder is one class here and
 one entry there.
 """
 
@@ -11,9 +11,10 @@ import io
 
 import numpy as np
 
+from fastdata.decoding.decode import Size, finish, target_size
 from fastdata.encodings import sniff_encoding
 from fastdata.image_header import image_size
-from fastdata.loaders.decode import Size, finish, target_size
+
 
 class Decoder:
     """One decoding library. Subclasses implement ``_decode``."""

@@ -4,12 +4,12 @@
 ``RandomResizedCrop.get_params`` (10 tries of a random area and log-uniform
 aspect ratio, then a central crop clamped to the ratio range) plus a
 horizontal flip, but draws its randomness from the record's own stream
-(:class:`~fastdata.loaders.record_rng.RecordRNG`, a hash of ``(seed, epoch,
+(:class:`~fastdata.decoding.record_rng.RecordRNG`, a hash of ``(seed, epoch,
 index)``): the crop of record i in epoch e is the same whatever worker, rank
 or process decodes it, and after a resume.
 
 :meth:`RandomResizedCrop.decode` decodes a JPEG's crop region only
-("fused", ``fastdata.loaders.fused_crop``): the crop's MCUs alone when the
+("fused", ``fastdata.decoding.fused_crop``): the crop's MCUs alone when the
 JPEG has a restart marker after each (``fastdata pack --jpeg-restarts``),
 else through libjpeg-turbo's TurboJPEG 3 cropping region when it is
 installed; at the smallest of the DCT scales 1/8, 1/4, 1/2 that leaves the
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdata.decoding import fused_crop, jpeg_restarts, turbojpeg
+from fastdata.decoding.record_rng import RecordRNG
 from fastdata.encodings import sniff_encoding
-from fastdata.loaders import fused_crop, jpeg_restarts, turbojpeg
-from fastdata.loaders.record_rng import RecordRNG
 
 #: torchvision's number of tries before the central-crop fallback.
 TRIES = 10
@@ -170,7 +170,7 @@ class RandomResizedCrop:
     def apply(self, array: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
         """Crop, resize and flip a decoded HWC uint8 image (the resize the
         loaders use for ``size=``); returns a C-contiguous HWC array."""
-        from fastdata.loaders.decode import resize
+        from fastdata.decoding.decode import resize
 
         left, top, w, h, flip = self.box(array.shape[1], array.shape[0], seed, epoch, index)
         region = array[top:top + h, left:left + w]

@@ -3,8 +3,9 @@ damaged file instead of raising (``Reader.walk_in_child``: LMDB; see the note
 in fastdata.formats.lmdb.reader for why a checksum cannot guard it instead).
 
 ``fastdata verify`` and the RAM cache fill read every record once, so that is
-where damage is met; there the walk runs in a fresh interpreter
-(``python -m fastdata.loaders.isolate SPEC``: a new process, not a fork, so no
+where damage is met; there the walk (the caller's task, named
+``"module:function"``) runs in a fresh interpreter
+(``python -m fastdata.formats.isolate SPEC``: a new process, not a fork, so no
 thread, lock or CUDA state of the caller comes along, and the caller's
 ``__main__`` is never re-run). The child sends JSON lines back: progress,
 problems as found, and a result. If it dies from a signal (an assertion's
@@ -15,7 +16,6 @@ The RAM cache's child writes straight into the shared-memory block.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -25,7 +25,8 @@ import tempfile
 from collections.abc import Callable
 
 from fastdata import errors
-from fastdata.errors import CorruptDataError, FastDataError
+from fastdata.errors import FastDataError
+from fastdata.lazy import load
 
 #: Records between two progress messages of the child.
 _PROGRESS_EVERY = 64
@@ -33,80 +34,43 @@ _PROGRESS_EVERY = 64
 _FAULTS = {signal.SIGABRT, signal.SIGBUS, signal.SIGSEGV, signal.SIGILL, signal.SIGFPE}
 
 
-def verify_in_child(reader, *, decode: bool, on_problem: Callable[[dict], None],
-                    on_progress: Callable[[int], None]) -> int:
-    """``fastdata verify``'s checks of ``reader``'s dataset, run in a child
-    process; the records checked. A death of the child is one more problem."""
-    checked: list[int] = []
-
-    def on_message(message: dict) -> None:
-        if "problem" in message:
-            on_problem(message["problem"])
-        elif "result" in message:
-            checked.append(message["result"]["checked"])
-
-    try:
-        done = _run(reader, {"task": "verify", "decode": decode}, on_message, on_progress)
-    except _NoChild:
-        from fastdata.loaders.verify import check_dataset
-
-        return check_dataset(reader, decode=decode, on_problem=on_problem,
-                             on_progress=on_progress)
-    except _ChildDied as died:
-        on_problem({"index": None, "key": None, "path": reader.crash_path(),
-                    "reason": died.reason})
-        return died.done
-    return checked[0] if checked else done
-
-
-def fill_in_child(reader, cache, bar, skip_damaged: bool) -> dict[int, str]:
-    """Fill a SharedPayloadCache from a child process; the damaged records.
-
-    Raises:
-        CorruptDataError: a record is damaged (and not ``skip_damaged``), or
-            reading the file killed the child.
-    """
-    result = {}
-
-    def on_message(message: dict) -> None:
-        if "result" in message:
-            result.update(message["result"]["damaged"])
-
-    task = {"task": "cache", "cache": cache.__getstate__(), "skip_damaged": skip_damaged}
-    try:
-        _run(reader, task, on_message, bar.update)
-    except _NoChild:
-        cache._fill(reader, bar, skip_damaged)
-        return cache.damaged
-    except _ChildDied as died:
-        raise CorruptDataError(died.reason, path=reader.crash_path()) from None
-    return {int(k): v for k, v in result.items()}
-
-
-class _NoChild(Exception):
+class NoChild(Exception):
     """No child process can be started here (a sandbox, no interpreter to run):
-    the walk runs in this process, as it would for any other format."""
+    the caller walks in its own process, as it would for any other format."""
 
 
-class _ChildDied(Exception):
+class ChildDied(Exception):
+    """The child died of a fault (``reason`` says how far it got: ``done``)."""
+
     def __init__(self, reason: str, done: int) -> None:
         super().__init__(reason)
         self.reason = reason
         self.done = done
 
 
-def _run(reader, task: dict, on_message, on_progress) -> int:
-    """Run ``task`` in a child; feed its messages to ``on_message``; records done."""
+def walk_in_child(reader, task: str, args: dict, on_message: Callable[[dict], None],
+                  on_progress: Callable[[int], None]) -> int:
+    """Run ``task(reader, args, out)`` in a child over a reader of the same
+    dataset; the records done. ``task`` is ``"module:function"``: the caller's
+    own, so this module names no layer above it. ``out.send(message)`` reaches
+    ``on_message``, ``out.update(n)`` ``on_progress``.
+
+    Raises:
+        NoChild: no child can be started (walk in this process instead).
+        ChildDied: the child died of a fault: damage.
+        FastDataError: the task raised one (rebuilt here), or the child was
+            killed from outside or failed.
+    """
     cls = type(reader)
-    spec = dict(task, reader=f"{cls.__module__}:{cls.__qualname__}", path=reader.path,
-                options=reader.child_options())
+    spec = dict(args=args, task=task, reader=f"{cls.__module__}:{cls.__qualname__}",
+                path=reader.path, options=reader.child_options())
     done = 0
     with tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(spec)],
                                     stdout=subprocess.PIPE, stderr=err, env=_child_env())
         except OSError:
-            raise _NoChild() from None
+            raise NoChild() from None
         try:
             for line in proc.stdout:
                 message = json.loads(line)
@@ -124,7 +88,7 @@ def _run(reader, task: dict, on_message, on_progress) -> int:
             proc.stdout.close()
             code = proc.wait()
         if -code in _FAULTS:
-            raise _ChildDied(_death(reader, -code, _tail(err), done), done)
+            raise ChildDied(_death(reader, -code, _tail(err), done), done)
         if code < 0:  # killed from outside (the OOM killer, a user): not damage
             raise FastDataError(f"the child process reading it was killed "
                                 f"({_signal_name(-code)}) at or after record {done}; run it "
@@ -206,41 +170,15 @@ class _Emitter:
 
 
 def _child(spec: dict) -> None:
-    module, _, name = spec["reader"].partition(":")
-    reader_cls = getattr(importlib.import_module(module), name)
+    reader_cls, task = load(spec["reader"]), load(spec["task"])
     out = _Emitter()
     try:
         with reader_cls(spec["path"], **spec["options"]) as reader:
-            if spec["task"] == "verify":
-                from fastdata.loaders.verify import check_dataset
-
-                checked = check_dataset(reader, decode=spec["decode"],
-                                        on_problem=lambda p: out.send({"problem": p}),
-                                        on_progress=out.update)
-                out.send({"result": {"checked": checked}})
-            else:
-                out.send({"result": {"damaged": _fill(reader, spec, out)}})
+            task(reader, spec["args"], out)
     except FastDataError as exc:
         out.send({"error": {"type": type(exc).__name__, "message": exc.message,
                             "path": exc.path, "key": exc.key, "offset": exc.offset,
                             "record": exc.record}})
-
-
-def _fill(reader, spec: dict, out: _Emitter) -> dict[int, str]:
-    from multiprocessing import resource_tracker
-
-    from fastdata.loaders.cache import SharedPayloadCache
-
-    cache = SharedPayloadCache.__new__(SharedPayloadCache)
-    cache.__setstate__(spec["cache"])
-    # Not a multiprocessing child: this process's own resource tracker would
-    # unlink the block when it exits. The creator alone frees it.
-    resource_tracker.unregister(cache._shm._name, "shared_memory")
-    try:
-        cache._fill(reader, out, spec["skip_damaged"])
-        return cache.damaged
-    finally:
-        cache.close()
 
 
 if __name__ == "__main__":

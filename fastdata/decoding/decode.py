@@ -43,11 +43,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fastdata.decoding.decoder_registry import AUTO_DEFAULT, AUTO_ORDER, DECODERS
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import FastDataError
-from fastdata.formats.registry import load
 from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
-from fastdata.loaders.decoder_registry import AUTO_DEFAULT, AUTO_ORDER, DECODERS
+from fastdata.lazy import load
 
 Size = int | tuple[int, int] | None
 
@@ -257,7 +257,7 @@ def decode_pil(data, *, size: Size = None, max_pixels: int | None = DEFAULT_MAX_
     declaring more than ``max_pixels`` pixels is refused (DecodeError) first."""
     from PIL import Image
 
-    from fastdata.loaders.decoders import PILDecoder, pil_to_array
+    from fastdata.decoding.decoders import PILDecoder, pil_to_array
 
     check_pixels(data, check_max_pixels(max_pixels))
     img, hw = PILDecoder.open(data, size=size)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fastdata.decoding.decode import DecoderChain
 from fastdata.encodings import sniff_encoding
 from fastdata.errors import DamagedImageError
 from fastdata.image_header import DEFAULT_MAX_PIXELS, check_pixels
-from fastdata.loaders.decode import DecoderChain
 
 #: libjpeg's warnings about damaged data all start with one of these (jerror.h:
 #: JWRN_HIT_MARKER, JWRN_EXTRANEOUS_DATA, JWRN_HUFF_BAD_CODE,

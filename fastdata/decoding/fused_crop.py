@@ -4,12 +4,12 @@ Two ways, tried in order by :func:`decode`:
 
 - **cut** (``FUSED_CUT``): a JPEG with a restart marker after every MCU
   (``fastdata pack --jpeg-restarts``) has the crop's MCUs copied into a
-  smaller JPEG (``fastdata.loaders.jpeg_restarts``), which is decoded whole:
+  smaller JPEG (``fastdata.decoding.jpeg_restarts``), which is decoded whole:
   no byte outside the crop is entropy-decoded. simplejpeg decodes it at full
   scale (so no TurboJPEG 3 is needed); TurboJPEG 3, when installed, at a
   reduced DCT scale.
 - **region** (``FUSED_REGION``): any other baseline or progressive JPEG,
-  through TurboJPEG 3's cropping region (``fastdata.loaders.turbojpeg``):
+  through TurboJPEG 3's cropping region (``fastdata.decoding.turbojpeg``):
   rows below the crop are not decoded, rows above and columns beside it are
   entropy-decoded only.
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastdata.loaders import jpeg_restarts, turbojpeg
-from fastdata.loaders.decode import LINEAR_MAX_SHRINK, resize
+from fastdata.decoding import jpeg_restarts, turbojpeg
+from fastdata.decoding.decode import LINEAR_MAX_SHRINK, resize
 
 FUSED_CUT = "restart-marker cut (only the crop's MCUs decoded)"
 FUSED_REGION = "TurboJPEG 3 crop-region decode"
@@ -124,7 +124,7 @@ def flipped(image: np.ndarray, flip: bool) -> np.ndarray:
 def _resample(region: np.ndarray, box: tuple[float, float, float, float],
               size: tuple[int, int]) -> np.ndarray:
     """The sub-pixel ``box`` (x, y, w, h) of ``region`` resized to ``size``:
-    bilinear, as :func:`~fastdata.loaders.decode.resize` does for the shrinks
+    bilinear, as :func:`~fastdata.decoding.decode.resize` does for the shrinks
     of at most 2.5x a DCT scale mostly leaves; a larger one (in the side the
     scale did not limit) takes that resize of the box rounded to whole pixels.
     :func:`flipped` makes the result contiguous."""

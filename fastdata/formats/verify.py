@@ -9,7 +9,7 @@ What is checked, in order:
    without overlap, inside their shards) and the keys' SHA-256;
 3. every record's CRC32 (and with ``decode`` its decoding, JPEGs strictly:
    libjpeg's corrupt-data warnings count as damage, see
-   ``fastdata.loaders.strict``); damage that stops a sequential read is
+   ``fastdata.decoding.strict``); damage that stops a sequential read is
    reported for that record, and the records after it are read one at a time;
    in a dataset with per-sample metadata, every record's metadata JSON against
    its own CRC32 (the arrays of those against their SHA-256) and as JSON;
@@ -29,9 +29,9 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from fastdata.decoding.strict import StrictDecoder
 from fastdata.errors import CorruptDataError, DamagedImageError, exception_text
 from fastdata.formats import open_reader
-from fastdata.loaders.strict import StrictDecoder
 from fastdata.progress import progress_bar
 
 #: Unreadable records in a row after which the rest of a file is not tried
@@ -95,10 +95,8 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
     bar = progress_bar(len(reader), "verify", enabled=progress)
     try:
         if reader.walk_in_child:
-            from fastdata.loaders.isolate import verify_in_child
-
-            checked = verify_in_child(reader, decode=decode, on_problem=problems.append,
-                                      on_progress=bar.update)
+            checked = _verify_in_child(reader, decode=decode, on_problem=problems.append,
+                                       on_progress=bar.update)
         else:
             checked = check_dataset(reader, decode=decode, on_problem=problems.append,
                                     on_progress=bar.update, progress=progress)
@@ -106,6 +104,42 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
         bar.close()
         reader.close()
     return VerifyResult(reader.path, reader.format_name, len(reader), checked, decode, problems)
+
+
+def _verify_in_child(reader, *, decode: bool, on_problem: Callable[[dict], None],
+                     on_progress: Callable[[int], None]) -> int:
+    """The checks of ``reader``'s dataset run in a child process (see
+    fastdata.formats.isolate); the records checked. A death of the child is
+    one more problem."""
+    from fastdata.formats.isolate import ChildDied, NoChild, walk_in_child
+
+    checked: list[int] = []
+
+    def on_message(message: dict) -> None:
+        if "problem" in message:
+            on_problem(message["problem"])
+        elif "result" in message:
+            checked.append(message["result"]["checked"])
+
+    try:
+        done = walk_in_child(reader, f"{__name__}:_verify_task", {"decode": decode},
+                             on_message, on_progress)
+    except NoChild:
+        return check_dataset(reader, decode=decode, on_problem=on_problem,
+                             on_progress=on_progress)
+    except ChildDied as died:
+        on_problem({"index": None, "key": None, "path": reader.crash_path(),
+                    "reason": died.reason})
+        return died.done
+    return checked[0] if checked else done
+
+
+def _verify_task(reader, args: dict, out) -> None:
+    """The child's side of :func:`_verify_in_child`."""
+    checked = check_dataset(reader, decode=args["decode"],
+                            on_problem=lambda p: out.send({"problem": p}),
+                            on_progress=out.update)
+    out.send({"result": {"checked": checked}})
 
 
 def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],

@@ -1,0 +1,6 @@
+"""Image decoding and training crops, torch-free: the decoder registry and the
+decoders, DCT-scaled and region decoding, restart-marker cuts, fused random
+resized crops, and the strict JPEG checks. The pack side (pre-processing,
+--verify-decode), the Datasets and DALI all use it; nothing here imports torch
+or the layers above.
+"""
