@@ -25,7 +25,9 @@ from fastdata.formats import FORMATS, detect_format
 def _resolve(spec):
     """(writer, reader, dataset) classes. A registered format that cannot be
     imported fails here: a typo in a FormatSpec must not skip the contract."""
-    return spec.load_writer(), spec.load_reader(), spec.load_dataset()
+    from fastdata.loaders.datasets import dataset_class
+
+    return spec.load_writer(), spec.load_reader(), dataset_class(spec)
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS), ids=lambda name: name)
@@ -189,3 +191,24 @@ def test_a_broken_registry_entry_fails_instead_of_skipping():
                      reader="toyformat:NoSuchReader")
     with pytest.raises(AttributeError):
         _resolve(broken)
+
+
+def test_a_format_names_no_layer_above_it():
+    """The formats' registry entries name no torch Dataset and no DALI adapter:
+    those layers register theirs; the old FormatSpec fields warn."""
+    import warnings
+
+    from fastdata.dali.readers import DALI_READERS, dali_reader
+    from fastdata.formats import FORMATS, FormatSpec
+    from fastdata.loaders.datasets import DATASET_CLASSES, PackedDataset, dataset_class
+
+    assert all(spec.dataset is None and spec.dali is None for spec in FORMATS.values())
+    assert dataset_class(FORMATS["tar"]) is DATASET_CLASSES["tar"]
+    assert dali_reader(FORMATS["tfrecord"]) is DALI_READERS["tfrecord"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = FormatSpec(name="old", extensions=(".old",), writer="w:W", reader="r:R", help="",
+                         dataset="fastdata.loaders.datasets:PackedDataset")
+    assert any(issubclass(w.category, DeprecationWarning) and "register_dataset" in
+               str(w.message) for w in caught)
+    assert dataset_class(old) is PackedDataset

@@ -9,8 +9,8 @@ how to install it (``pip install nvidia-dali-cuda130``, or ``pip install fastdat
     for images, labels in loader:      # float32 [B, 3, 224, 224] and int64 [B], on the GPU
         ...
 
-How each format is read (``reader="auto"``): a format whose registry entry
-names a DALI adapter (``FormatSpec.dali``) goes through DALI's own reader,
+How each format is read (``reader="auto"``): a format with a DALI adapter
+(``fastdata.dali.readers.DALI_READERS``) goes through DALI's own reader,
 every other one through an external source fed by fastdata's reader.
 
 =========  ========================================================================

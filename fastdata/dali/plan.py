@@ -132,26 +132,27 @@ def make_plan(path: str | list[str], reader: Any, options: DALIOptions, where: P
 
 
 def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
-    """DALI's own reader for the dataset, through its format's registry entry
-    (``FormatSpec.dali``); None where the external source reads it.
+    """DALI's own reader for the dataset, through its format's adapter
+    (``fastdata.dali.readers.dali_reader``); None where the external source reads it.
 
     Raises:
         FastDataError: ``reader="dali"`` and DALI's readers cannot read it.
     """
+    from fastdata.dali.readers import dali_reader
     from fastdata.formats import get_format
-    from fastdata.lazy import load
 
     choice = request.options.reader
     if choice == "external":
         return None
     spec = get_format(reader.format_name)
-    if spec.dali is None:
+    native = dali_reader(spec)
+    if native is None:
         if choice == "dali":
             raise FastDataError(f"DALI has no reader for fastdata's {spec.name} layout; use "
                                 f"reader='auto' or 'external'", path=request.path)
         return None
     try:
-        return load(spec.dali)(reader, request)
+        return native(reader, request)
     except NativeUnavailable as exc:
         if choice == "dali":
             raise

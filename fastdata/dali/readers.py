@@ -1,8 +1,8 @@
 """Adapters from fastdata's formats to DALI's own readers.
 
-A format's registry entry names its adapter (``FormatSpec.dali``, for example
-``"fastdata.dali.readers:tfrecord_reader"``); formats without one are read
-through the external source. An adapter is called while the pipeline is
+Each format's adapter is registered here (:data:`DALI_READERS`,
+:func:`register_dali_reader`; the formats name no layer above them); formats
+without one are read through the external source. An adapter is called while the pipeline is
 planned, with the open fastdata reader and a :class:`NativeRequest`; it
 prepares what DALI's reader needs (index files) and returns a
 :class:`NativeReader`, whose ``build`` makes the reader node inside the
@@ -206,3 +206,26 @@ def ascii_label(fn: Any, types: Any, data: Any, width: int) -> Any:
         is_digit = fn.cast((digit >= 0) & (digit <= 9), dtype=types.INT64)
         value = value * (1 + 9 * is_digit) + digit * is_digit
     return value
+
+
+#: Format name -> the function building DALI's native reader for it; formats
+#: without one feed DALI from fastdata's reader (an external source). DALI's
+#: layer keeps this: a format names no layer above it.
+DALI_READERS = {"tfrecord": tfrecord_reader, "tar": webdataset_reader}
+
+
+def register_dali_reader(format_name: str, build) -> None:
+    """Read format ``format_name`` with ``build(reader, request) -> NativeReader``."""
+    DALI_READERS[format_name] = build
+
+
+def dali_reader(spec):
+    """The native-reader builder of format ``spec``: its registered one, else
+    (for one release) the deprecated ``FormatSpec.dali``; None: none."""
+    if spec.name in DALI_READERS:
+        return DALI_READERS[spec.name]
+    if spec.dali is not None:
+        from fastdata.lazy import load
+
+        return load(spec.dali)
+    return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,10 +43,10 @@ class FormatSpec:
         probe: ``probe(path) -> bool``, True when an existing path without a
             known extension holds a dataset of this format; must stay cheap and
             import nothing heavy.
-        dataset: ``"module:Class"`` of its named torch Dataset class, or None to
-            use the generic ``fastdata.PackedDataset``.
-        dali: ``"module:function"`` building DALI's native reader for it, or None
-            to feed DALI from fastdata's reader (an external source).
+        dataset, dali: deprecated: the torch and DALI layers keep their own
+            registries (``fastdata.loaders.datasets.register_dataset``,
+            ``fastdata.dali.readers.register_dali_reader``), so a format names
+            no layer above it. Still taken, as ``"module:attr"``, for one release.
     """
 
     name: str
@@ -58,15 +59,19 @@ class FormatSpec:
     dataset: str | None = None
     dali: str | None = None
 
+    def __post_init__(self) -> None:
+        for field, instead in (("dataset", "fastdata.loaders.datasets.register_dataset"),
+                               ("dali", "fastdata.dali.readers.register_dali_reader")):
+            if getattr(self, field) is not None:
+                warnings.warn(f"FormatSpec({field}=...) is deprecated and will be removed: "
+                              f"call {instead}({self.name!r}, ...) instead",
+                              DeprecationWarning, stacklevel=3)
+
     def load_writer(self):
         return load(self.writer)
 
     def load_reader(self):
         return load(self.reader)
-
-    def load_dataset(self):
-        """The Dataset class that ``open_dataset`` returns for this format."""
-        return load(self.dataset or "fastdata.loaders.datasets:PackedDataset")
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

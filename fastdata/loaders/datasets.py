@@ -387,6 +387,29 @@ class TarDataset(PackedDataset):
     reader_class = _LazyReaderClass("tar")
 
 
+#: Format name -> its named Dataset class (formats without one read through
+#: PackedDataset). The torch layer keeps this: a format names no layer above it.
+DATASET_CLASSES: dict[str, type[PackedDataset]] = {
+    "lmdb": LMDBDataset, "hdf5": HDF5Dataset, "tfrecord": TFRecordDataset, "tar": TarDataset}
+
+
+def register_dataset(format_name: str, cls: type[PackedDataset]) -> None:
+    """Make ``cls`` the Dataset class :func:`open_dataset` gives for a format."""
+    DATASET_CLASSES[format_name] = cls
+
+
+def dataset_class(spec) -> type[PackedDataset]:
+    """The Dataset class of format ``spec``: its registered one, else (for one
+    release) the deprecated ``FormatSpec.dataset``, else PackedDataset."""
+    if spec.name in DATASET_CLASSES:
+        return DATASET_CLASSES[spec.name]
+    if spec.dataset is not None:
+        from fastdata.lazy import load
+
+        return load(spec.dataset)
+    return PackedDataset
+
+
 def open_dataset(path: str | os.PathLike, **options: Any) -> PackedDataset:
     """Open a packed dataset with the Dataset class its format calls for.
 
@@ -394,4 +417,4 @@ def open_dataset(path: str | os.PathLike, **options: Any) -> PackedDataset:
         path: a packed dataset (``.lmdb`` folder, ...).
         **options: passed to the Dataset (``transform``, ``output``, ...).
     """
-    return detect_format(path).load_dataset()(path, **options)
+    return dataset_class(detect_format(path))(path, **options)

@@ -25,5 +25,4 @@ SPEC = FormatSpec(
     reader="fastdata.formats.hdf5.reader:HDF5Reader",
     help="one HDF5 file (flat byte array + offsets); random access, readable with h5py",
     probe=_probe,
-    dataset="fastdata.loaders.datasets:HDF5Dataset",
 )

@@ -19,5 +19,4 @@ SPEC = FormatSpec(
     reader="fastdata.formats.lmdb.reader:LMDBReader",
     help="LMDB key-value store (a folder); random access, fastest small reads",
     probe=_probe,
-    dataset="fastdata.loaders.datasets:LMDBDataset",
 )

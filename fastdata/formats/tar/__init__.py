@@ -12,6 +12,4 @@ SPEC = FormatSpec(
     reader="fastdata.formats.tar.reader:TarReader",
     help="webdataset-style tar shards (KEY.jpg + KEY.cls); streamable, webdataset readable",
     sharded=True,
-    dataset="fastdata.loaders.datasets:TarDataset",
-    dali="fastdata.dali.readers:webdataset_reader",
 )

@@ -14,6 +14,4 @@ SPEC = FormatSpec(
     reader="fastdata.formats.tfrecord.reader:TFRecordReader",
     help="TFRecord shards of tf.train.Example with index files; TensorFlow/DALI readable",
     sharded=True,
-    dataset="fastdata.loaders.datasets:TFRecordDataset",
-    dali="fastdata.dali.readers:tfrecord_reader",
 )
