@@ -146,6 +146,38 @@ def test_verify_of_tfrecords_at_a_url_checks_their_idx_files(tree, http_server, 
     assert [p["path"] for p in problems] == [f"{http_server.url}/{idx.name}"]
 
 
+def test_opening_a_dataset_at_a_url_asks_for_each_file_once(tree, tmp_path, cache):
+    """The manifest is fetched once for the format's detection and the reader,
+    and a shard's size is the manifest's (no HEAD request)."""
+    import functools
+    import http.server
+    import threading
+
+    from servers import RangeHandler
+
+    asked = Counter()
+
+    class Counting(RangeHandler):
+        def _send(self, body: bool) -> None:
+            asked[(self.command, self.path)] += 1
+            super()._send(body)
+
+    _pack(tree.root, tmp_path / "www" / "d-%06d.tar")
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Counting, directory=str(tmp_path / "www")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/d.tar.fastdata.json"
+        with fastdata.open_dataset(url, output="bytes") as ds:
+            assert ds[0] == _records(tmp_path / "www" / "d.tar.fastdata.json")[0][1:]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == Counter({("GET", "/d.tar.fastdata.json"): 1,
+                             ("GET", "/d.tar.fastdata.index.npy"): 1,
+                             ("GET", "/d-000000.tar"): 1})
+
+
 def test_missing_object_is_one_clear_line(s3_server, s3_env, cache):
     s3_server.make_bucket("empty")
     result = CliRunner().invoke(main, ["info", "s3://empty/nothing.tar.fastdata.json"])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
-from fastdata.formats.remote_files import MANIFEST_LIMIT, as_local, is_remote, read_bytes
+from fastdata.formats.remote_files import as_local, is_remote, manifest_bytes
 from fastdata.lazy import load
 
 #: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
@@ -184,7 +184,7 @@ def manifest_format(path: str | os.PathLike) -> str | None:
     """The format a ``.fastdata.json`` manifest file names; None when it cannot be
     read as one (missing, unreadable, not a JSON object with a string ``format``)."""
     try:
-        data = json.loads(read_bytes(path, limit=MANIFEST_LIMIT))
+        data = json.loads(manifest_bytes(path))
     except (OSError, ValueError, FastDataError):  # FastDataError: a remote one failed
         return None
     name = data.get("format") if isinstance(data, dict) else None
@@ -235,7 +235,7 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
 
 def _format_from_manifest(path: str) -> FormatSpec:
     try:
-        name = json.loads(read_bytes(path, limit=MANIFEST_LIMIT)).get("format", "")
+        name = json.loads(manifest_bytes(path)).get("format", "")
     except (OSError, ValueError, AttributeError) as exc:
         raise UnknownFormatError(f"cannot read manifest ({exc})", path=path) from None
     if not isinstance(name, str):

@@ -58,6 +58,42 @@ def read_bytes(path, *, limit: int | None = None) -> bytes:
     return data
 
 
+#: Manifests fetched from URLs a moment ago by a format's detection, for the
+#: reader that opens the dataset next: the manifest is fetched once per open.
+_RECENT: dict[str, tuple[float, bytes]] = {}
+_RECENT_SECONDS = 5.0
+
+
+def manifest_bytes(path, *, for_reader: bool = False) -> bytes:
+    """A manifest's bytes (at most :data:`MANIFEST_LIMIT`). At a URL, the bytes
+    a detection fetched are handed to the reader that asks next
+    (``for_reader``, within a few seconds) instead of being fetched again;
+    every other call fetches them."""
+    if not is_remote(path):
+        return read_bytes(path, limit=MANIFEST_LIMIT)
+    import time
+
+    now = time.monotonic()
+    entry = _RECENT.pop(path, None)
+    if for_reader and entry is not None and now - entry[0] <= _RECENT_SECONDS:
+        return entry[1]
+    data = read_bytes(path, limit=MANIFEST_LIMIT)
+    if not for_reader:
+        _RECENT[path] = (now, data)
+        for url in [u for u, (at, _) in _RECENT.items() if now - at > _RECENT_SECONDS]:
+            del _RECENT[url]
+    return data
+
+
+def fetched_manifest(path) -> bool:
+    """Whether the manifest at ``path`` (a URL) was fetched a moment ago, so it
+    need not be asked about again."""
+    import time
+
+    entry = _RECENT.get(path)
+    return entry is not None and time.monotonic() - entry[0] <= _RECENT_SECONDS
+
+
 def local_copy(path, *, limit: int | None = None) -> str:
     """A local file with the contents of ``path``: itself, or a cached download
     of at most ``limit`` bytes (what the manifest says the file holds: a server
@@ -104,14 +140,17 @@ class RangedReads:
         self._objects: dict[str, object] = {}
         self._pid = os.getpid()
 
-    def read(self, url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def read(self, url: str, ranges: list[tuple[int, int]], *, size: int | None = None
+             ) -> list[bytes]:
+        """The bytes of each (start, length) range of ``url``; ``size``: the
+        object's size as the manifest gives it (no request asks for it)."""
         if self._pid != os.getpid():  # a client never crosses fork
             self._objects, self._pid = {}, os.getpid()
         obj = self._objects.get(url)
         if obj is None:
             from fastdata.storage import open_remote
 
-            obj = self._objects[url] = open_remote(url)
+            obj = self._objects[url] = open_remote(url, size=size or None)
         return obj.read_ranges(ranges)
 
     def __getstate__(self):

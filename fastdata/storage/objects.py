@@ -33,12 +33,14 @@ def partial_name(dest: str) -> str:
 
 
 class RemoteObject:
-    """One object at ``url``; its size is asked for once."""
+    """One object at ``url``; its size is asked for once (or taken as given:
+    ``size``, what a manifest says it holds)."""
 
-    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict | None = None, *,
+                 size: int | None = None) -> None:
         self.url = url
         self.storage_options = storage_options
-        self._size: int | None = None
+        self._size: int | None = size
         self._local = local_path(url)
         self._http = is_http(url)
 
@@ -178,9 +180,11 @@ def _local_call(url, fn, *args):
         raise StorageError("permission denied", path=url) from None
 
 
-def open_remote(url: str, storage_options: dict | None = None) -> RemoteObject:
-    """The object at ``url`` (a remote URL, a file:// URL or a local path)."""
-    return RemoteObject(os.fspath(url), storage_options)
+def open_remote(url: str, storage_options: dict | None = None, *,
+                size: int | None = None) -> RemoteObject:
+    """The object at ``url`` (a remote URL, a file:// URL or a local path);
+    ``size``: its size as known (no request asks for it)."""
+    return RemoteObject(os.fspath(url), storage_options, size=size)
 
 
 def exists(url: str, storage_options: dict | None = None) -> bool:

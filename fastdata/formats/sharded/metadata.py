@@ -84,7 +84,8 @@ class ShardedMetadata:
         for shard in sorted({shards[k] for k in remote}):
             ks = [k for k in remote if shards[k] == shard]
             got = self._ranged.read(self._shard_paths[shard],
-                                    [(offsets[k], sizes[k]) for k in ks])
+                                    [(offsets[k], sizes[k]) for k in ks],
+                                    size=self._shard_sizes[shard])
             for k, raw in zip(ks, got):
                 out[k] = self._whole(indices[k], raw, sizes[k], shard, offsets[k])
         for k in sorted(set(wanted) - set(remote)):

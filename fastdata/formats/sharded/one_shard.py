@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from fastdata.formats.remote_files import MANIFEST_LIMIT, exists, read_bytes
+from fastdata.formats.remote_files import exists, manifest_bytes
 from fastdata.formats.sharded.layout import ShardLayout, parse_output
 from fastdata.records import Manifest
 
@@ -50,7 +50,7 @@ def _listed(manifest_path: str, name: str) -> int | None:
     try:
         if not exists(manifest_path):
             return None
-        data = json.loads(read_bytes(manifest_path, limit=MANIFEST_LIMIT))
+        data = json.loads(manifest_bytes(manifest_path))
     except (OSError, ValueError):
         return None
     shards = data.get("shards") if isinstance(data, dict) else None

@@ -20,9 +20,9 @@ from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
-from fastdata.formats.remote_files import (MANIFEST_LIMIT, RangedReads, absolute, exists,
+from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetched_manifest,
                                            index_limit, is_remote, keys_limit, local_copy,
-                                           process_cache, read_bytes)
+                                           manifest_bytes, process_cache, read_bytes)
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.foreign import ForeignShards
@@ -160,7 +160,7 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         """This dataset's manifest: under the current name, or else under the
         earlier naming (``PREFIX.fastdata.json``) when that one is of this format
         (another format's dataset may own that name); None when there is none."""
-        if exists(layout.manifest_path):
+        if fetched_manifest(layout.manifest_path) or exists(layout.manifest_path):
             return layout.manifest_path
         legacy = layout.legacy_manifest_path
         if legacy != layout.manifest_path and exists(legacy):
@@ -170,7 +170,7 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         return None
 
     def _load_fastdata(self, layout: ShardLayout, manifest_path: str) -> None:
-        manifest = self._accept_manifest(read_bytes(manifest_path, limit=MANIFEST_LIMIT),
+        manifest = self._accept_manifest(manifest_bytes(manifest_path, for_reader=True),
                                          manifest_path)
         # Every name resolved (and refused if it leads outside) before any is opened.
         inside = Folder(layout.directory, where=manifest_path,
@@ -364,7 +364,7 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
                 continue
             ranges = [(int(rows["offset"][k]), int(rows["size"][k])) for k in ks]
             url = self._shard_paths[shard]
-            got = self._ranged.read(url, ranges)
+            got = self._ranged.read(url, ranges, size=self._shard_sizes[shard])
             for k, (offset, size), raw in zip(ks, ranges, got):
                 if len(raw) != size:
                     raise CorruptDataError(
