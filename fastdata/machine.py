@@ -39,10 +39,19 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def rank_and_world() -> tuple[int, int]:
+def rank_and_world(rank: int | None = None, world: int | None = None) -> tuple[int, int]:
     """This process's torch.distributed (rank, world size), or (0, 1) outside a
-    process group. Imports nothing: without torch loaded there is no group."""
+    process group; ``rank`` or ``world``, when given, in place of the group's.
+    Imports nothing: without torch loaded there is no group.
+
+    Raises:
+        ValueError: the rank is outside the world.
+    """
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    found = (dist.get_rank(), dist.get_world_size()) if dist is not None \
+        and dist.is_available() and dist.is_initialized() else (0, 1)
+    rank = found[0] if rank is None else rank
+    world = found[1] if world is None else world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of size {world}")
+    return rank, world

@@ -134,19 +134,6 @@ class PackedDataset(SamplePipeline, Dataset):
             self.cache = SharedPixelCache(self.reader, self.decode, progress=progress,
                                           threads=decode_threads_for_worker(decode_threads))
 
-    # -- torchvision-style metadata --------------------------------------------
-
-
-    @property
-    def targets(self) -> list[int]:
-        """Labels of every record, as torchvision's ImageFolder has them."""
-        return self.reader.labels.tolist()
-
-    @property
-    def keys(self) -> list[str]:
-        """Source keys (paths relative to the packed folder), one per record."""
-        return self.reader.keys
-
     def __len__(self) -> int:
         return len(self.reader)
 

@@ -183,26 +183,11 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     # -- the plan ---------------------------------------------------------------
 
     @property
-    def targets(self) -> list[int]:
-        """Labels of every record in stored order, as map-style Datasets have them."""
-        return self.reader.labels.tolist()
-
-    @property
-    def keys(self) -> list[str]:
-        """Source keys of every record in stored order, as map-style Datasets have them."""
-        return self.reader.keys
-
-    @property
     def order(self) -> Shuffle:
         return Shuffle(self.shuffle, self.seed, self.shuffle_block, self.shuffle_window)
 
     def _rank_world(self) -> tuple[int, int]:
-        rank, world = rank_and_world()
-        rank = rank if self._rank is None else self._rank
-        world = world if self._world is None else self._world
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is outside a world of size {world}")
-        return rank, world
+        return rank_and_world(self._rank, self._world)
 
     def plan(self) -> Slice:
         """This rank's share of the current epoch (from a loaded resume point on):

@@ -65,17 +65,9 @@ class EpochBatches(Sampler[list[int]]):
         self._start = 0     # samples of this epoch's order consumed before this pass
         self._taken = 0     # batches this pass has handed on
 
-    def _layout(self) -> tuple[int, int]:
-        rank, world = rank_and_world()
-        rank = rank if self._rank is None else self._rank
-        world = world if self._world is None else self._world
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is outside a world of size {world}")
-        return rank, world
-
     def plan(self) -> Slice:
         """This rank's share of the current epoch (from a loaded position on)."""
-        rank, world = self._layout()
+        rank, world = rank_and_world(self._rank, self._world)
         return Slice(self.records, self._start, world, rank, self.batch_size,
                      "drop" if self.drop_last else "pad")
 

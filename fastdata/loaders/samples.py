@@ -124,6 +124,16 @@ class SamplePipeline:
         return list(self.reader.manifest.classes)
 
     @property
+    def targets(self) -> list[int]:
+        """Labels of every record in stored order, as torchvision's ImageFolder has them."""
+        return self.reader.labels.tolist()
+
+    @property
+    def keys(self) -> list[str]:
+        """Source keys (paths relative to the packed folder), one per record."""
+        return self.reader.keys
+
+    @property
     def class_to_idx(self) -> dict[str, int]:
         return self.reader.manifest.class_to_idx
 
