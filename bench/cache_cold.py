@@ -65,7 +65,8 @@ def main() -> None:
         for cache in (None, "ram"):
             cold = drop_caches()
             start = time.perf_counter()
-            ds = fastdata.open_dataset(path, size=size, cache=cache, progress=False)
+            ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=size), cache=cache,
+                                       progress=False)
             opened = time.perf_counter() - start
             times = epochs(ds, args.workers, args.epochs)
             n = len(ds)

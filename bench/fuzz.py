@@ -14,7 +14,8 @@ shards), ``idx`` (a TFRecord shard's index), ``index.npy``, ``keys.json``,
 append junk, duplicate a run, or (``index.npy`` / ``idx``) copy one record's row
 over another's. Then a forked child with a time limit (``--timeout``) and an
 address-space limit (``--mem`` GiB beyond its starting size) opens the copy and
-reads every record: map-style (``open_dataset(path, output="bytes")``),
+reads every record: map-style
+(``open_dataset(path, decode=fastdata.Decode(output="bytes"))``),
 streaming for tar and TFRecord (``ShardedIterableDataset``), and
 ``verify_dataset``. Each trial ends as one of:
 

@@ -35,10 +35,12 @@ import gpu_train_check  # bench/, beside this script
 def _run(path: str, device: str, args) -> dict:
     import torch
 
+    import fastdata
     from fastdata.dali import DALILoader
 
     started = time.perf_counter()
-    loader = DALILoader(path, batch_size=args.batch, size=(args.size, args.size), device=device,
+    loader = DALILoader(path, decode=fastdata.Decode(size=(args.size, args.size)),
+                        order=fastdata.Order(batch_size=args.batch), device=device,
                         num_threads=args.threads, mean=(0.485, 0.456, 0.406),
                         std=(0.229, 0.224, 0.225))
     build_s = time.perf_counter() - started
@@ -169,7 +171,8 @@ def _check_prefetcher(args) -> bool:
         synthesize(src, kind="photos", n=args.n, classes=8, progress=False)
         out = os.path.join(tmp, "photos.lmdb")
         fastdata.pack(src, out, progress=False)
-        ds = fastdata.open_dataset(out, size=(args.size, args.size))
+        ds = fastdata.open_dataset(out, decode=fastdata.Decode(size=(args.size, args.size)),
+                                   order=fastdata.Order(batch_size=args.batch))
         cpu_images, _ = next(iter(torch.utils.data.DataLoader(
             ds, batch_size=args.batch, collate_fn=fastdata.collate)))
         m = torch.tensor(mean).view(1, 3, 1, 1) * 255
@@ -179,8 +182,7 @@ def _check_prefetcher(args) -> bool:
         # 2 workers, then none: batches made ahead in a thread (BackgroundBatches),
         # pinned there on this thread's device.
         for workers in (2, 0):
-            loader = fastdata.loader(ds, batch_size=args.batch, shuffle=False,
-                                     num_workers=workers, device="cuda", mean=mean, std=std,
+            loader = fastdata.loader(ds, num_workers=workers, device="cuda", mean=mean, std=std,
                                      dtype=torch.float16, channels_last=True)
             seen, start, first = 0, None, None
             for epoch in range(args.epochs + 1):

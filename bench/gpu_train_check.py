@@ -2,10 +2,10 @@
 
 Rows, each over the same packed demo photos, in images/s after one warm-up epoch:
 
-- ``fastdata fused (CPU)``: ``open_dataset(crop=RandomResizedCrop(S))`` through a
+- ``fastdata fused (CPU)``: ``open_dataset(decode=Decode(crop=RandomResizedCrop(S)))`` through a
   DataLoader at 0 workers (the Dataset's decode threads), the CPU path of
   bench/RESULTS.md's "Training crops";
-- ``DALI image_random_crop (gpu|cpu)``: ``DALILoader(crop=RandomResizedCrop(S))``,
+- ``DALI image_random_crop (gpu|cpu)``: ``DALILoader(decode=Decode(crop=RandomResizedCrop(S)))``,
   nvJPEG decoding only the crop's region on the GPU (libjpeg-turbo on the CPU);
 - ``torchvision decode_jpeg (cuda|cpu)``: batches of stored JPEG bytes decoded
   whole by ``torchvision.io.decode_jpeg`` (nvJPEG on the GPU, libjpeg-turbo
@@ -63,7 +63,8 @@ def fastdata_rows(path: str, size: int, batch: int, epochs: int) -> dict:
 
     import fastdata
 
-    ds = fastdata.open_dataset(path, crop=fastdata.RandomResizedCrop(size), seed=0)
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(crop=fastdata.RandomResizedCrop(size)),
+                               order=fastdata.Order(seed=0))
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True,
                                          collate_fn=fastdata.collate)
 
@@ -82,8 +83,8 @@ def dali_row(path: str, device: str, size: int, batch: int, epochs: int) -> dict
     try:
         from fastdata.dali import DALILoader
 
-        loader = DALILoader(path, batch_size=batch, crop=fastdata.RandomResizedCrop(size),
-                            device=device, shuffle=True)
+        loader = DALILoader(path, decode=fastdata.Decode(crop=fastdata.RandomResizedCrop(size)),
+                            order=fastdata.Order(shuffle=True, batch_size=batch), device=device)
     except Exception as exc:  # no DALI, no GPU for DALI: say so, go on
         return {"row": name, "skipped": f"{type(exc).__name__}: {exc}"}
 

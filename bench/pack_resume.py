@@ -128,7 +128,8 @@ def same_output(a: str, b: str) -> bool:
 
     single = [n for n in os.listdir(a) if n.endswith((".lmdb", ".h5"))]
     if single:
-        x, y = (fastdata.open_dataset(os.path.join(d, single[0]), output="bytes") for d in (a, b))
+        x, y = (fastdata.open_dataset(os.path.join(d, single[0]),
+                                      decode=fastdata.Decode(output="bytes")) for d in (a, b))
         mx, my = x.manifest.to_dict(), y.manifest.to_dict()
         mx.pop("created_at")
         my.pop("created_at")

@@ -66,10 +66,10 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
                 (True, "stream_shards", "shards", None),
                 (True, "stream_shard_blocks", "shards", "shard")):
             os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}")
-            extra = {} if block is None else {"shuffle_block": block,
-                                              "shuffle_window": 2 * per_shard}
-            stream = fastdata.ShardedIterableDataset(path, shuffle=shuffle, size=(224, 224),
-                                                     batch_size=64, remote_read=mode, **extra)
+            extra = {} if block is None else {"block": block, "window": 2 * per_shard}
+            stream = fastdata.ShardedIterableDataset(
+                path, decode=fastdata.Decode(size=(224, 224)),
+                order=fastdata.Order(shuffle=shuffle, batch_size=64, **extra), remote_read=mode)
             rate, first, _ = _epoch(torch.utils.data.DataLoader(
                 stream, batch_size=64, num_workers=workers, collate_fn=fastdata.collate))
             out[key] = max(out[key], rate)
@@ -77,7 +77,7 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
                          "stream_shard_blocks": "first_batch_blocks_s"}
             if key in first_key:
                 out[first_key[key]] = min(out[first_key[key]], first)
-        ds = fastdata.open_dataset(path, size=(224, 224))
+        ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(224, 224)))
         rate, _, _ = _epoch(torch.utils.data.DataLoader(
             ds, batch_size=64, shuffle=True, num_workers=workers, collate_fn=fastdata.collate))
         out["random"] = max(out["random"], rate)
@@ -145,7 +145,7 @@ def main() -> None:
                       f"{r['first_batch_s']:.2f} s\n"
                       f"    stream shuffled, whole shards   {r['stream_shards']:6.0f}/s, first "
                       f"batch {r['first_batch_shards_s']:.2f} s\n"
-                      f"    ... with shuffle_block='shard'  {r['stream_shard_blocks']:6.0f}/s, "
+                      f"    ... with Order(block='shard')   {r['stream_shard_blocks']:6.0f}/s, "
                       f"first batch {r['first_batch_blocks_s']:.2f} s\n"
                       f"    stream in stored order          {r['stream_sequential']:6.0f}/s\n"
                       f"    random access (map-style)       {r['random']:6.0f}/s\n"

@@ -98,7 +98,7 @@ def quality_rows(batch: int) -> list[dict]:
             order = epoch_order(n, Shuffle(True, 0, DEFAULT_BLOCK, window), 0)
             row[f"block {DEFAULT_BLOCK}, window {window}"] = \
                 batch_entropy(labels[order], batch) / reference
-        # Whole shards as blocks (shuffle_block="shard", for remote_read="shards").
+        # Whole shards as blocks (Order(block="shard"), for remote_read="shards").
         firsts = np.arange(0, n, shard, dtype=np.int64)
         order = epoch_order(n, Shuffle(True, 0, "shard", DEFAULT_WINDOW), 0, firsts)
         row[f"whole shards, window {DEFAULT_WINDOW}"] = \
@@ -110,8 +110,12 @@ def quality_rows(batch: int) -> list[dict]:
 THROUGHPUT = r"""
 import json, sys, time, torch, fastdata
 path, workers, shuffle, new_api = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-kw = {"batch_size": 64} if new_api else {}
-ds = fastdata.ShardedIterableDataset(path, shuffle=shuffle, seed=1, size=(224, 224), **kw)
+if new_api:  # this tree: the read options as fastdata.Decode and fastdata.Order
+    ds = fastdata.ShardedIterableDataset(path, decode=fastdata.Decode(size=(224, 224)),
+                                         order=fastdata.Order(shuffle=shuffle, seed=1,
+                                                              batch_size=64))
+else:  # an older checkout (--old-tree): its flat keywords, without batch_size
+    ds = fastdata.ShardedIterableDataset(path, shuffle=shuffle, seed=1, size=(224, 224))
 loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=workers,
                                      collate_fn=fastdata.collate)
 n = sum(len(y) for _, y in loader)          # warm-up epoch
@@ -126,9 +130,11 @@ def throughput(path: str, tree: str, workers: int, shuffle: bool, new_api: bool,
     best = 0.0
     env = dict(os.environ, PYTHONPATH=tree)
     for _ in range(repeat):
+        # Run from the tree measured: `python -c` puts the working folder first on
+        # sys.path, ahead of PYTHONPATH.
         out = subprocess.run([sys.executable, "-c", THROUGHPUT, path, str(workers),
                               "1" if shuffle else "0", "1" if new_api else "0"],
-                             capture_output=True, text=True, env=env, check=True)
+                             capture_output=True, text=True, env=env, check=True, cwd=tree)
         got = json.loads(out.stdout.strip().splitlines()[-1])
         best = max(best, got["samples"] / got["seconds"])
     return best

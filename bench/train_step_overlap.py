@@ -46,7 +46,8 @@ def measure(path: str, workers: int, background: bool, step_ms: float, kind: str
 
     import fastdata
 
-    ds = fastdata.open_dataset(path, crop=fastdata.RandomResizedCrop(size), seed=0)
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(crop=fastdata.RandomResizedCrop(size)),
+                               order=fastdata.Order(seed=0))
     loader = torch.utils.data.DataLoader(
         ds, batch_size=batch, shuffle=True, num_workers=workers, collate_fn=fastdata.collate,
         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,

@@ -5,6 +5,9 @@ only when the names that need them are first used.
 
     fastdata.pack("images/", "train.lmdb")
     ds = fastdata.open_dataset("train.lmdb")       # a torch Dataset of (uint8 CHW tensor, label)
+    ds = fastdata.open_dataset("train.lmdb", decode=fastdata.Decode(size=224),
+                               order=fastdata.Order(shuffle=True, batch_size=256))
+    for images, labels in fastdata.loader(ds): ...
 
 The top level holds what a training script needs; everything else lives in its
 sub-package: ``fastdata.formats`` (the registry, ``open_reader``,
@@ -58,6 +61,9 @@ _LAZY = {
     "loader": "fastdata.loaders.prefetch:loader",
     "collate": "fastdata.loaders.collate:collate",
     "RandomResizedCrop": "fastdata.decoding.random_crop:RandomResizedCrop",
+    "CenterCrop": "fastdata.decoding.options:CenterCrop",
+    "Decode": "fastdata.decoding.options:Decode",
+    "Order": "fastdata.order.options:Order",
 }
 
 __all__ = sorted([

@@ -6,8 +6,9 @@ docstring describes the damage and the outcomes) and ``tests/test_fuzz.py`` the
 fast form. A trial copies one pristine packed dataset, damages one file of one
 *kind* (``data.mdb``, ``h5``, ``shard``, ``idx``, ``index.npy``, ``keys.json``,
 ``manifest``) and reads every record back three ways -- map-style
-``open_dataset(path, output="bytes")``, ``ShardedIterableDataset`` for sharded
-formats, ``verify_dataset`` -- comparing each with the original record. A trial
+``open_dataset(path, decode=Decode(output="bytes"))``, ``ShardedIterableDataset``
+for sharded formats, ``verify_dataset`` -- comparing each with the original
+record. A trial
 is named ``dataset/kind/number``; the same seed gives the same damage.
 """
 
@@ -214,9 +215,10 @@ class _Damage(Exception):
 
 
 def _read_map(p: Pristine, path: str) -> str | None:
+    from fastdata.decoding.options import Decode
     from fastdata.loaders.datasets import open_dataset
 
-    with open_dataset(path, output="bytes") as ds:
+    with open_dataset(path, decode=Decode(output="bytes")) as ds:
         if list(ds.classes) != p.classes:
             return f"classes are {list(ds.classes)!r}, not {p.classes!r}"
         if len(ds) != len(p.keys):
@@ -231,9 +233,10 @@ def _read_map(p: Pristine, path: str) -> str | None:
 
 
 def _read_stream(p: Pristine, path: str) -> str | None:
+    from fastdata.decoding.options import Decode
     from fastdata.loaders.iterable import ShardedIterableDataset
 
-    ds = ShardedIterableDataset(path, output="bytes")
+    ds = ShardedIterableDataset(path, decode=Decode(output="bytes"))
     try:
         got = list(ds)
     finally:

@@ -376,14 +376,14 @@ def _prepare_list(world: World, case: Case, folder: str) -> str:
 def _open_dataset(path, out):
     import fastdata
 
-    with fastdata.open_dataset(path, output="bytes") as ds:
+    with fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes")) as ds:
         ds[0]
 
 
 def _stream(path, out):
     import fastdata
 
-    next(iter(fastdata.ShardedIterableDataset(path, output="bytes")))
+    next(iter(fastdata.ShardedIterableDataset(path, decode=fastdata.Decode(output="bytes"))))
 
 
 def _verify(path, out):
@@ -416,14 +416,16 @@ def _convert(path, out):
 def _cache(path, out):
     import fastdata
 
-    with fastdata.open_dataset(path, output="bytes", cache="ram", progress=False) as ds:
+    with fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"), cache="ram",
+                               progress=False) as ds:
         ds[0]
 
 
 def _dali(path, out):
+    import fastdata
     from fastdata.dali.pipeline import build_pipeline
 
-    build_pipeline(path, batch_size=2, device="cpu")
+    build_pipeline(path, order=fastdata.Order(batch_size=2), device="cpu")
 
 
 def _pack(path, out):

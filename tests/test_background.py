@@ -116,9 +116,10 @@ def lmdb_photos(tmp_path_factory):
 
 def test_loader_without_workers_makes_batches_ahead_with_the_same_crops(lmdb_photos):
     def epochs(**options):
-        ds = fastdata.open_dataset(lmdb_photos, crop=fastdata.RandomResizedCrop(32), seed=5)
-        loader = fastdata.loader(ds, batch_size=8, num_workers=0, seed=1, device="cpu",
-                                 **options)
+        ds = fastdata.open_dataset(lmdb_photos,
+                                   decode=fastdata.Decode(crop=fastdata.RandomResizedCrop(32)),
+                                   order=fastdata.Order(shuffle=True, batch_size=8, seed=5))
+        loader = fastdata.loader(ds, num_workers=0, device="cpu", **options)
         out = []
         for epoch in range(2):
             ds.set_epoch(epoch)
@@ -128,7 +129,7 @@ def test_loader_without_workers_makes_batches_ahead_with_the_same_crops(lmdb_pho
     ahead, batches = epochs()
     assert ahead.background == 2
     assert isinstance(ahead.loader, torch.utils.data.DataLoader)
-    plain, expected = epochs(background=0)
+    plain, expected = epochs(run_ahead=0)
     assert plain.background == 0
     assert len(batches) == len(expected) == 10
     for (images, labels), (want_images, want_labels) in zip(batches, expected):
@@ -143,10 +144,17 @@ def test_loader_with_workers_leaves_them_to_run_ahead(lmdb_photos):
     assert sum(len(labels) for _, labels in loader) == len(ds)
 
 
-def test_a_negative_background_is_refused(lmdb_photos):
+def test_a_negative_run_ahead_is_refused(lmdb_photos):
     ds = fastdata.open_dataset(lmdb_photos)
-    with pytest.raises(ValueError, match="background must be 0 or more"):
-        fastdata.loader(ds, num_workers=0, device="cpu", background=-1)
+    with pytest.raises(ValueError, match="run_ahead must be 0 or more"):
+        fastdata.loader(ds, num_workers=0, device="cpu", run_ahead=-1)
+
+
+def test_the_old_background_name_still_works(lmdb_photos):
+    ds = fastdata.open_dataset(lmdb_photos, order=fastdata.Order(batch_size=8))
+    with pytest.warns(DeprecationWarning, match=r"loader\(background=\).*run_ahead="):
+        loader = fastdata.loader(ds, num_workers=0, device="cpu", background=3)
+    assert loader.background == 3
 
 
 def test_the_overlap_benchmark_prints_every_row(tmp_path):

@@ -226,8 +226,8 @@ def test_external_shuffle_is_seeded_and_global(datasets):
     again = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shuffle=True, seed=3)
     assert nearest(one_epoch(again)[0], ref) == first
     # The order engine's: a map-style Dataset read with the same seed reads it too.
-    batches = fastdata.EpochBatches(fastdata.open_dataset(path), batch_size=BATCH,
-                                    shuffle=True, seed=3)
+    batches = fastdata.EpochBatches(fastdata.open_dataset(path), fastdata.Order(batch_size=BATCH,
+                                    shuffle=True, seed=3))
     assert [i for batch in batches for i in batch] == first
 
 
@@ -457,23 +457,43 @@ def test_build_pipeline_returns_a_runnable_pipeline(datasets, index_dir):
 @needs_dali
 def test_option_errors(datasets):
     from fastdata.dali import DALILoader, build_pipeline
+    from fastdata import Decode, Order
 
     path = datasets["lmdb"]
     with pytest.raises(ValueError, match="batch_size"):
-        build_pipeline(path, batch_size=0, device="cpu")
-    with pytest.raises(ValueError, match="shard_id"):
-        build_pipeline(path, batch_size=4, device="cpu", shard_id=2, num_shards=2)
+        build_pipeline(path, order=Order(batch_size=0), device="cpu")
+    with pytest.raises(ValueError, match="rank must be"):
+        build_pipeline(path, order=Order(batch_size=4, rank=2, world_size=2), device="cpu")
     with pytest.raises(ValueError, match="mean and std"):
-        build_pipeline(path, batch_size=4, device="cpu", mean=(0.5, 0.5, 0.5))
+        build_pipeline(path, device="cpu", mean=(0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="device"):
-        build_pipeline(path, batch_size=4, device="tpu")
+        build_pipeline(path, device="tpu")
     with pytest.raises(FastDataError, match="no reader"):
-        build_pipeline(path, batch_size=4, device="cpu", reader="dali")
+        build_pipeline(path, device="cpu", reader="dali")
     with pytest.raises(FastDataError, match="no full batch"):
-        DALILoader(path, batch_size=64, device="cpu", drop_last=True)
+        DALILoader(path, order=Order(batch_size=64, drop_last=True), device="cpu")
     with pytest.raises(ValueError, match="not both"):
-        build_pipeline(path, batch_size=4, device="cpu", size=32,
-                       crop=fastdata.RandomResizedCrop(16))
+        build_pipeline(path, decode=Decode(size=32, crop=fastdata.RandomResizedCrop(16)),
+                       device="cpu")
+    # The torch Datasets' decode options DALI does not have are refused, by name.
+    for decode, name in ((Decode(output="numpy"), "output"), (Decode(keep_gray=True), "keep_gray"),
+                         (Decode(max_pixels=10), "max_pixels")):
+        with pytest.raises(ValueError, match=name):
+            build_pipeline(path, decode=decode, device="cpu")
+    with pytest.raises(TypeError, match="unexpected keyword.*colour"):
+        build_pipeline(path, device="cpu", colour=True)
+    # The old flat names still work, each with a warning naming the new spelling,
+    # and give the same pipeline options as the new ones.
+    from fastdata.dali.options import dali_options
+
+    with pytest.warns(DeprecationWarning, match=r"Order\(batch_size=4, rank=1, world_size=2"):
+        old = dali_options(batch_size=4, shard_id=1, num_shards=2, crop=8, size=16,
+                           device="cpu")
+    new = dali_options(Decode(size=16, crop=fastdata.CenterCrop(8)),
+                       Order(batch_size=4, rank=1, world_size=2), device="cpu")
+    assert old == new and new.centre_crop == (8, 8)
+    with pytest.raises(ValueError, match="beside order="):
+        dali_options(order=Order(), shuffle=True)
 
 
 @needs_dali

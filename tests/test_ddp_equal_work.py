@@ -62,10 +62,10 @@ SPLIT_SCRIPT = """
                 runs[f"{shuffle}-{drop_last}"] = {"len": len(ds), "batches": list(loader)}
                 # Map-style, the same engine: the same batches on every rank.
                 mapped = fastdata.open_dataset(manifest, output="bytes")
-                sampler = fastdata.EpochBatches(
-                    mapped, batch_size=batch, shuffle=shuffle, seed=order["options"]["seed"],
+                sampler = fastdata.EpochBatches(mapped, fastdata.Order(
+                    batch_size=batch, shuffle=shuffle, seed=order["options"]["seed"],
                     drop_last=drop_last, block=order["options"]["shuffle_block"],
-                    window=order["options"]["shuffle_window"])
+                    window=order["options"]["shuffle_window"]))
                 sampler.set_epoch(order["epoch"])
                 loader = DataLoader(mapped, batch_sampler=sampler, num_workers=2,
                                     multiprocessing_context="fork", collate_fn=digests)

@@ -136,6 +136,9 @@ def _env() -> dict:
     # What torchrun sets, for the blocks that start a (one-rank) process group.
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()))
+    # The README shows the current API: a deprecated name in its code (the
+    # warning is attributed to the block, module __main__) fails the block.
+    env["PYTHONWARNINGS"] = "error::DeprecationWarning:__main__"
     return env
 
 

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
+from fastdata import Order
 from conftest import build_tree, uniform_spec
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
@@ -35,10 +36,10 @@ def _numbers(tree):
 
 def test_every_rank_gets_equal_batches_and_the_epoch_is_the_dataset(packed):
     tree, path = packed
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
     for world in (1, 2, 4, 5):
         per_rank = [list(DataLoader(ds, batch_sampler=fastdata.EpochBatches(
-            ds, batch_size=BATCH, shuffle=True, seed=2, rank=r, world_size=world),
+            ds, Order(batch_size=BATCH, shuffle=True, seed=2, rank=r, world_size=world)),
             collate_fn=_numbers(tree))) for r in range(world)]
         assert len({len(b) for b in per_rank}) == 1
         seen = [i for b in per_rank for batch in b for i in batch]
@@ -48,11 +49,11 @@ def test_every_rank_gets_equal_batches_and_the_epoch_is_the_dataset(packed):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_resume_gives_the_uninterrupted_pixels_with_its_crops(packed, workers):
     _, path = packed
-    crop = dict(crop=fastdata.RandomResizedCrop(6), seed=4)
-
     def loader():
-        ds = fastdata.open_dataset(path, **crop)
-        sampler = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, seed=7)
+        # The crops draw from the order's seed.
+        ds = fastdata.open_dataset(path, decode=fastdata.Decode(crop=fastdata.RandomResizedCrop(6)),
+                                   order=Order(batch_size=BATCH, shuffle=True, seed=7))
+        sampler = fastdata.EpochBatches(ds)
         return StatefulDataLoader(ds, batch_sampler=sampler, num_workers=workers,
                                   multiprocessing_context="fork" if workers else None)
 
@@ -74,14 +75,14 @@ def test_a_resume_gives_the_uninterrupted_pixels_with_its_crops(packed, workers)
 
 def test_a_resume_with_other_ranks_reads_the_rest_once(packed):
     tree, path = packed
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
     numbers = _numbers(tree)
-    two = [fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, rank=r, world_size=2)
+    two = [fastdata.EpochBatches(ds, Order(batch_size=BATCH, shuffle=True, rank=r, world_size=2))
            for r in range(2)]
     its = [iter(DataLoader(ds, batch_sampler=s, collate_fn=numbers)) for s in two]
     done = [i for _ in range(2) for it in its for i in next(it)]  # 2 steps of both ranks
     state = two[0].state_dict()
-    three = [fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, rank=r, world_size=3)
+    three = [fastdata.EpochBatches(ds, Order(batch_size=BATCH, shuffle=True, rank=r, world_size=3))
              for r in range(3)]
     rest = []
     for sampler in three:
@@ -94,34 +95,37 @@ def test_a_resume_with_other_ranks_reads_the_rest_once(packed):
 
 def test_each_pass_reads_the_next_epoch(packed):
     tree, path = packed
-    ds = fastdata.open_dataset(path, output="bytes")
-    sampler = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True)
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
+    sampler = fastdata.EpochBatches(ds, Order(batch_size=BATCH, shuffle=True))
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=_numbers(tree))
     first, second = list(loader), list(loader)
     assert first != second and sorted(sum(first, [])) == sorted(sum(second, []))
-    again = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True)
+    again = fastdata.EpochBatches(ds, Order(batch_size=BATCH, shuffle=True))
     again.set_epoch(1)
     assert list(DataLoader(ds, batch_sampler=again, collate_fn=_numbers(tree))) == second
 
 
 def test_a_state_of_another_order_or_dataset_is_refused(packed, tmp_path):
     _, path = packed
-    ds = fastdata.open_dataset(path, output="bytes")
-    state = fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, seed=1).state_dict()
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
+    def order(seed):
+        return Order(batch_size=BATCH, shuffle=True, seed=seed)
+
+    state = fastdata.EpochBatches(ds, order(1)).state_dict()
     with pytest.raises(ValueError, match="another order.*seed 1 now 2"):
-        fastdata.EpochBatches(ds, batch_size=BATCH, shuffle=True, seed=2).load_state_dict(state)
+        fastdata.EpochBatches(ds, order(2)).load_state_dict(state)
     with pytest.raises(ValueError, match="dataset of 21 records"):
-        fastdata.EpochBatches(20, batch_size=BATCH, shuffle=True, seed=1).load_state_dict(state)
+        fastdata.EpochBatches(20, order(1)).load_state_dict(state)
 
 
 def test_the_loader_reads_in_the_engines_batches(packed):
     tree, path = packed
-    ds = fastdata.open_dataset(path, size=(12, 12))
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(12, 12)),
+                               order=fastdata.Order(shuffle=True, batch_size=BATCH, seed=3))
     orders = []
     for workers in (0, 2):
         fork = {"multiprocessing_context": "fork"} if workers else {}
-        loader = fastdata.loader(ds, batch_size=BATCH, num_workers=workers, seed=3,
-                                 device="cpu", **fork)
+        loader = fastdata.loader(ds, num_workers=workers, device="cpu", **fork)
         assert isinstance(loader.loader.batch_sampler, fastdata.EpochBatches)
         orders.append([labels.tolist() for _, labels in loader])
     assert orders[0] == orders[1]  # one order whatever the workers

@@ -438,10 +438,10 @@ def test_whole_shard_blocks_bound_the_shards_of_a_window(packed_stream):
     # Shards of 5 records, windows of 10 records: each window covers 2 whole shards,
     # so every 10 consecutive samples of the job come from at most 2 shards.
     firsts = [first for first, _ in ds.reader.shard_ranges()]
-    order = epoch_order(RECORDS, ds.order, 0, np.asarray(firsts))
+    order = epoch_order(RECORDS, ds.shuffle_mode, 0, np.asarray(firsts))
     assert [int(i) for i in order] == seen
     for start in range(0, RECORDS, 10):
         assert len(shard_of(order[start:start + 10].tolist())) <= 2
     assert ds.state_dict()["order"]["block"] == "shard"
-    with pytest.raises(ValueError, match="shuffle_block"):
+    with pytest.raises(ValueError, match="block must be"):
         fastdata.ShardedIterableDataset(manifest, shuffle_block="shards")

@@ -87,7 +87,7 @@ def _options(out: str) -> tuple:
                           "dataset is much larger than a streaming reader's shuffle window, or "
                           "when other tools (webdataset, DALI) will read the shards with only a "
                           "shuffle buffer: unshuffled, a window holds one or two classes. "
-                          "Map-style reading (DataLoader shuffle=True) does not need it."),
+                          "Map-style reading (fastdata.Order(shuffle=True)) does not need it."),
         click.option("--keep-source-path", is_flag=True,
                      help="Record the input's absolute path (a URL without its credentials) "
                           "as the manifest's source.root; by default only its name is "

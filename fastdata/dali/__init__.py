@@ -4,8 +4,10 @@
 pipeline imports DALI and, when it is missing, raises a FastDataError that says
 how to install it (``pip install nvidia-dali-cuda130``, or ``pip install fastdata[dali]``).
 
-    loader = fastdata.dali.DALILoader("train.tfrecord", batch_size=256, size=224,
-                                      mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    loader = fastdata.dali.DALILoader(
+        "train.tfrecord", decode=fastdata.Decode(size=256, crop=fastdata.CenterCrop(224)),
+        order=fastdata.Order(batch_size=256), mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225))
     for images, labels in loader:      # float32 [B, 3, 224, 224] and int64 [B], on the GPU
         ...
 
@@ -34,7 +36,7 @@ lmdb/hdf5  ``fn.external_source`` fed by a batch callable that reads records wit
 
 ``reader="external"`` uses the external source for tfrecord and tar too (it
 shuffles the whole dataset each epoch, where DALI's readers shuffle within a
-buffer of ``shuffle_buffer`` records, and it checks fastdata's CRC32s, which
+buffer of ``Order(window=)`` records, and it checks fastdata's CRC32s, which
 DALI's readers do not). Pre-decoded (``raw``) datasets and datasets holding an
 encoding DALI cannot decode (GIF) always use the external source: raw pixels
 go in as HWC uint8 arrays with no decoding; GIFs are decoded by fastdata on the

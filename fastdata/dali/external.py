@@ -52,6 +52,8 @@ class ExternalBatches:
             permutation, seeded by ``seed`` and the epoch: every shard sees
             the same one).
         seed: the shuffle seed.
+        block, window: the order engine's shuffle mode (default: a
+            permutation of every record, as map-style reading has it).
         drop_last: leave out the last batch of a shard when it is partial.
         mode: "encoded" (payload bytes as 1-D uint8 arrays) or "raw" (HWC
             uint8 pixels).
@@ -64,6 +66,7 @@ class ExternalBatches:
 
     def __init__(self, path: str | list[str], *, batch_size: int, shard_id: int = 0,
                  num_shards: int = 1, shuffle: bool = False, seed: int = 0,
+                 block: int = 1, window: int | None = None,
                  drop_last: bool = False, mode: str = "encoded", transcode: bool = False,
                  reader_options: dict | None = None, reader: Any = None) -> None:
         self.path = path
@@ -72,6 +75,7 @@ class ExternalBatches:
         self.num_shards = int(num_shards)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        self.block, self.window = int(block), window
         self.drop_last = bool(drop_last)
         self.mode = mode
         self.transcode = bool(transcode)
@@ -106,8 +110,9 @@ class ExternalBatches:
     def indices(self, epoch: int) -> np.ndarray:
         """The record indices of this shard in epoch ``epoch``, in order."""
         if self._order is None or self._order[0] != epoch:
-            order = epoch_order(self.count, Shuffle(self.shuffle, self.seed, 1, self.count),
-                                epoch)
+            window = self.count if self.window is None else int(self.window)
+            order = epoch_order(self.count, Shuffle(self.shuffle, self.seed, self.block,
+                                                    max(1, window)), epoch)
             plan = self._slice()
             positions = np.concatenate(
                 [np.arange(r.start, r.stop) for r in map(plan.batch_positions,

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastdata.dali.device import import_dali
-from fastdata.dali.options import DALIOptions
+from fastdata.dali.options import dali_options
 from fastdata.dali.pipeline import plan_and_build
 from fastdata.dali.readers import READER_NAME
 from fastdata.errors import FastDataError
@@ -17,14 +17,15 @@ from fastdata.errors import FastDataError
 class DALILoader:
     """Iterates ``(images, labels)`` torch tensors from a DALI pipeline over a dataset.
 
-    Takes :func:`build_pipeline`'s arguments. Images are ``[B, C, H, W]``
-    (``layout="CHW"``) uint8, or float32 with ``mean``/``std``; labels int64
-    ``[B]``; both on the GPU for device "gpu", else on the CPU. Each epoch
-    holds exactly this shard's records: the last batch is partial unless
-    ``drop_last=True``.
+    Takes :func:`build_pipeline`'s arguments (``decode=fastdata.Decode(...)``,
+    ``order=fastdata.Order(...)``, ``run_ahead``, DALI's own keywords). Images
+    are ``[B, C, H, W]`` (``layout="CHW"``) uint8, or float32 with
+    ``mean``/``std``; labels int64 ``[B]``; both on the GPU for device "gpu",
+    else on the CPU. Each epoch holds exactly this shard's records: the last
+    batch is partial unless ``Order(drop_last=True)``.
 
-    The images of a batch must share one size: give ``size`` as (h, w), or a
-    ``crop``, unless the dataset is pre-decoded at a fixed shape.
+    The images of a batch must share one size: give ``Decode(size=(h, w))``,
+    or a crop, unless the dataset is pre-decoded at a fixed shape.
 
     Attributes:
         pipeline: the DALI pipeline.
@@ -32,9 +33,11 @@ class DALILoader:
     """
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *,
-                 batch_size: int, drop_last: bool = False, **options: Any) -> None:
+                 decode: Any = None, order: Any = None, run_ahead: int = 2,
+                 **options: Any) -> None:
         import_dali()  # before the options: without DALI, say how to install it first
-        opts = DALIOptions(batch_size=batch_size, drop_last=drop_last, **options)
+        opts = dali_options(decode, order, run_ahead=run_ahead, **options)
+        drop_last = opts.drop_last
         self.pipeline, self.plan = plan_and_build(path, opts)
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -74,7 +77,7 @@ class DALILoader:
                 raise
             raise FastDataError(
                 "the images of a batch differ in size, so they cannot be stacked into one "
-                "tensor: give size=(height, width), or a crop (an int size keeps each "
+                "tensor: give Decode(size=(height, width)), or a crop (an int size keeps each "
                 "image's aspect ratio); build_pipeline gives ragged batches",
                 path=self.plan.path if isinstance(self.plan.path, str) else None) from exc
 

@@ -16,7 +16,10 @@ LAYOUTS = ("CHW", "HWC")
 
 @dataclass(frozen=True, kw_only=True)
 class DALIOptions:
-    """How to read, decode and process a dataset (``build_pipeline``'s keywords).
+    """How a pipeline reads, decodes and processes a dataset: the resolved form
+    of ``build_pipeline``'s and ``DALILoader``'s options (made by
+    :func:`dali_options` from a :class:`fastdata.Decode` and a
+    :class:`fastdata.Order`; the fields below are what the pipeline code reads).
 
     Attributes:
         batch_size: samples per batch.
@@ -39,8 +42,9 @@ class DALIOptions:
         py_workers: processes running the external source (0: the pipeline's thread).
         py_start_method: "fork" or "spawn" for those workers; None picks one
             that suits the device.
-        prefetch: batches DALI prepares ahead.
-        shuffle_buffer: the shuffle buffer of DALI's readers.
+        prefetch: batches DALI prepares ahead (``run_ahead``).
+        shuffle_buffer: the shuffle buffer of DALI's readers (the order's ``window``).
+        block: the order's shuffle block for the external source.
         index_dir: where generated DALI index files go (None: the user's cache).
         reader_options: keywords of ``fastdata.formats.open_reader``.
 
@@ -67,6 +71,8 @@ class DALIOptions:
     py_start_method: str | None = None
     prefetch: int = 2
     shuffle_buffer: int = 1024
+    block: int | str = 1
+    window: int | None = None
     index_dir: str | os.PathLike | None = None
     reader_options: Mapping[str, Any] | None = None
 
@@ -164,3 +170,69 @@ def _hw(value: Any, name: str) -> tuple[int, int] | None:
     if pair[0] <= 0 or pair[1] <= 0:
         raise ValueError(f"{name} must be positive, not {value!r}")
     return pair
+
+
+#: DALILoader's and build_pipeline's own keywords (besides decode= and order=).
+OWN = ("device", "device_id", "num_threads", "mean", "std", "layout", "reader", "py_workers",
+       "py_start_method", "index_dir", "reader_options")
+
+
+def dali_options(decode=None, order=None, *, run_ahead: int = 2, where: str = "DALILoader",
+                 stacklevel: int = 4, **options: Any) -> DALIOptions:
+    """The pipeline's options from a :class:`fastdata.Decode`, a
+    :class:`fastdata.Order`, ``run_ahead`` (batches DALI prepares ahead) and
+    the DALI keywords (:data:`OWN`). For one release the old flat names
+    (``batch_size``, ``size``, ``crop`` as an int, ``shuffle``, ``seed``,
+    ``drop_last``, ``shard_id``, ``num_shards``, ``shuffle_buffer``,
+    ``prefetch``) still work, with a DeprecationWarning.
+
+    Raises:
+        ValueError: an unknown keyword, or a decode option DALI does not have.
+    """
+    from fastdata.decoding.options import CenterCrop, Decode
+    from fastdata.deprecated import renamed, take_read_options
+    from fastdata.order.options import Order
+
+    if "prefetch" in options:
+        renamed(where, "prefetch", "run_ahead=", stacklevel=stacklevel)
+        run_ahead = options.pop("prefetch")
+    crop = options.get("crop")
+    if crop is not None and not hasattr(crop, "decode") and not isinstance(crop, CenterCrop):
+        options["crop"] = CenterCrop(crop)  # the old int / (h, w) centre crop
+    decode, order = take_read_options(where, options, decode, order, stacklevel=stacklevel)
+    unknown = set(options) - set(OWN)
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword(s) {', '.join(sorted(unknown))}; "
+                        f"it takes decode=, order=, run_ahead= and {', '.join(OWN)}")
+    decode = Decode() if decode is None else decode
+    order = Order() if order is None else order
+    if not isinstance(decode, Decode) or not isinstance(order, Order):
+        raise TypeError("decode must be a fastdata.Decode and order a fastdata.Order")
+    _dali_decodes(decode)
+    if order.block == "shard":
+        raise ValueError("DALI reads records, not whole shards: give Order(block=) a record "
+                         "count")
+    crop = decode.crop.size if isinstance(decode.crop, CenterCrop) else decode.crop
+    return DALIOptions(
+        batch_size=order.loader_batch, size=decode.size, crop=crop, shuffle=order.shuffle,
+        seed=order.seed, drop_last=order.drop_last, shard_id=order.rank,
+        num_shards=order.world_size, prefetch=int(run_ahead),
+        shuffle_buffer=1024 if order.window is None else order.window,
+        block=1 if order.block is None else order.block, window=order.window, **options)
+
+
+def _dali_decodes(decode) -> None:
+    """Refuse the decode options DALI's pipelines do not have."""
+    from fastdata.image_header import DEFAULT_MAX_PIXELS
+
+    if decode.output != "tensor":
+        raise ValueError(f"DALI gives tensors: Decode(output={decode.output!r}) is for the "
+                         f"torch Datasets")
+    if decode.decoder != "auto":
+        raise ValueError(f"DALI decodes with its own decoder (nvJPEG or libjpeg-turbo): "
+                         f"Decode(decoder={decode.decoder!r}) is for the torch Datasets")
+    if decode.keep_gray:
+        raise ValueError("DALI decodes to RGB: Decode(keep_gray=True) is for the torch Datasets")
+    if decode.max_pixels != DEFAULT_MAX_PIXELS:
+        raise ValueError("DALI's decoders take no pixel limit: Decode(max_pixels=) is for the "
+                         "torch Datasets")

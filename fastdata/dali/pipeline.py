@@ -19,13 +19,14 @@ from typing import Any
 
 from fastdata.dali.device import import_dali
 from fastdata.dali.external import ExternalBatches, external_node
-from fastdata.dali.options import DALIOptions
+from fastdata.dali.options import DALIOptions, dali_options
 from fastdata.dali.plan import PipelinePlan, absolute, make_plan, place
 from fastdata.decoding.random_crop import TRIES
 
 
 def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
-                   batch_size: int, **options: Any) -> Any:
+                   decode: Any = None, order: Any = None, run_ahead: int = 2,
+                   **options: Any) -> Any:
     """Build a DALI pipeline that yields ``(images, labels)`` batches of a packed dataset.
 
     Args:
@@ -34,40 +35,43 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
             a URL (s3://, gs://, az://, http(s)://). DALI's own readers read
             a remote dataset from local copies: all its shards are downloaded
             into the shared cache first (see fastdata.dali.downloads).
-        batch_size: samples per batch.
-        **options: the other fields of :class:`DALIOptions`:
+        decode: a :class:`fastdata.Decode`, the same value the torch Datasets
+            take: ``size`` (an int for the shorter side, aspect kept, or
+            (height, width)) and ``crop``: a :class:`fastdata.CenterCrop`
+            after the resize, or a :class:`fastdata.RandomResizedCrop`
+            (instead of ``size``): a random crop of its area and ratio ranges
+            (DALI's sampler: up to 10 tries, as torchvision's), resized to its
+            size and flipped with probability ``hflip``. The boxes are DALI's
+            own draws, seeded by the order's seed: statistically those of
+            fastdata's Datasets, not the same boxes, and not resumable
+            mid-epoch. DALI decodes with its own decoder to RGB tensors
+            (``decoder``, ``keep_gray``, ``max_pixels`` and ``output`` are the
+            torch Datasets').
+        order: a :class:`fastdata.Order`, as the Datasets take it:
+            ``batch_size`` (None: 64), ``shuffle``, ``seed`` (the same on every
+            rank, so their parts stay disjoint), ``drop_last``,
+            ``rank``/``world_size`` (this pipeline's part of the data; default
+            torch.distributed's, else 0/1), and ``block``/``window``. The
+            external source reads the order engine's order (a permutation of
+            the whole dataset by default: the order a map-style Dataset reads
+            with the same seed); DALI's tfrecord/webdataset readers shuffle
+            within a buffer of ``window`` records (default 1024). With
+            ``drop_last`` the external source drops a short last batch;
+            DALI's readers always fill the last batch by repeating the
+            shard's last record (``pad_last_batch``), which DALILoader (or
+            ``DALIGenericIterator(reader_name=READER_NAME)``) trims or drops.
+        run_ahead: batches DALI prepares ahead (its prefetch queue depth).
+        **options: DALI's own keywords:
 
-            size: resize to this: an int for the shorter side (aspect kept), or
-                (height, width). None keeps each image's size.
             device: "gpu" (decode with nvJPEG, process on the GPU; needs CUDA),
                 "cpu" (a CPU-only pipeline, ``device_id=None``) or "auto" (GPU
                 when DALI sees one).
             device_id: the CUDA device for "gpu"; None takes torch's current one.
             num_threads: DALI's CPU threads.
-            shard_id, num_shards: this pipeline's part of the data; by default
-                the torch.distributed rank and world size when it is
-                initialised, else 0/1.
-            shuffle: shuffle each epoch (the external source: a permutation of
-                the whole dataset; DALI's tfrecord/webdataset readers: within a
-                buffer of ``shuffle_buffer`` records).
-            seed: the random seed (the same on every rank, so shards stay disjoint).
             mean, std: per-channel values (0-1 or 0-255 scale); with them the
                 images are normalised on the pipeline's device to float32,
                 otherwise they stay uint8.
             layout: "CHW" (default) or "HWC".
-            crop: centre crop (int or (h, w)) after the resize; or a
-                ``fastdata.RandomResizedCrop`` (instead of ``size``): a random
-                crop of its area and ratio ranges (DALI's sampler: up to 10
-                tries, as torchvision's), resized to its size and flipped with
-                probability ``hflip``. The boxes are DALI's own draws, seeded by
-                ``seed``: statistically those of fastdata's Datasets, not the
-                same boxes, and not resumable mid-epoch.
-            drop_last: leave out each epoch's last partial batch. The external
-                source ends its epochs itself (the last batch is smaller, or
-                dropped); DALI's readers always fill the last batch by
-                repeating the shard's last record (``pad_last_batch``), which
-                DALILoader (or ``DALIGenericIterator(reader_name=READER_NAME)``)
-                trims or drops.
             reader: "auto", "dali" (DALI's own reader; tfrecord and tar only)
                 or "external" (fastdata's reader in an external source, any format).
             py_workers: worker processes running the external source in
@@ -77,14 +81,17 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
                 "fork" on the CPU and "spawn" on the GPU (a process that has
                 initialised CUDA must not fork). Under "spawn" the script that
                 builds the pipeline needs an ``if __name__ == "__main__":`` guard.
-            prefetch: batches DALI prepares ahead.
-            shuffle_buffer: the shuffle buffer of DALI's readers.
             index_dir: where generated DALI index files go (tar shards, and
                 TFRecord shards without ``.idx``); default
                 ``$FASTDATA_CACHE_DIR`` or ``~/.cache/fastdata``, under
                 ``dali-index/``.
             reader_options: passed to ``fastdata.formats.open_reader`` (for example
                 ``{"verify": False}``).
+
+            For one release the old flat names (``batch_size``, ``size``,
+            ``crop`` as an int, ``shuffle``, ``seed``, ``drop_last``,
+            ``shard_id``, ``num_shards``, ``shuffle_buffer``, ``prefetch``)
+            still work, with a DeprecationWarning naming the new spelling.
 
     Returns:
         The ``nvidia.dali.Pipeline``, outputs ``(images, labels)``: images
@@ -98,7 +105,8 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
         ValueError: an option is out of range.
     """
     import_dali()  # before the options: without DALI, say how to install it first
-    return plan_and_build(path, DALIOptions(batch_size=batch_size, **options))[0]
+    opts = dali_options(decode, order, run_ahead=run_ahead, where="build_pipeline", **options)
+    return plan_and_build(path, opts)[0]
 
 
 def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
@@ -150,6 +158,7 @@ def _external(fn: Any, types: Any, plan: PipelinePlan, options: DALIOptions,
     source = ExternalBatches(plan.path, batch_size=options.batch_size, shard_id=plan.shard_id,
                              num_shards=plan.num_shards, shuffle=options.shuffle,
                              seed=options.seed, drop_last=options.drop_last, mode=plan.mode,
+                             block=options.block, window=options.window,
                              transcode=plan.transcode, reader_options=options.reader_options,
                              reader=reader)
     return external_node(fn, types, source, py_workers=options.py_workers,

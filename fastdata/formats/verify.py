@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from fastdata.decoding.strict import StrictDecoder
 from fastdata.errors import CorruptDataError, DamagedImageError, exception_text
-from fastdata.formats import open_reader
+from fastdata.formats import open_reader, salvage
 from fastdata.progress import progress_bar
 
 #: Unreadable records in a row after which the rest of a file is not tried
@@ -177,59 +177,11 @@ def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
 def _check_records(reader, decode: bool, on_problem, on_progress) -> int:
     # Raw records are pixels of the manifest's shape, not an encoded image.
     decode_one = StrictDecoder(raw_shape=reader.manifest.raw_shape) if decode else None
-    checked = 0
-    next_index = 0
-    try:
-        for index, data, _label in reader.records(check=False):
-            next_index = index + 1
-            on_progress(1)
-            checked += 1
-            _check_one(reader, index, data, decode_one, on_problem)
-    except CorruptDataError as exc:
-        # The container is damaged at this record: report it, then read the
-        # rest one record at a time so that every readable record is checked.
-        on_progress(1)
-        on_problem(_error_problem(reader, next_index, exc))
-        checked += _check_rest(reader, next_index + 1, decode_one, on_problem, on_progress)
-    return checked
-
-
-def _check_metadata(reader, on_problem) -> None:
-    """Each record's metadata against its CRC32, and as JSON."""
-    try:
-        if not reader.has_metadata:
-            return
-        reader.metadata_crcs()  # the array itself first: its SHA-256
-    except CorruptDataError as exc:
-        on_problem(_error_problem(reader, None, exc))
-        return
-    for start in range(0, len(reader), _METADATA_BATCH):
-        batch = list(range(start, min(start + _METADATA_BATCH, len(reader))))
-        try:
-            found = reader.metadata_bytes_many(batch, check=False)
-        except CorruptDataError:
-            found = None  # one at a time, to name each damaged record
-        for k, index in enumerate(batch):
-            try:
-                data = found[k] if found is not None else \
-                    reader.metadata_bytes_many([index], check=False)[0]
-                reader.check_metadata(index, data)
-                reader.parse_metadata(index, data)
-            except CorruptDataError as exc:
-                on_problem(_error_problem(reader, index, exc))
-
-
-#: Records whose metadata is read at a time by verify.
-_METADATA_BATCH = 256
-
-
-def _check_rest(reader, start: int, decode_one, on_problem, on_progress) -> int:
     checked = run = 0
-    for index in range(start, len(reader)):
+    # The walk, and past damage every readable record one at a time.
+    for index, data, exc in salvage.walk(reader):
         on_progress(1)
-        try:
-            data = reader.read(index)
-        except CorruptDataError as exc:
+        if exc is not None:
             on_problem(_error_problem(reader, index, exc))
             run += 1
             if run >= MAX_UNREADABLE_RUN and index + 1 < len(reader):
@@ -242,6 +194,32 @@ def _check_rest(reader, start: int, decode_one, on_problem, on_progress) -> int:
         checked += 1
         _check_one(reader, index, data, decode_one, on_problem)
     return checked
+
+
+def _check_metadata(reader, on_problem) -> None:
+    """Each record's metadata against its CRC32, and as JSON."""
+    try:
+        if not reader.has_metadata:
+            return
+        reader.metadata_crcs()  # the array itself first: its SHA-256
+    except CorruptDataError as exc:
+        on_problem(_error_problem(reader, None, exc))
+        return
+    read_many = lambda batch: reader.metadata_bytes_many(batch, check=False)  # noqa: E731
+    for index, data, exc in salvage.read_batches(range(len(reader)), read_many,
+                                                 lambda i: read_many([i])[0],
+                                                 batch=_METADATA_BATCH):
+        try:
+            if exc is not None:
+                raise exc
+            reader.check_metadata(index, data)
+            reader.parse_metadata(index, data)
+        except CorruptDataError as err:
+            on_problem(_error_problem(reader, index, err))
+
+
+#: Records whose metadata is read at a time by verify.
+_METADATA_BATCH = 256
 
 
 def _check_one(reader, index: int, data, decode_one, on_problem) -> None:

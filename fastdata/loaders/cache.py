@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, exception_text
+from fastdata.formats import salvage
 from fastdata.machine import human_bytes, meminfo
 from fastdata.progress import progress_bar
 
@@ -221,7 +222,6 @@ class SharedPayloadCache(_SharedBlock):
     def _fill(self, reader, bar, skip_damaged: bool) -> None:
         n, payload = self.count, self.nbytes
         pos = 0
-        done = np.zeros(n, dtype=bool)
 
         def put(index: int, data) -> None:
             nonlocal pos
@@ -237,31 +237,21 @@ class SharedPayloadCache(_SharedBlock):
             self.damaged[index] = exc.message
             self._offsets[index] = pos  # an empty slot: never returned
 
-        try:
-            # Sequential first: the fastest way through a file.
-            for index, data, _label in reader.records(check=False):
-                done[index] = True
-                bar.update(1)
-                try:
-                    if reader.verify:
-                        reader.check(index, data)
-                except CorruptDataError as exc:
-                    if not skip_damaged:
-                        raise
-                    damaged(index, exc)
-                    continue
-                put(index, data)
-        except CorruptDataError:
-            if not skip_damaged:
-                raise
-            # The container is damaged past some point: fetch what is left one
-            # record at a time, so every readable record still gets in.
-            for index in np.flatnonzero(~done).tolist():
-                bar.update(1)
-                try:
-                    put(index, reader.read(index))
-                except CorruptDataError as exc:
-                    damaged(index, exc)
+        # Sequential first, the fastest way through a file; past damage, every
+        # readable record one at a time.
+        for index, data, exc in salvage.walk(reader):
+            bar.update(1)
+            try:
+                if exc is not None:
+                    raise exc
+                if reader.verify:
+                    reader.check(index, data)
+            except CorruptDataError as err:
+                if not skip_damaged:
+                    raise
+                damaged(index, err)
+                continue
+            put(index, data)
         self._offsets[n] = pos
         if self.damaged:
             # Offsets must not decrease for the slots after an empty one.

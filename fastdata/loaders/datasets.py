@@ -20,10 +20,12 @@ from torch.utils.data import Dataset
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import FORMATS, detect_format
 from fastdata.formats.reader import Reader
-from fastdata.image_header import DEFAULT_MAX_PIXELS
+from fastdata.decoding.options import Decode
+from fastdata.deprecated import take_read_options
 from fastdata.loaders.decode_pool import DecodePool, decode_threads_for_worker
 from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
 from fastdata.loaders.sizes import fixed_shape, stacked_by_caller
+from fastdata.order.options import Order
 
 
 class PackedDataset(SamplePipeline, Dataset):
@@ -35,33 +37,19 @@ class PackedDataset(SamplePipeline, Dataset):
 
     Args:
         path: the packed dataset.
-        transform: applied to the image (after ``output`` conversion).
+        decode: how records are decoded (:class:`fastdata.Decode`: ``size``,
+            ``crop``, ``decoder``, ``keep_gray``, ``max_pixels``, ``output``);
+            None: each image whole, as a uint8 CHW tensor.
+        order: the order :class:`fastdata.EpochBatches` and ``fastdata.loader``
+            read it in (:class:`fastdata.Order`); its seed also draws a random
+            crop's boxes. ``ds[i]`` is record i whatever the order.
+        transform: applied to the image (after the ``output`` conversion).
         target_transform: applied to the label.
-        output: "tensor" (uint8 CHW torch tensor), "numpy" (uint8 HWC array),
-            "pil" (RGB PIL image) or "bytes" (the stored payload, undecoded).
         on_error: "raise" (default) raises on a corrupt or undecodable record,
             naming the file, index and key; "skip" leaves it out of the batch
             (``__getitem__`` moves on to the next record) and counts it in
             ``skipped``.
         verify: check each record's CRC32 when read.
-        decoder: "auto" (fastest installed for each encoding) or one of
-            ``fastdata.decoding.decoder_registry.DECODERS`` (pil, opencv, simplejpeg, jpeg4py).
-        size: decode straight to this size: an int for the shorter side, or
-            (h, w). JPEGs use DCT scaling first. None keeps each image's size.
-        keep_gray: return grayscale images with 1 channel instead of 3.
-        crop: a :class:`fastdata.RandomResizedCrop`: each image is cropped
-            to a random box, flipped and resized to the crop's size (instead
-            of ``size=``, which it excludes); JPEGs decode only the box when
-            TurboJPEG 3 is installed, other images decode whole. The box of
-            record i is drawn from ``(seed, epoch, i)``: the same in any
-            worker and after a restart. Call :meth:`set_epoch` each epoch.
-        seed: the seed of ``crop``'s boxes.
-        max_pixels: a record whose image header declares more pixels is refused
-            before decoding (an error naming it, or skipped under
-            ``on_error="skip"``); None: no limit. Default 178,956,970, where
-            Pillow refuses decompression bombs.
-        decode_threads: threads decoding a batch in ``__getitems__``; None uses
-            the usable cores divided by the DataLoader workers.
         cache: None; "ram": copy every stored payload once, up front, into
             shared memory used by all DataLoader workers (one copy in total;
             refused with a clear message when memory is short); "decoded":
@@ -72,7 +60,15 @@ class PackedDataset(SamplePipeline, Dataset):
         with_metadata: samples are ``(image, label, metadata)``, metadata the
             record's dict (``{}`` when it has none; see :meth:`metadata`).
             Batch them with ``fastdata.collate``, which keeps the dicts as a list.
-        **reader_options: format options passed to the reader.
+        decode_threads: threads decoding a batch in ``__getitems__``; None uses
+            the usable cores divided by the DataLoader workers.
+        **reader_options: format options passed to the reader (and, for one
+            release, the old flat names of the decode options and ``seed``,
+            with a DeprecationWarning).
+
+    A random crop's box of record i is drawn from ``(seed, epoch, i)``: the
+    same in any worker and after a restart; the epoch follows the
+    :class:`fastdata.EpochBatches` that reads the dataset (or :meth:`set_epoch`).
     """
 
     #: The reader class; None: the one the dataset's format registers.
@@ -82,43 +78,42 @@ class PackedDataset(SamplePipeline, Dataset):
         self,
         path: str | os.PathLike,
         *,
+        decode: Decode | None = None,
+        order: Order | None = None,
         transform: Callable | None = None,
         target_transform: Callable | None = None,
-        output: str = "tensor",
         on_error: str = "raise",
         verify: bool = True,
-        decoder: str = "auto",
-        size: int | tuple[int, int] | None = None,
-        keep_gray: bool = False,
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
-        decode_threads: int | None = None,
         cache: str | None = None,
         progress: bool | None = None,
         with_metadata: bool = False,
-        crop=None,
-        seed: int = 0,
+        decode_threads: int | None = None,
         **reader_options: Any,
     ) -> None:
+        decode, order = take_read_options(type(self).__name__, reader_options, decode, order,
+                                          order_names={"seed": "seed"})
         if cache not in (None, "ram", "decoded"):
             raise ValueError(f"cache must be None, 'ram' or 'decoded', not {cache!r}")
-        if cache == "decoded" and crop is not None:
+        if cache == "decoded" and decode is not None and decode.crop is not None:
             raise ValueError("cache='decoded' stores one fixed size per record and crop= "
                              "draws a new crop each epoch; use cache='ram' with crop=")
+        if order is not None and not isinstance(order, Order):
+            raise TypeError(f"order must be a fastdata.Order, not {order!r}")
         reader_class = self.reader_class or detect_format(path).load_reader()
-        self._init_samples(reader_class(path, verify=verify, **reader_options),
+        self._init_samples(reader_class(path, verify=verify, **reader_options), decode,
                            transform=transform, target_transform=target_transform,
-                           output=output, on_error=on_error, decoder=decoder, size=size,
-                           keep_gray=keep_gray, max_pixels=max_pixels,
-                           with_metadata=with_metadata, crop=crop)
-        self.seed = int(seed)
-        if self.seed < 0:
-            raise ValueError(f"seed must be non-negative, not {seed}")
+                           on_error=on_error, with_metadata=with_metadata)
+        #: The order batches are read in (:class:`fastdata.Order`);
+        #: ``order_given``: whether the caller chose it.
+        self.order = Order() if order is None else order
+        self.order_given = order is not None
+        self.seed = self.order.seed
         # With crop=, in shared memory: DataLoader workers, persistent ones
         # included, read the value set_epoch() last wrote in the main process.
         # Without it the epoch changes nothing, and a shared tensor would cost
         # a file descriptor per dataset.
         self._epoch = torch.zeros((), dtype=torch.int64)
-        if crop is not None:
+        if self.crop is not None:
             self._epoch.share_memory_()
         self.decode_threads = decode_threads
         self._decoders = DecodePool(decode_threads)
@@ -397,11 +392,64 @@ def dataset_class(spec) -> type[PackedDataset]:
     return PackedDataset
 
 
-def open_dataset(path: str | os.PathLike, **options: Any) -> PackedDataset:
-    """Open a packed dataset with the Dataset class its format calls for.
+def open_dataset(
+    path: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    streaming: bool = False,
+    decode: Decode | None = None,
+    order: Order | None = None,
+    transform: Callable | None = None,
+    target_transform: Callable | None = None,
+    on_error: str = "raise",
+    verify: bool = True,
+    with_metadata: bool = False,
+    cache: str | None = None,
+    **reader_options: Any,
+):
+    """Open a packed dataset for training, map-style or as a stream.
 
     Args:
-        path: a packed dataset (``.lmdb`` folder, ...).
-        **options: passed to the Dataset (``transform``, ``output``, ...).
+        path: a packed dataset: an ``.lmdb`` folder, an ``.h5`` file, a tar or
+            TFRecord manifest (or shard pattern), a local path or a URL.
+        streaming: False (default): a map-style Dataset (the Dataset class its
+            format calls for: ``ds[i]``, random access, ``fastdata.EpochBatches``
+            for the order); True: a :class:`fastdata.ShardedIterableDataset`
+            that reads sharded formats (tar, TFRecord) front to back in the
+            order's blocks (the way to read from object storage).
+        decode: how records are decoded (:class:`fastdata.Decode`: size, crop,
+            decoder, keep_gray, max_pixels, output).
+        order: the order it is read in (:class:`fastdata.Order`: shuffle,
+            seed, batch_size, drop_last, rank, world_size, block, window):
+            given here once, it is the order ``fastdata.loader`` and
+            ``fastdata.EpochBatches`` read in.
+        transform, target_transform: applied to each image, each label.
+        on_error: "raise" (default) or "skip" (a record that cannot be read
+            or decoded is left out and counted in ``skipped``).
+        verify: check each record's checksum as it is read.
+        with_metadata: samples are ``(image, label, metadata)``.
+        cache: map-style only: None, "ram" or "decoded" (see :class:`PackedDataset`).
+        **reader_options: format options passed to the reader, and the
+            options one way of reading has (map-style ``decode_threads``,
+            ``progress``; streaming ``read_ahead``, ``remote_read``).
+
+    Returns:
+        A map-style Dataset (a :class:`PackedDataset`), or a
+        :class:`fastdata.ShardedIterableDataset` with ``streaming=True``.
     """
-    return dataset_class(detect_format(path))(path, **options)
+    # The old flat names, warned about here, where the caller's line is.
+    decode, order = take_read_options("open_dataset", reader_options, decode, order,
+                                      order_names=None if streaming else {"seed": "seed"})
+    common = dict(decode=decode, order=order, transform=transform,
+                  target_transform=target_transform, on_error=on_error, verify=verify,
+                  with_metadata=with_metadata, **reader_options)
+    if streaming:
+        if cache is not None:
+            raise ValueError("cache= is for map-style reading; a stream reads each shard "
+                             "front to back (open it with streaming=False to cache it)")
+        from fastdata.loaders.iterable import ShardedIterableDataset
+
+        return ShardedIterableDataset(path, **common)
+    if isinstance(path, (list, tuple)):
+        raise ValueError("a list of shard files is read as a stream: pass streaming=True, "
+                         "or open the set's manifest")
+    return dataset_class(detect_format(path))(path, cache=cache, **common)

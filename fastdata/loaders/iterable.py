@@ -18,19 +18,18 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptDataError, FastDataError
-from fastdata.formats import detect_format
-from fastdata.image_header import DEFAULT_MAX_PIXELS
+from fastdata.formats import detect_format, salvage
+from fastdata.decoding.options import Decode
+from fastdata.deprecated import take_read_options
 from fastdata.loaders.read_ahead import Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.sizes import stacked_by_caller
 from fastdata.machine import rank_and_world
-from fastdata.order.epochs import DEFAULT_BLOCK, DEFAULT_WINDOW, Shuffle, epoch_order
+from fastdata.order.epochs import Shuffle, epoch_order
+from fastdata.order.options import Order
 from fastdata.order.slices import Slice
 from fastdata.order.state import StreamPoint, WorkerPosition, parse_state, worker_positions
 from fastdata.redaction import redact
-
-#: Records read per random-access batch (and per retry batch after damage).
-_REST_BATCH = 64
 
 
 class ShardedIterableDataset(SamplePipeline, IterableDataset):
@@ -39,9 +38,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
 
     **One order per epoch.** For a seed and an epoch, the whole job reads the
     records in one fixed order (see :mod:`fastdata.order`):
-    without ``shuffle`` the stored order, with it a block shuffle that mixes
-    ``shuffle_window`` records at a time (blocks of ``shuffle_block``
-    consecutive records move together, so reads stay near each other). Ranks
+    without ``Order(shuffle=True)`` the stored order, with it a block shuffle
+    that mixes ``window`` records at a time (blocks of ``block`` consecutive
+    records move together, so reads stay near each other). Ranks
     and workers take slices of that order: with ``batch_size`` equal to the
     DataLoader's, the job consumes the same batches in the same order with
     any number of workers, and after t steps of every rank exactly the first
@@ -72,23 +71,28 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
 
     Args:
         path: the dataset's manifest, a shard, a shard pattern, or a list of shard files.
+        decode: how records are decoded (:class:`fastdata.Decode`), as for
+            map-style datasets.
+        order: :class:`fastdata.Order`: ``shuffle``, ``seed`` (the epoch is
+            mixed in), ``batch_size`` (the DataLoader's: workers then take
+            whole batches in turn, so the order does not depend on the number
+            of workers and a resume may change the number of ranks or
+            workers; None: single samples in turn, and equal work and exact
+            resume with the same workers still hold), ``drop_last`` (drop the
+            last samples of the order, fewer than one per rank, instead of
+            padding with repeats), ``rank``/``world_size`` (default:
+            torch.distributed's), and the shuffle mode ``block``/``window``
+            (records in blocks of 16 consecutive ones, 8192 records mixed at
+            once; ``block="shard"``: each shard is a block, so a window spans
+            whole shards, for ``remote_read="shards"``).
         transform: applied to each image.
         target_transform: applied to each label.
-        output: "tensor", "numpy", "pil" or "bytes" (as for map-style datasets).
-        shuffle: read each epoch in a seeded random order (see ``set_epoch``).
-        seed: the shuffle's seed; the epoch is mixed in.
-        batch_size: the DataLoader's batch size: workers then take whole batches
-            in turn, so the order does not depend on the number of workers and
-            a resume may change the number of ranks or workers. None: workers
-            take single samples in turn (equal work and exact resume with the
-            same workers still hold).
-        drop_last: drop the last samples of the order (fewer than one per rank)
-            instead of padding with repeats.
-        shuffle_window: records permuted together (whole blocks).
-        shuffle_block: consecutive records that stay together in the order, or
-            "shard": each shard is a block, so a window spans
-            ``shuffle_window`` records of whole shards (for
-            ``remote_read="shards"``: a bounded number of shards at a time).
+        on_error: "raise" or "skip": a record that cannot be read is left out and
+            counted in ``skipped`` (a skipped record shortens its rank's epoch).
+        verify: check payload checksums.
+        with_metadata: samples are ``(image, label, metadata)``, metadata the
+            record's dict (``{}`` when it has none); batch them with
+            ``fastdata.collate``, which keeps the dicts as a list.
         read_ahead: for a dataset at a URL, chunks of 64 records requested
             ahead of use (in one thread per worker), so that requests overlap
             decoding.
@@ -98,76 +102,45 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             (``FASTDATA_CACHE_DIR``, ``FASTDATA_CACHE_LIMIT``), ``read_ahead``
             shards in flight, and reads them locally: far fewer requests, but
             a shuffle window touches many shards, which must fit in the cache.
-        on_error: "raise" or "skip": a record that cannot be read is left out and
-            counted in ``skipped`` (a skipped record shortens its rank's epoch).
-        verify: check payload checksums.
-        rank, world_size: override torch.distributed's (for tests or custom launchers).
-        decoder, size, keep_gray, max_pixels: decoding options, as for map-style datasets.
-        crop: a :class:`fastdata.RandomResizedCrop` (instead of ``size``): the
-            box of record i is drawn from ``(seed, epoch, i)``, so it does not
-            depend on the ranks, workers or a resume.
-        with_metadata: samples are ``(image, label, metadata)``, metadata the
-            record's dict (``{}`` when it has none); batch them with
-            ``fastdata.collate``, which keeps the dicts as a list.
         **reader_options: format options passed to the reader (for TFRecord:
-            ``feature_keys``, ``chunk_size``).
+            ``feature_keys``, ``chunk_size``), and for one release the old
+            flat names of the decode and order options (``size=``,
+            ``shuffle=``, ``shuffle_window=``, ...), with a DeprecationWarning.
+
+    A random crop's box of record i is drawn from ``(seed, epoch, i)``, so it
+    does not depend on the ranks, workers or a resume.
     """
 
     def __init__(
         self,
         path,
         *,
+        decode: Decode | None = None,
+        order: Order | None = None,
         transform: Callable | None = None,
         target_transform: Callable | None = None,
-        output: str = "tensor",
-        shuffle: bool = False,
-        seed: int = 0,
-        batch_size: int | None = None,
-        drop_last: bool = False,
-        shuffle_window: int = DEFAULT_WINDOW,
-        shuffle_block: int | str = DEFAULT_BLOCK,
-        shuffle_buffer: int | None = None,
-        read_ahead: int = 4,
-        remote_read: str = "ranges",
         on_error: str = "raise",
         verify: bool = True,
-        rank: int | None = None,
-        world_size: int | None = None,
-        decoder: str = "auto",
-        size: int | tuple[int, int] | None = None,
-        keep_gray: bool = False,
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
         with_metadata: bool = False,
-        crop=None,
+        read_ahead: int = 4,
+        remote_read: str = "ranges",
         **reader_options: Any,
     ) -> None:
+        decode, order = take_read_options(type(self).__name__, reader_options, decode, order)
+        if order is not None and not isinstance(order, Order):
+            raise TypeError(f"order must be a fastdata.Order, not {order!r}")
         spec = detect_format(path)
         if not spec.sharded:
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "
                                 f"a map-style Dataset", path=os.fspath(path) if not
                                 isinstance(path, (list, tuple)) else None)
-        self._init_samples(spec.load_reader()(path, verify=verify, **reader_options),
+        self._init_samples(spec.load_reader()(path, verify=verify, **reader_options), decode,
                            transform=transform, target_transform=target_transform,
-                           output=output, on_error=on_error, decoder=decoder, size=size,
-                           keep_gray=keep_gray, max_pixels=max_pixels,
-                           with_metadata=with_metadata, crop=crop)
-        if shuffle_buffer is not None:  # the name of the window before block shuffling
-            shuffle_window = shuffle_buffer
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        if shuffle_block != "shard" and (isinstance(shuffle_block, str) or shuffle_block < 1):
-            raise ValueError(f"shuffle_block must be a record count of at least 1 or "
-                             f"'shard', not {shuffle_block!r}")
-        if int(shuffle_window) < 1:
-            raise ValueError(f"shuffle_window must be at least 1, not {shuffle_window}")
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        if crop is not None and self.seed < 0:
-            raise ValueError(f"crop= needs a non-negative seed, not {seed}")
-        self.batch_size = None if batch_size is None else int(batch_size)
-        self.drop_last = bool(drop_last)
-        self.shuffle_window = int(shuffle_window)
-        self.shuffle_block = shuffle_block if shuffle_block == "shard" else int(shuffle_block)
+                           on_error=on_error, with_metadata=with_metadata)
+        #: The order the stream is read in (:class:`fastdata.Order`);
+        #: ``order_given``: whether the caller chose it.
+        self.order = Order() if order is None else order
+        self.order_given = order is not None
         self.read_ahead = max(0, int(read_ahead))
         if remote_read not in ("ranges", "shards"):
             raise ValueError(f"remote_read must be 'ranges' or 'shards', not {remote_read!r}")
@@ -175,16 +148,33 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         # The epoch lives in shared memory: DataLoader workers, persistent ones
         # included, read the value set_epoch() last wrote in the main process.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-        self._rank = rank
-        self._world = world_size
+        self._rank = self.order.rank
+        self._world = self.order.world_size
         self._resume: StreamPoint | WorkerPosition | None = None
         self._position: WorkerPosition | None = None
 
     # -- the plan ---------------------------------------------------------------
 
     @property
-    def order(self) -> Shuffle:
-        return Shuffle(self.shuffle, self.seed, self.shuffle_block, self.shuffle_window)
+    def shuffle_mode(self) -> Shuffle:
+        """The order engine's shuffle (mode, seed, block, window) of this stream."""
+        return self.order.shuffle_of(len(self.reader), stream=True)
+
+    # The order's fields, read where the stream's code and its users look for them.
+    shuffle = property(lambda self: self.order.shuffle)
+    seed = property(lambda self: self.order.seed)
+    drop_last = property(lambda self: self.order.drop_last)
+    shuffle_block = property(lambda self: self.shuffle_mode.block)
+    shuffle_window = property(lambda self: self.shuffle_mode.window)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.order.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        # fastdata.loader() gives a stream made without one its own batch size.
+        self.order = self.order.changed(batch_size=value)
 
     def _rank_world(self) -> tuple[int, int]:
         return rank_and_world(self._rank, self._world)
@@ -196,7 +186,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         start = self._resume.consumed if isinstance(self._resume, StreamPoint) \
             and self._resume.epoch == self.epoch else 0
         return Slice(len(self.reader), start, world, rank, self.batch_size or 1,
-                     "drop" if self.drop_last else "pad")
+                     self.order.policy)
 
     def __len__(self) -> int:
         """Samples this rank yields this epoch (the same on every rank)."""
@@ -220,6 +210,12 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             self._resume = None
         if self._position is not None and self._position.epoch != self.epoch:
             self._position = None
+
+    def _after_pass(self) -> None:
+        """``fastdata.loader()`` calls this after a whole pass: the next pass
+        reads the next epoch (its order and crops), so a loop without
+        set_epoch() does not repeat an order."""
+        self.set_epoch(self.epoch + 1)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -250,7 +246,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         Raises:
             ValueError: the state belongs to another dataset, order or layout.
         """
-        self._resume = parse_state(state, records=len(self.reader), order=self.order)
+        self._resume = parse_state(state, records=len(self.reader), order=self.shuffle_mode)
         if isinstance(self._resume, StreamPoint):
             self.epoch = self._resume.epoch
         # A worker's position carries its epoch: torchdata loads it when it
@@ -269,10 +265,10 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             raise ValueError("pass a StatefulDataLoader state_dict() or batches=, not both")
         if loader_state is not None:
             return parse_state(loader_state, records=len(self.reader),
-                               order=self.order).to_dict()
+                               order=self.shuffle_mode).to_dict()
         plan = self.plan()
         return StreamPoint(self.epoch, plan.consumed_after(int(batches)), len(self.reader),
-                           self.order.describe()).to_dict()
+                           self.shuffle_mode.describe()).to_dict()
 
     # -- iteration --------------------------------------------------------------
 
@@ -295,7 +291,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self._drawing_epoch = position.epoch
         starts = np.asarray([first for first, _ in self.reader.shard_ranges()],
                             dtype=np.int64) if self.shuffle_block == "shard" else None
-        order = epoch_order(plan.n, self.order, position.epoch, starts)
+        order = epoch_order(plan.n, self.shuffle_mode, position.epoch, starts)
         labels = self.reader.labels
         watch_sizes = stacked and self.output in ("tensor", "numpy") and self.transform is None
         for index, data, meta in self._records(plan, order, position):
@@ -319,7 +315,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             return WorkerPosition(**{**vars(resume)})
         plan = self.plan()
         return WorkerPosition(epoch=self.epoch, start=plan.start, records=plan.n,
-                              order=self.order.describe(), world=world, rank=rank,
+                              order=self.shuffle_mode.describe(), world=world, rank=rank,
                               workers=workers, worker=worker, batch_size=self.batch_size or 0,
                               drop_last=self.drop_last, taken=0)
 
@@ -371,28 +367,17 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         """Records by random access, in batches; a batch that fails is read again
         one record at a time, and unreadable records are skipped and counted (a
         run of them with one warning: a truncated shard loses many at once)."""
-        reader = self.reader
         lost: list[tuple[int, CorruptDataError]] = []
-        for start in range(0, len(indices), _REST_BATCH):
-            batch = indices[start:start + _REST_BATCH]
-            try:
-                payloads = reader.read_many(batch)
-            except CorruptDataError:
-                payloads = None  # find the bad ones: one record at a time
-            for k, index in enumerate(batch):
-                if payloads is not None:
-                    data = payloads[k]
-                else:
-                    try:
-                        data = reader.read(index)
-                    except CorruptDataError as exc:
-                        if self.on_error == "raise":
-                            raise
-                        lost.append((index, exc))
-                        continue
-                self._report_lost(lost)
-                lost = []
-                yield index, data
+        for index, data, exc in salvage.read_batches(indices, self.reader.read_many,
+                                                     self.reader.read):
+            if exc is not None:
+                if self.on_error == "raise":
+                    raise exc
+                lost.append((index, exc))
+                continue
+            self._report_lost(lost)
+            lost = []
+            yield index, data
         self._report_lost(lost)
 
     def _report_lost(self, lost: list[tuple[int, CorruptDataError]]) -> None:

@@ -151,6 +151,14 @@ class CUDAPrefetcher:
     # -- iteration ----------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        yield from self._passes()
+        # A whole pass read: a stream goes on to its next epoch, as the
+        # map-style EpochBatches does (set_epoch() may still say which).
+        after = getattr(getattr(self.loader, "dataset", None), "_after_pass", None)
+        if callable(after):
+            after()
+
+    def _passes(self) -> Iterator[Any]:
         if not self.cuda:
             for batch in self._batches:
                 yield self._move(batch, [True])
@@ -186,47 +194,43 @@ class CUDAPrefetcher:
 def loader(
     dataset,
     *,
-    batch_size: int = 64,
-    shuffle: bool | None = None,
-    num_workers: int | None = None,
     device: str | torch.device | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     channels_last: bool = False,
     dtype: torch.dtype = torch.float32,
-    drop_last: bool = False,
-    seed: int | None = None,
-    background: int = 2,
+    num_workers: int | None = None,
+    run_ahead: int = 2,
     **dataloader_options: Any,
 ):
     """A DataLoader with sensible settings for ``dataset``, wrapped in a
     :class:`CUDAPrefetcher` when the batches go to a GPU.
 
+    The batches come in the dataset's order (the :class:`fastdata.Order` it
+    was opened with: shuffle, seed, batch_size, drop_last, ranks), so the order
+    is given in one place. A map-style dataset is read in the order engine's
+    batches (:class:`fastdata.EpochBatches`): one order per (seed, epoch)
+    whatever the workers, equal batches on every torch.distributed rank, the
+    next epoch after each pass, and a position a ``StatefulDataLoader`` saves
+    and restores. A stream orders itself.
+
     Args:
-        dataset: a fastdata Dataset (map-style or iterable) or any torch Dataset.
-        batch_size: samples per batch (a ShardedIterableDataset made without
-            ``batch_size`` is given this one).
-        shuffle: default True for map-style datasets, False for iterable ones
-            (which shuffle themselves).
-        num_workers: default: the usable cores, at most 8.
+        dataset: a fastdata Dataset (map-style or streaming) or any torch Dataset.
         device: "cuda", "cuda:1", "cpu"; default: "cuda" when available, else
             "cpu". Either way batches come out the same kind: float ``dtype``,
             normalised with ``mean``/``std`` (on the CPU when there is no GPU).
         mean, std, channels_last, dtype: passed to the prefetcher.
-        drop_last: drop a partial last batch (map-style: and the last samples
-            of the order, fewer than one per rank, instead of padding).
-        seed: the order's seed (None: 0). A map-style dataset is read in the
-            order engine's batches (:class:`fastdata.EpochBatches`): one order
-            per (seed, epoch) whatever the workers, equal batches on every
-            torch.distributed rank, the next epoch after each pass, and a
-            position a ``StatefulDataLoader`` saves and restores.
-        background: for a map-style dataset with ``num_workers=0``, batches
-            made this many ahead in a thread while the training loop runs
-            (fastdata decodes with the GIL released); 0: each made when asked
-            for. Workers run ahead anyway; an iterable dataset's position
-            (``state_dict()``) must count only batches the loop has taken, so
-            it is not run ahead.
+        num_workers: default: the usable cores, at most 8.
+        run_ahead: batches made ahead of the training loop by each producer:
+            each DataLoader worker (``prefetch_factor``), or, for a map-style
+            dataset with ``num_workers=0``, a background thread (fastdata
+            decodes with the GIL released); 0: each batch made when asked
+            for. A stream without workers is not run ahead: its position
+            (``state_dict()``) must count only batches the loop has taken.
         **dataloader_options: anything else DataLoader takes; overrides ours.
+            For one release the old ``batch_size``, ``shuffle``, ``seed`` and
+            ``drop_last`` (now the dataset's ``order=``) and ``background``
+            (now ``run_ahead``) still work, with a DeprecationWarning.
 
     Returns:
         A :class:`CUDAPrefetcher` over the DataLoader (``.loader``), on ``device``.
@@ -235,11 +239,15 @@ def loader(
 
     from fastdata.machine import usable_cores
 
+    from fastdata.deprecated import renamed
+
     iterable = isinstance(dataset, IterableDataset)
-    if background < 0:
-        raise ValueError(f"background must be 0 or more, not {background}")
-    if shuffle is None:
-        shuffle = not iterable
+    if "background" in dataloader_options:
+        renamed("loader", "background", "run_ahead=")
+        run_ahead = dataloader_options.pop("background")
+    if run_ahead < 0:
+        raise ValueError(f"run_ahead must be 0 or more, not {run_ahead}")
+    order = _loader_order(dataset, dataloader_options, iterable)
     if num_workers is None:
         num_workers = min(8, usable_cores())
     if device is None:
@@ -247,36 +255,64 @@ def loader(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     on_gpu = torch.device(device).type == "cuda"
     options: dict[str, Any] = dict(
-        batch_size=batch_size,
-        shuffle=shuffle if not iterable else False,
         num_workers=num_workers,
         # Pinned host memory makes the prefetcher's copies asynchronous.
         pin_memory=on_gpu and torch.cuda.is_available(),
         # Keep workers (and their open files and decoder pools) between epochs.
         persistent_workers=num_workers > 0,
-        drop_last=drop_last,
     )
-    if num_workers > 0:
-        options["prefetch_factor"] = 4
+    if num_workers > 0 and run_ahead > 0:
+        options["prefetch_factor"] = run_ahead
     if not iterable or getattr(dataset, "with_metadata", False):
         from fastdata.loaders.collate import collate
 
         # Batches stacked once by __getitems__; metadata dicts kept as lists.
         options["collate_fn"] = collate
-    options.update(dataloader_options)
-    if not iterable and not {"sampler", "batch_sampler"} & set(dataloader_options):
+    own_sampler = {"sampler", "batch_sampler"} & set(dataloader_options)
+    if iterable or own_sampler:
+        if "batch_sampler" not in dataloader_options:
+            options.update(batch_size=order.loader_batch, drop_last=order.drop_last)
+        if not iterable and "sampler" not in dataloader_options:
+            options["shuffle"] = order.shuffle
+    else:
         from fastdata.loaders.sampler import EpochBatches
 
         # One order for the job (ranks, workers, resume): the engine's batches.
-        options["batch_sampler"] = EpochBatches(
-            dataset, batch_size=options.pop("batch_size"), shuffle=options.pop("shuffle"),
-            seed=0 if seed is None else seed, drop_last=options.pop("drop_last"))
+        options["batch_sampler"] = EpochBatches(dataset, order)
+    options.update(dataloader_options)
     _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(dataset, **options)
     return CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                           channels_last=channels_last, dtype=dtype,
-                          background=background if data_loader.num_workers == 0
+                          background=run_ahead if data_loader.num_workers == 0
                           and not iterable else 0)
+
+
+def _loader_order(dataset, options: dict, iterable: bool):
+    """The order ``loader()`` reads ``dataset`` in: the dataset's, changed by
+    the loader's deprecated order keywords (popped from ``options``)."""
+    from fastdata.deprecated import moved
+    from fastdata.order.options import Order
+
+    old = {k: options.pop(k) for k in ("batch_size", "shuffle", "seed", "drop_last")
+           if k in options}
+    if old.get("seed", 0) is None or old.get("shuffle", False) is None:
+        old = {k: v for k, v in old.items() if v is not None}  # None meant "the default"
+    mine = getattr(dataset, "order", None)
+    base = mine if isinstance(mine, Order) else Order()
+    given = isinstance(mine, Order) and getattr(dataset, "order_given", True)
+    if old:
+        moved("loader", old, "the dataset's order=fastdata.Order", stacklevel=4)
+        if not given and not iterable and "shuffle" not in old:
+            old["shuffle"] = True  # loader()'s old default for map-style datasets
+        return base.changed(**old)
+    if not given and not iterable:
+        warnings.warn("fastdata.loader() shuffles a map-style dataset opened without order= "
+                      "for one more release; from the next, the dataset's order decides: open "
+                      "it with order=fastdata.Order(shuffle=True) (or shuffle=False)",
+                      DeprecationWarning, stacklevel=3)
+        return base.changed(shuffle=True)
+    return base
 
 
 def _match_stream_batches(dataset, batch_size) -> None:

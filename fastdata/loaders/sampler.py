@@ -1,7 +1,8 @@
 """Batches of record indices for map-style Datasets, from the order engine.
 
-``DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds, batch_size=64, shuffle=True))``
-reads a map-style dataset in the job's one order (:mod:`fastdata.order`): for
+``DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds))`` reads a map-style
+dataset in the :class:`fastdata.Order` it was opened with, the job's one
+order (:mod:`fastdata.order`): for
 (seed, epoch) one sequence of the records, each torch.distributed rank an
 equal part of it (padded or dropped, as streams are), and a resume state that
 is one position in it. A ``StatefulDataLoader`` saves and restores that
@@ -17,8 +18,10 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
+from fastdata.deprecated import take_read_options
 from fastdata.machine import rank_and_world
-from fastdata.order.epochs import Shuffle, epoch_order
+from fastdata.order.epochs import epoch_order
+from fastdata.order.options import Order
 from fastdata.order.slices import Slice
 from fastdata.order.state import StreamPoint, parse_state
 
@@ -29,16 +32,15 @@ class EpochBatches(Sampler[list[int]]):
     Args:
         dataset: the map-style Dataset read (its epoch follows this sampler's),
             or a record count.
-        batch_size: indices per batch (the last batch of an epoch may be short,
-            unless ``drop_last``).
-        shuffle: a seeded random order each epoch (else the stored order).
-        seed: the order's seed; the epoch is mixed in.
-        drop_last: drop the last samples of the order (fewer than one per
-            rank) instead of padding with repeats of its first ones.
-        rank, world_size: this rank and the ranks (default: torch.distributed's).
-        block, window: the order's shuffle (see :mod:`fastdata.order.epochs`):
-            by default every record on its own in one window (a permutation);
-            a stream's defaults (16, 8192) give the order a stream reads.
+        order: a :class:`fastdata.Order` (shuffle, seed, batch_size, drop_last,
+            rank, world_size, block, window); None: the dataset's ``order``
+            (the one it was opened with). Its ``batch_size`` is the indices per
+            batch (None: 64); the last batch of an epoch may be short unless
+            ``drop_last``, which also drops the last samples of the order
+            (fewer than one per rank) instead of padding with repeats of its
+            first ones. The shuffle is a permutation of every record unless
+            ``block``/``window`` say otherwise (a stream's (16, 8192) give the
+            order a stream reads).
 
     Every rank yields the same number of batches. After a whole pass the
     next epoch follows (``set_epoch`` sets one). ``state_dict()`` is the point
@@ -46,21 +48,27 @@ class EpochBatches(Sampler[list[int]]):
     it, or a ``StatefulDataLoader``'s whole state, and continues there.
     """
 
-    def __init__(self, dataset, *, batch_size: int, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False, rank: int | None = None,
-                 world_size: int | None = None, block: int | str = 1,
-                 window: int | None = None) -> None:
+    def __init__(self, dataset, order: Order | None = None, **old_names) -> None:
+        _, old = take_read_options("EpochBatches", old_names, None, order, order_names={
+            **{k: k for k in ("batch_size", "shuffle", "seed", "drop_last", "rank",
+                              "world_size", "block", "window")}})
+        if old_names:
+            raise TypeError(f"EpochBatches() got unexpected keyword(s) "
+                            f"{', '.join(sorted(old_names))}")
+        order = order if old is None else old
         self.dataset = None if isinstance(dataset, int) else dataset
         self.records = int(dataset) if isinstance(dataset, int) else len(dataset)
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        if int(seed) < 0:
-            raise ValueError(f"seed must be non-negative, not {seed}")
-        self.batch_size = int(batch_size)
-        self.order = Shuffle(bool(shuffle), int(seed), block,
-                             self.records if window is None else int(window))
-        self.drop_last = bool(drop_last)
-        self._rank, self._world = rank, world_size
+        if order is None:
+            mine = getattr(self.dataset, "order", None)
+            order = mine if isinstance(mine, Order) else Order()
+        if not isinstance(order, Order):
+            raise TypeError(f"order must be a fastdata.Order, not {order!r}")
+        #: The order read (:class:`fastdata.Order`) and its engine shuffle.
+        self.order = order
+        self.shuffle_mode = order.shuffle_of(self.records, stream=False)
+        self.batch_size = order.loader_batch
+        self.drop_last = order.drop_last
+        self._rank, self._world = order.rank, order.world_size
         self.epoch = 0
         self._start = 0     # samples of this epoch's order consumed before this pass
         self._taken = 0     # batches this pass has handed on
@@ -69,7 +77,7 @@ class EpochBatches(Sampler[list[int]]):
         """This rank's share of the current epoch (from a loaded position on)."""
         rank, world = rank_and_world(self._rank, self._world)
         return Slice(self.records, self._start, world, rank, self.batch_size,
-                     "drop" if self.drop_last else "pad")
+                     self.order.policy)
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch (the same on every rank)."""
@@ -85,7 +93,7 @@ class EpochBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         plan = self.plan()
-        order = epoch_order(self.records, self.order, self.epoch)
+        order = epoch_order(self.records, self.shuffle_mode, self.epoch)
         self._taken = 0
         if self.dataset is not None and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)  # crops follow the epoch read
@@ -105,7 +113,7 @@ class EpochBatches(Sampler[list[int]]):
         """The point the job has reached: this epoch and the samples of its
         order consumed once every rank has taken the batches this one has."""
         consumed = self.plan().consumed_after(self._taken)
-        return StreamPoint(self.epoch, consumed, self.records, self.order.describe()).to_dict()
+        return StreamPoint(self.epoch, consumed, self.records, self.shuffle_mode.describe()).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (this sampler's, or a ``StatefulDataLoader``'s
@@ -115,7 +123,7 @@ class EpochBatches(Sampler[list[int]]):
         Raises:
             ValueError: the state belongs to another dataset or order.
         """
-        point = parse_state(state, records=self.records, order=self.order)
+        point = parse_state(state, records=self.records, order=self.shuffle_mode)
         if not isinstance(point, StreamPoint):
             raise ValueError("this is one stream worker's position; load the loader's whole "
                              "state_dict() or a resume point")

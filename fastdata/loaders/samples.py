@@ -16,13 +16,14 @@ from collections.abc import Callable
 import torch
 
 from fastdata.decoding.decode import DecoderChain, decode_pil
+from fastdata.decoding.options import OUTPUTS, CenterCrop, Decode
 from fastdata.errors import CorruptDataError, DecodeError, exception_text
 from fastdata.formats.reader import Reader
-from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.loaders.sizes import MixedSizeNotice
 from fastdata.redaction import redact
 
-OUTPUTS = ("tensor", "numpy", "pil", "bytes")
+__all__ = ["OUTPUTS", "SamplePipeline", "convert_payload", "array_to_output", "Failed"]
+
 ON_ERROR = ("raise", "skip")
 
 _DEFAULT_CHAIN = DecoderChain()
@@ -53,22 +54,6 @@ def array_to_output(array, output: str):
     return Image.fromarray(array.squeeze(-1) if array.shape[2] == 1 else array)
 
 
-def _check_crop(crop, size, output: str):
-    """Validate the ``crop=`` option against ``size=`` and ``output=``."""
-    if crop is None:
-        return None
-    from fastdata.decoding.random_crop import RandomResizedCrop
-
-    if not isinstance(crop, RandomResizedCrop):
-        raise ValueError(f"crop must be a fastdata.RandomResizedCrop, not {crop!r}")
-    if size is not None:
-        raise ValueError("pass size= or crop=, not both: crop=RandomResizedCrop(size) "
-                         "resizes each crop to its size")
-    if output == "bytes":
-        raise ValueError("crop= needs decoded output: use output='tensor', 'numpy' or 'pil'")
-    return crop
-
-
 class Failed:
     """A decode failure carried to the place that reports it with the record's name."""
 
@@ -87,22 +72,25 @@ class SamplePipeline:
 
     reader: Reader
 
-    def _init_samples(self, reader: Reader, *, transform: Callable | None,
-                      target_transform: Callable | None, output: str, on_error: str,
-                      decoder: str, size, keep_gray: bool,
-                      max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                      with_metadata: bool = False, crop=None) -> None:
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+    def _init_samples(self, reader: Reader, decoding: Decode | None, *,
+                      transform: Callable | None, target_transform: Callable | None,
+                      on_error: str, with_metadata: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        self.crop = _check_crop(crop, size, output)
-        self.decode = DecoderChain(decoder, size=size, keep_gray=keep_gray,
-                                   raw_shape=reader.manifest.raw_shape, max_pixels=max_pixels)
+        decoding = Decode() if decoding is None else decoding
+        if not isinstance(decoding, Decode):
+            raise TypeError(f"decode must be a fastdata.Decode, not {decoding!r}")
+        #: How records are decoded (:class:`fastdata.Decode`).
+        self.decoding = decoding
+        self.crop = decoding.crop
+        self.decode = DecoderChain(decoding.decoder, size=decoding.size,
+                                   keep_gray=decoding.keep_gray,
+                                   raw_shape=reader.manifest.raw_shape,
+                                   max_pixels=decoding.max_pixels)
         self.reader = reader
         self.transform = transform
         self.target_transform = target_transform
-        self.output = output
+        self.output = decoding.output
         self.on_error = on_error
         #: Samples are ``(image, label, metadata)`` (see :meth:`metadata`).
         self.with_metadata = bool(with_metadata)
@@ -164,6 +152,8 @@ class SamplePipeline:
     def _pixels(self, data, index: int):
         """Record ``index``'s decoded HWC uint8 pixels, with ``crop`` applied
         (its box drawn from the seed, the epoch and the index)."""
+        if isinstance(self.crop, CenterCrop):
+            return self.crop.apply(self.decode(data))
         if self.crop is not None:
             epoch = self.epoch if self._drawing_epoch is None else self._drawing_epoch
             return self.crop.decode(data, self.decode, self.seed, epoch, index)

@@ -1,7 +1,8 @@
 """The one sample-order engine (torch-free): for (seed, epoch) one global order
 of a dataset's records (:mod:`~fastdata.order.epochs`), each rank's and
 worker's equal slice of it (:mod:`~fastdata.order.slices`), and a position in
-it that is the whole resume state (:mod:`~fastdata.order.state`). Streams,
+it that is the whole resume state (:mod:`~fastdata.order.state`), all from
+one :class:`~fastdata.order.options.Order` value (``fastdata.Order``). Streams,
 map-style batches, ``fastdata.loader()``, DALI's external source and the
 pack-time shuffle take their order from here.
 """
