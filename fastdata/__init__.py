@@ -48,7 +48,7 @@ _LAZY = {
     "ParquetSource": "fastdata.packers.sources.parquet:ParquetSource",
     "DatasetSource": "fastdata.packers.sources.dataset:DatasetSource",
     "open_source": "fastdata.packers.sources.dispatch:open_source",
-    "open_dataset": "fastdata.loaders.datasets:open_dataset",
+    "open_dataset": "fastdata.loaders.opening:open_dataset",
     "PackedDataset": "fastdata.loaders.datasets:PackedDataset",
     "LMDBDataset": "fastdata.loaders.datasets:LMDBDataset",
     "HDF5Dataset": "fastdata.loaders.datasets:HDF5Dataset",
@@ -64,6 +64,8 @@ _LAZY = {
     "CenterCrop": "fastdata.decoding.options:CenterCrop",
     "Decode": "fastdata.decoding.options:Decode",
     "Order": "fastdata.order.options:Order",
+    "mix": "fastdata.loaders.mixed:mix",
+    "MixedDataset": "fastdata.loaders.mixed:MixedDataset",
 }
 
 __all__ = sorted([

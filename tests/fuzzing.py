@@ -216,7 +216,7 @@ class _Damage(Exception):
 
 def _read_map(p: Pristine, path: str) -> str | None:
     from fastdata.decoding.options import Decode
-    from fastdata.loaders.datasets import open_dataset
+    from fastdata.loaders.opening import open_dataset
 
     with open_dataset(path, decode=Decode(output="bytes")) as ds:
         if list(ds.classes) != p.classes:

@@ -28,14 +28,19 @@ def make_dataset(target: Target, options: BenchOptions) -> Dataset:
     if target.kind == "folder":
         return ImageFolderBaseline(target.samples, size)
     from fastdata.decoding.options import Decode
-    from fastdata.loaders.datasets import open_dataset
+    from fastdata.loaders.opening import open_dataset
     from fastdata.order.options import Order
 
     crop = make_crop(target, options)
     # crop= replaces size= (it resizes to its own size, S x S).
     decode = Decode(size=size if crop is None else None, crop=crop, decoder=options.decoder)
-    ds = open_dataset(target.path, decode=decode, order=Order(seed=options.seed),
-                      cache="ram" if options.ram_cache else None, progress=False)
+    if target.format == "mixture":  # several datasets, read as one (fastdata.mix)
+        from fastdata.loaders.mixed import mix
+
+        ds = mix(target.path, decode=decode, order=Order(shuffle=True, seed=options.seed))
+    else:
+        ds = open_dataset(target.path, decode=decode, order=Order(seed=options.seed),
+                          cache="ram" if options.ram_cache else None, progress=False)
     if target.indices is not None:
         # Subset forwards __getitems__, so batched fetching is kept.
         return Subset(ds, list(target.indices))

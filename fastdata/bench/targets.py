@@ -194,8 +194,11 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
     """
     from fastdata.formats import detect_format
     from fastdata.formats import read_manifest
+    from fastdata.mixture_file import is_mixture_file
 
     path = os.fspath(path)
+    if is_mixture_file(path):
+        return mixture_target(path, limit=limit, seed=seed)
     base = os.path.basename(path.rstrip("/\\")) or path
     base = base.removesuffix(".fastdata.json")  # a sharded dataset named by its manifest
     if is_remote(path):  # beside the same dataset on local disk, say which is which
@@ -233,4 +236,31 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
                   variant="raw" if raw else "existing", path=absolute(path),
                   count=count, payload_bytes=payload,
                   size_bytes=int(manifest.bytes.get("on_disk", 0)) or None,
+                  indices=tuple(chosen) if chosen is not None else None)
+
+
+def mixture_target(path: str, *, limit: int | None = None, seed: int = 0) -> Target:
+    """A row for a mixture file: one epoch of the mixture, its stored bytes
+    estimated from each source's mean record size and its share."""
+    from fastdata.mixture_file import mixture_summary
+    from fastdata.formats import read_manifest
+
+    base = os.path.basename(path)
+    try:
+        summary = mixture_summary(path)
+        payload = 0
+        for s in summary["sources"]:
+            m = read_manifest(s["path"])
+            payload += int(m.bytes.get("payload", 0)) * s["per_epoch"] / max(1, m.count)
+    except Exception as exc:  # a broken mixture is a failed row, as a damaged dataset is
+        return Target(name=f"mixture {base}", kind="packed", format="mixture",
+                      variant="existing", path=path, error=error_text(exc))
+    count = summary["samples_per_epoch"]
+    chosen = select_indices(count, limit, seed)
+    if chosen is not None:
+        payload, count = payload * len(chosen) / count, len(chosen)
+    shares = "+".join(s["name"] for s in summary["sources"])
+    return Target(name=f"mixture {shares}", kind="packed", format="mixture",
+                  variant="existing", path=os.path.abspath(path), count=count,
+                  payload_bytes=round(payload),
                   indices=tuple(chosen) if chosen is not None else None)

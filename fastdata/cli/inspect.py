@@ -19,8 +19,17 @@ from fastdata.machine import human_bytes
                    "dataset from elsewhere must not make fastdata read other files.")
 @_handle_errors
 def info(path, as_json, allow_outside):
-    """Show the manifest of the packed dataset PATH."""
+    """Show the manifest of the packed dataset PATH, or what the mixture file
+    PATH (a JSON or YAML file of sources and weights) mixes, with each epoch's
+    shares."""
     from fastdata.formats import read_manifest
+    from fastdata.mixture_file import is_mixture_file
+
+    if is_mixture_file(path):
+        from fastdata.cli.mixture_info import print_mixture
+
+        print_mixture(path, as_json=as_json, allow_outside=allow_outside)
+        return
 
     m = read_manifest(path, allow_outside=allow_outside)
     if as_json:

@@ -175,10 +175,13 @@ class PackedDataset(SamplePipeline, Dataset):
         return self._load(indices, stack=stack,
                           warn_sizes=stack and stacked_by_caller(self, sys._getframe(1)))
 
-    def _load(self, indices: list[int], stack: bool = False, warn_sizes: bool = False
-              ) -> Sequence:
+    def _load(self, indices: list[int], stack: bool = False, warn_sizes: bool = False,
+              into=None) -> Sequence:
         """Samples of ``indices`` (a Batch when ``stack`` and the shapes allow):
-        each record is read once and decoded once."""
+        each record is read once and decoded once. ``into`` (rows of a larger
+        batch: ``shape`` and item assignment, as a mixture gives it) takes the
+        decoded images instead of a batch tensor of their own when they have
+        its item shape: the Batch then has ``images`` None."""
         decoded_cache = getattr(self.cache, "kind", None) == "decoded"
         # The CRC32s of records bound for the decode threads are checked there,
         # in parallel, not by this thread while the others wait for the batch.
@@ -218,9 +221,10 @@ class PackedDataset(SamplePipeline, Dataset):
         if shape is not None:
             # The decode threads copy each image into the batch as it is done,
             # instead of this thread stacking them all afterwards.
-            images = _batch_tensor((len(indices), *shape))
-            arrays = self._convert_all(indices, payloads, self._pixels, into=images.numpy(),
-                                       check=deferred)
+            theirs = into is not None and tuple(into.shape) == (len(indices), *shape)
+            images = None if theirs else _batch_tensor((len(indices), *shape))
+            arrays = self._convert_all(indices, payloads, self._pixels,
+                                       into=into if theirs else images.numpy(), check=deferred)
             if all(not isinstance(a, Failed) and a.shape == shape for a in arrays):
                 return self._batch(images, indices, metas)
         else:
@@ -240,7 +244,7 @@ class PackedDataset(SamplePipeline, Dataset):
         from fastdata.loaders.collate import Batch
 
         labels = self.reader.labels[np.asarray(indices, dtype=np.int64) % len(self)]
-        return Batch(images.permute(0, 3, 1, 2),
+        return Batch(None if images is None else images.permute(0, 3, 1, 2),
                      torch.from_numpy(labels.astype(np.int64, copy=True)), metas)
 
     def _samples(self, indices: list[int], images: list, metas: list | None) -> list:
@@ -392,64 +396,5 @@ def dataset_class(spec) -> type[PackedDataset]:
     return PackedDataset
 
 
-def open_dataset(
-    path: str | os.PathLike | Sequence[str | os.PathLike],
-    *,
-    streaming: bool = False,
-    decode: Decode | None = None,
-    order: Order | None = None,
-    transform: Callable | None = None,
-    target_transform: Callable | None = None,
-    on_error: str = "raise",
-    verify: bool = True,
-    with_metadata: bool = False,
-    cache: str | None = None,
-    **reader_options: Any,
-):
-    """Open a packed dataset for training, map-style or as a stream.
-
-    Args:
-        path: a packed dataset: an ``.lmdb`` folder, an ``.h5`` file, a tar or
-            TFRecord manifest (or shard pattern), a local path or a URL.
-        streaming: False (default): a map-style Dataset (the Dataset class its
-            format calls for: ``ds[i]``, random access, ``fastdata.EpochBatches``
-            for the order); True: a :class:`fastdata.ShardedIterableDataset`
-            that reads sharded formats (tar, TFRecord) front to back in the
-            order's blocks (the way to read from object storage).
-        decode: how records are decoded (:class:`fastdata.Decode`: size, crop,
-            decoder, keep_gray, max_pixels, output).
-        order: the order it is read in (:class:`fastdata.Order`: shuffle,
-            seed, batch_size, drop_last, rank, world_size, block, window):
-            given here once, it is the order ``fastdata.loader`` and
-            ``fastdata.EpochBatches`` read in.
-        transform, target_transform: applied to each image, each label.
-        on_error: "raise" (default) or "skip" (a record that cannot be read
-            or decoded is left out and counted in ``skipped``).
-        verify: check each record's checksum as it is read.
-        with_metadata: samples are ``(image, label, metadata)``.
-        cache: map-style only: None, "ram" or "decoded" (see :class:`PackedDataset`).
-        **reader_options: format options passed to the reader, and the
-            options one way of reading has (map-style ``decode_threads``,
-            ``progress``; streaming ``read_ahead``, ``remote_read``).
-
-    Returns:
-        A map-style Dataset (a :class:`PackedDataset`), or a
-        :class:`fastdata.ShardedIterableDataset` with ``streaming=True``.
-    """
-    # The old flat names, warned about here, where the caller's line is.
-    decode, order = take_read_options("open_dataset", reader_options, decode, order,
-                                      order_names=None if streaming else {"seed": "seed"})
-    common = dict(decode=decode, order=order, transform=transform,
-                  target_transform=target_transform, on_error=on_error, verify=verify,
-                  with_metadata=with_metadata, **reader_options)
-    if streaming:
-        if cache is not None:
-            raise ValueError("cache= is for map-style reading; a stream reads each shard "
-                             "front to back (open it with streaming=False to cache it)")
-        from fastdata.loaders.iterable import ShardedIterableDataset
-
-        return ShardedIterableDataset(path, **common)
-    if isinstance(path, (list, tuple)):
-        raise ValueError("a list of shard files is read as a stream: pass streaming=True, "
-                         "or open the set's manifest")
-    return dataset_class(detect_format(path))(path, cache=cache, **common)
+# Where it was defined before it had a module of its own.
+from fastdata.loaders.opening import open_dataset  # noqa: E402,F401

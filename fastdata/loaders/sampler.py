@@ -65,7 +65,9 @@ class EpochBatches(Sampler[list[int]]):
             raise TypeError(f"order must be a fastdata.Order, not {order!r}")
         #: The order read (:class:`fastdata.Order`) and its engine shuffle.
         self.order = order
-        self.shuffle_mode = order.shuffle_of(self.records, stream=False)
+        # A dataset that orders itself (a mixture) gives the order of its positions.
+        self.shuffle_mode = getattr(self.dataset, "position_order", None) \
+            or order.shuffle_of(self.records, stream=False)
         self.batch_size = order.loader_batch
         self.drop_last = order.drop_last
         self._rank, self._world = order.rank, order.world_size

@@ -1,0 +1,320 @@
+"""Several packed datasets read as one: ``fastdata.mix``.
+
+The order is :class:`fastdata.order.mixture.Mixture`'s (shares, repeats,
+interleave, per-epoch schedules); this module is the torch layer over it: a
+map-style Dataset whose position i of epoch e is record r of source s, read
+through that source's own Dataset (batched per source), with its labels kept
+or merged as asked. :class:`fastdata.EpochBatches` (and so ``fastdata.loader``)
+slices it into equal batches per rank and resumes it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from fastdata.decoding.options import Decode
+from fastdata.errors import FastDataError
+from fastdata.loaders.collate import Batch
+from fastdata.loaders.datasets import _batch_tensor
+from fastdata.order.mixture import Mixture, MixOrder, MixSource
+from fastdata.order.options import Order
+
+class _Rows:
+    """Rows ``places`` of a batch array, as one source's batch to decode into."""
+
+    def __init__(self, rows: np.ndarray, places: np.ndarray) -> None:
+        self.rows, self.places = rows, places
+        self.shape = (len(places), *rows.shape[1:])
+
+    def __setitem__(self, k: int, image: np.ndarray) -> None:
+        self.rows[self.places[k]] = image
+
+
+def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
+        samples_per_epoch: int | None = None, decode: Decode | None = None,
+        order: Order | None = None, classes: str | Sequence[str] | None = None,
+        schedule: Callable | None = None,
+        with_metadata: bool = False, on_error: str = "raise", verify: bool = True,
+        transform: Callable | None = None, target_transform: Callable | None = None,
+        ) -> MixedDataset:
+    """Mix several packed datasets into one map-style Dataset.
+
+    Args:
+        sources: source name -> ``{"path": ..., "weight": w}`` (a share of the
+            epoch) or ``{"path": ..., "count": n}`` (samples per epoch); every
+            source a weight, or every one a count. A path is anything
+            ``open_dataset`` opens (any format, local or a URL); sharded
+            formats are read by random access through their index. Or the
+            path of a mixture file (:mod:`fastdata.mixture_file`), whose
+            ``samples_per_epoch``, ``classes``, ``shuffle`` and ``seed`` are
+            the defaults of the arguments here.
+        samples_per_epoch: the epoch's size; default: the counts' sum, or the
+            sources' total size when they have weights. A source smaller than
+            its share is repeated (each repeat a fresh permutation); a larger
+            one continues where it stopped in the next epoch.
+        decode: one :class:`fastdata.Decode` for every source.
+        order: a :class:`fastdata.Order`: ``shuffle`` shuffles each source's
+            records (the sources are interleaved either way), ``seed``,
+            ``batch_size``, ``drop_last``, ``rank``/``world_size`` as for any
+            dataset; ``block``/``window`` apply within each source.
+        classes: "own" (the default): each sample keeps its source's label;
+            "merge": one class list, which every source must have identically;
+            "union": the sorted union of the sources' class names, each label
+            mapped by name; or a list of class names, every source's classes
+            mapped by name into it (a class not in it is refused).
+        schedule: a function of the epoch giving each source's weight by name
+            (a curriculum); it replaces the weights.
+        with_metadata: samples are ``(image, label, metadata)``, the metadata
+            holding the record's own plus ``"source"`` (the source's name)
+            and ``"index"`` (the record within it).
+        on_error, verify, transform, target_transform: as for ``open_dataset``.
+
+    Raises:
+        FastDataError: a source cannot be opened (named), its classes cannot be
+            combined as asked, or its images cannot share batches with the
+            others' (raw pixels beside encoded images without a fixed size).
+    """
+    from fastdata.loaders.opening import open_dataset
+
+    if isinstance(sources, (str, os.PathLike)):
+        from fastdata.mixture_file import read_mixture_file
+
+        described = read_mixture_file(sources)
+        sources = described.sources
+        samples_per_epoch = samples_per_epoch or described.samples_per_epoch
+        classes = described.classes if classes is None else classes
+        if order is None:
+            order = Order(shuffle=described.shuffle, seed=described.seed)
+    classes = "own" if classes is None else classes
+    order = Order() if order is None else order
+    if not isinstance(order, Order):
+        raise TypeError(f"order must be a fastdata.Order, not {order!r}")
+    if not isinstance(sources, Mapping) or not sources:
+        raise ValueError("sources must be a non-empty mapping of name -> "
+                         "{'path': ..., 'weight': ...} (or 'count': ...)")
+    opened, specs = {}, []
+    for name, spec in sources.items():
+        spec = {"path": spec} if isinstance(spec, (str, os.PathLike)) else dict(spec)
+        path = spec.pop("path", None)
+        weight, count = spec.pop("weight", None), spec.pop("count", None)
+        if spec:
+            raise ValueError(f"mixture source {name!r}: unknown keys {sorted(spec)}; "
+                             f"a source takes path, and weight or count")
+        if path is None:
+            raise ValueError(f"mixture source {name!r} has no path")
+        if weight is None and count is None and schedule is not None:
+            weight = 1.0  # the schedule gives the weights
+        try:
+            ds = open_dataset(path, decode=decode, order=Order(seed=order.seed),
+                              on_error=on_error, verify=verify, with_metadata=with_metadata)
+        except FastDataError as exc:
+            raise FastDataError(f"mixture source {name!r}: {exc}") from exc
+        opened[name] = ds
+        specs.append(MixSource(str(name), len(ds), weight=weight, count=count,
+                               block=1 if order.block in (None, "shard") else order.block,
+                               window=order.window))
+    mixture = Mixture(specs, samples_per_epoch=samples_per_epoch, seed=order.seed,
+                      shuffle=order.shuffle, schedule=schedule)
+    return MixedDataset(opened, mixture, order, classes=classes, transform=transform,
+                        target_transform=target_transform, with_metadata=with_metadata,
+                        decode=decode)
+
+
+class MixedDataset(Dataset):
+    """A map-style Dataset over a mixture (made by :func:`fastdata.mix`).
+
+    Position i of the current epoch is ``locate(i)``; ``len()`` is the epoch's
+    size. Read it with ``fastdata.loader(ds)`` or
+    ``DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds))``, which set the
+    epoch, give every rank equal batches and resume exactly.
+
+    Attributes:
+        sources: source name -> its Dataset.
+        mixture: the order (:class:`fastdata.order.mixture.Mixture`).
+        order: the :class:`fastdata.Order`.
+    """
+
+    def __init__(self, sources: Mapping[str, Dataset], mixture: Mixture, order: Order, *,
+                 classes: str | Sequence[str] = "own", transform: Callable | None = None,
+                 target_transform: Callable | None = None, with_metadata: bool = False,
+                 decode: Decode | None = None) -> None:
+        self.sources = dict(sources)
+        self.names = list(self.sources)
+        self.mixture = mixture
+        self.order = order
+        self.order_given = True  # the mixture orders itself; loader() need not shuffle it
+        self.position_order = MixOrder(mixture)
+        self.transform, self.target_transform = transform, target_transform
+        self.with_metadata = bool(with_metadata)
+        self._check_shapes(decode or Decode())
+        self._classes, self._relabel = self._combine_classes(classes)
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._entries: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    # -- classes ------------------------------------------------------------------
+
+    def _combine_classes(self, classes) -> tuple[list[str] | None, list[np.ndarray] | None]:
+        from fastdata.mixture_file import combine_classes
+
+        return combine_classes({name: list(ds.classes) for name, ds in self.sources.items()},
+                               classes)
+
+    @property
+    def classes(self) -> list[str]:
+        """The merged class list (``classes="merge"``, ``"union"`` or a list)."""
+        if self._classes is None:
+            raise FastDataError("the mixture's labels are each source's own (classes='own'): "
+                                "see ds.sources[name].classes, or mix with classes='merge' "
+                                "or 'union'")
+        return list(self._classes)
+
+    def _check_shapes(self, decode: Decode) -> None:
+        """Refuse sources whose images could not share a batch."""
+        if decode.crop is not None or isinstance(decode.size, tuple) or decode.output != "tensor":
+            return
+        raw = {n: ds.manifest.raw_shape for n, ds in self.sources.items()}
+        kinds = {n: tuple(s) if s else "encoded" for n, s in raw.items()}
+        if len(set(kinds.values())) > 1:
+            listed = ", ".join(f"{n}: {'raw ' + 'x'.join(map(str, k)) if k != 'encoded' else k}"
+                               for n, k in kinds.items())
+            raise FastDataError(f"the mixture's sources store images differently ({listed}), so "
+                                f"their batches would not stack: give "
+                                f"decode=fastdata.Decode(size=(h, w)) or a crop")
+
+    # -- the epoch ------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.mixture.samples_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` (its shares, records and crops); EpochBatches calls it."""
+        self._epoch.fill_(int(epoch))
+        for ds in self.sources.values():
+            ds.set_epoch(int(epoch))
+
+    def _epoch_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        epoch = self.epoch
+        if self._entries is None or self._entries[0] != epoch:
+            for ds in self.sources.values():  # workers read the epoch from shared memory
+                ds.set_epoch(epoch)
+            self._entries = (epoch, *self.mixture.epoch(epoch))
+        return self._entries[1], self._entries[2]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """(source name, record index) at position ``index`` of the current epoch."""
+        source, record = self._epoch_entries()
+        return self.names[int(source[index])], int(record[index])
+
+    def counts(self, epoch: int | None = None) -> dict[str, int]:
+        """Samples of each source in ``epoch`` (default: the current one)."""
+        counts = self.mixture.counts(self.epoch if epoch is None else int(epoch))
+        return dict(zip(self.names, (int(c) for c in counts)))
+
+    # -- samples ----------------------------------------------------------------------
+
+    def __getitem__(self, index: int):
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for a mixture of {n} samples")
+        return self.__getitems__([index % n])[0]
+
+    def __getitems__(self, indices: Sequence[int]):
+        source, record = self._epoch_entries()
+        indices = np.asarray(indices, dtype=np.int64)
+        which, records = source[indices], record[indices]
+        stack = len(indices) > 1 and self.transform is None and self.target_transform is None
+        # Where every image has one shape, the sources decode straight into
+        # the rows of one batch (channels-last memory, as theirs is; in a
+        # DataLoader worker, shared memory): no second copy.
+        shape = self._shape if stack else None
+        pixels = None if shape is None else _batch_tensor((len(indices), *shape))
+        got: list[Any] = [None] * len(indices)
+        parts: dict[int, tuple[np.ndarray, Batch]] = {}
+        for s in np.unique(which).tolist():
+            places = np.flatnonzero(which == s)
+            ds = self.sources[self.names[s]]
+            wanted = records[places].tolist()
+            if pixels is not None and len(places) > 1:
+                part = ds._load(wanted, stack=True, into=_Rows(pixels.numpy(), places))
+            else:
+                part = ds.__getitems__(wanted)
+            if isinstance(part, Batch):
+                parts[s] = (places, part)
+                continue
+            if len(part) != len(places):  # on_error="skip" left some out: find which
+                part = [next(iter(ds.__getitems__([r])), None) for r in records[places]]
+            for k, sample in zip(places.tolist(), part):
+                got[k] = sample
+        if pixels is not None and parts and all(
+                p.images is None or tuple(p.images.shape[1:]) == (shape[2], *shape[:2])
+                for _, p in parts.values()) and not any(g is not None for g in got) \
+                and sum(len(pl) for pl, _ in parts.values()) == len(indices):
+            return self._one_batch(pixels, parts, records)
+        for s, (places, part) in parts.items():
+            if part.images is None:  # decoded into the rows: samples from there
+                part = Batch(pixels[torch.from_numpy(places)].permute(0, 3, 1, 2),
+                             part.labels, part.metadata)
+            for k, sample in zip(places.tolist(), part):
+                got[k] = sample
+        return [self._finish(int(which[k]), int(records[k]), sample)
+                for k, sample in enumerate(got) if sample is not None]
+
+    @property
+    def _shape(self) -> tuple[int, int, int] | None:
+        """The (h, w, c) every sample's image has, when the decode options fix it."""
+        from fastdata.loaders.sizes import fixed_shape
+
+        first = next(iter(self.sources.values()))
+        if first.output != "tensor":
+            return None
+        return fixed_shape(first.decode, first.crop)
+
+    def _one_batch(self, pixels: torch.Tensor, parts, records) -> Batch:
+        """One batch of the sources' parts, in position order."""
+        rows = pixels.numpy()
+        size = rows.shape[0]
+        labels = torch.empty(size, dtype=torch.int64)
+        metas = [None] * size if self.with_metadata else None
+        for s, (places, part) in parts.items():
+            if part.images is not None:  # a batch of its own (raw records as stored)
+                rows[places] = part.images.permute(0, 2, 3, 1).numpy()
+            labels[torch.from_numpy(places)] = self._labels(s, part.labels)
+            if metas is not None:
+                for k, meta in zip(places.tolist(), part.metadata):
+                    metas[k] = self._meta(s, int(records[k]), meta)
+        return Batch(pixels.permute(0, 3, 1, 2), labels, metas)
+
+    def _labels(self, s: int, labels: torch.Tensor) -> torch.Tensor:
+        if self._relabel is None:
+            return labels
+        return torch.from_numpy(self._relabel[s][labels.numpy()])
+
+    def _meta(self, s: int, record: int, meta: dict | None) -> dict:
+        return {**(meta or {}), "source": self.names[s], "index": record}
+
+    def _finish(self, s: int, record: int, sample):
+        image, label = sample[0], int(sample[1])
+        if self._relabel is not None:
+            label = int(self._relabel[s][label])
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        if self.with_metadata:
+            return image, label, self._meta(s, record, sample[2])
+        return image, label
+
+    def __repr__(self) -> str:
+        shares = ", ".join(f"{n}: {c}" for n, c in self.counts().items())
+        return (f"MixedDataset({len(self)} samples per epoch, epoch {self.epoch}: {shares}; "
+                f"{self.order})")

@@ -1,0 +1,229 @@
+"""Several datasets mixed into one global order (torch-free).
+
+A mixture of sources (each a dataset of ``size`` records with a ``weight``, a
+share of the epoch, or a ``count`` of samples per epoch) has epochs of
+``samples_per_epoch`` samples. Epoch ``e`` of the mixture is one sequence of
+``(source, record)`` pairs, fixed by (seed, epoch) alone:
+
+- **How many of each source.** Counts are fixed, or the weights (a mapping,
+  or a function of the epoch: a curriculum) are apportioned to the epoch's
+  samples by largest remainder, so the counts sum to the epoch exactly.
+- **Which records.** Each source is read as an endless sequence of *cycles*:
+  cycle c is the order engine's order of the whole source for "epoch" c
+  (:func:`fastdata.order.epochs.epoch_order`, under the source's own seed).
+  Epoch e takes the next ``count`` samples of that sequence, after those the
+  epochs before it took. A source smaller than its share is repeated, each
+  repeat a fresh permutation; a larger one goes on where the last epoch
+  stopped: every record is seen once before any repeats.
+- **Where they go.** The sources are spread through the epoch, not
+  concatenated: the j-th sample of source s sits at key ``(j + u_s) / count_s``
+  (``u_s`` a random phase in [0, 1) per source and epoch), and the epoch is the
+  samples sorted by key. Any run of consecutive samples then holds each source
+  in its share to within one sample.
+
+Ranks, workers, batches and resume positions are those of any dataset: the
+mixture's epoch is a sequence of ``samples_per_epoch`` positions sliced by
+:mod:`fastdata.order.slices`; :class:`MixOrder` stands for it in a resume
+state, so a state of another mixture is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdata.order.epochs import Shuffle, epoch_order, stable_seed
+
+
+@dataclass(frozen=True)
+class MixSource:
+    """One source of a mixture: ``size`` records, a ``weight`` or a ``count``."""
+
+    name: str
+    size: int
+    weight: float | None = None
+    count: int | None = None
+    block: int = 1
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"a mixture source needs a name (a non-empty string), not "
+                             f"{self.name!r}")
+        if self.size < 1:
+            raise ValueError(f"mixture source {self.name!r} holds no records")
+        if (self.weight is None) == (self.count is None):
+            raise ValueError(f"mixture source {self.name!r}: give a weight or a count, "
+                             f"not {'both' if self.weight is not None else 'neither'}")
+        if self.weight is not None and not self.weight >= 0:
+            raise ValueError(f"mixture source {self.name!r}: weight must be 0 or more, not "
+                             f"{self.weight!r}")
+        if self.count is not None and (isinstance(self.count, bool) or int(self.count) < 0):
+            raise ValueError(f"mixture source {self.name!r}: count must be 0 or more, not "
+                             f"{self.count!r}")
+
+
+Weights = Callable[[int], Mapping[str, float]]
+
+
+class Mixture:
+    """The global order of a mixture's epochs (see the module docstring).
+
+    Args:
+        sources: the sources, in a fixed order (it is part of the mixture).
+        samples_per_epoch: the epoch's size; default: the counts' sum when
+            every source has a count, else the sources' total size.
+        seed, shuffle: the order's seed and whether records are shuffled
+            (phases are random either way, so the interleave is fine-grained).
+        schedule: a function of the epoch giving every source's weight (by
+            name): a curriculum, evaluated deterministically; it replaces the
+            sources' weights.
+    """
+
+    def __init__(self, sources: Sequence[MixSource], *, samples_per_epoch: int | None = None,
+                 seed: int = 0, shuffle: bool = True, schedule: Weights | None = None) -> None:
+        self.sources = list(sources)
+        if not self.sources:
+            raise ValueError("a mixture needs at least one source")
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mixture sources need different names: {names}")
+        counted = [s.count is not None for s in self.sources]
+        if any(counted) and not all(counted):
+            raise ValueError("give every mixture source a weight, or every one a count: "
+                             + ", ".join(f"{s.name} has a {'count' if c else 'weight'}"
+                                         for s, c in zip(self.sources, counted)))
+        self.by_count = all(counted)
+        if schedule is not None and self.by_count:
+            raise ValueError("a weight schedule needs weights, not counts")
+        if samples_per_epoch is None:
+            samples_per_epoch = (sum(int(s.count) for s in self.sources) if self.by_count
+                                 else sum(s.size for s in self.sources))
+        self.samples_per_epoch = int(samples_per_epoch)
+        if self.samples_per_epoch < 1:
+            raise ValueError(f"samples_per_epoch must be at least 1, not {samples_per_epoch}")
+        if self.by_count and sum(int(s.count) for s in self.sources) != self.samples_per_epoch:
+            raise ValueError(f"the sources' counts sum to "
+                             f"{sum(int(s.count) for s in self.sources)}, not "
+                             f"samples_per_epoch={self.samples_per_epoch}")
+        self.seed, self.shuffle, self.schedule = int(seed), bool(shuffle), schedule
+        self._counts: list[np.ndarray] = []   # per epoch, computed in order
+        self.counts(0)  # checks the weights now, not at the first batch
+
+    # -- counts ---------------------------------------------------------------
+
+    def _weights(self, epoch: int) -> np.ndarray:
+        if self.schedule is None:
+            return np.asarray([s.weight for s in self.sources], dtype=np.float64)
+        given = dict(self.schedule(epoch))
+        missing = [s.name for s in self.sources if s.name not in given]
+        extra = sorted(set(given) - {s.name for s in self.sources})
+        if missing or extra:
+            raise ValueError(f"the weight schedule's epoch {epoch} names "
+                             f"{sorted(given)}; the sources are "
+                             f"{[s.name for s in self.sources]}")
+        weights = np.asarray([float(given[s.name]) for s in self.sources])
+        if not np.all(weights >= 0):
+            raise ValueError(f"the weight schedule gave negative weights in epoch {epoch}")
+        return weights
+
+    def counts(self, epoch: int) -> np.ndarray:
+        """Samples of each source in epoch ``epoch`` (int64, summing to the epoch)."""
+        while len(self._counts) <= epoch:
+            self._counts.append(self._apportion(len(self._counts)))
+        return self._counts[epoch]
+
+    def _apportion(self, epoch: int) -> np.ndarray:
+        if self.by_count:
+            return np.asarray([int(s.count) for s in self.sources], dtype=np.int64)
+        weights = self._weights(epoch)
+        total = weights.sum()
+        if not total > 0:
+            raise ValueError(f"the mixture's weights sum to 0 in epoch {epoch}")
+        exact = weights / total * self.samples_per_epoch
+        counts = np.floor(exact).astype(np.int64)
+        # Largest remainder; ties to the earlier source.
+        short = self.samples_per_epoch - int(counts.sum())
+        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+        return counts
+
+    def taken_before(self, epoch: int) -> np.ndarray:
+        """Samples each source gave the epochs before ``epoch``."""
+        self.counts(max(0, epoch - 1))
+        done = self._counts[:epoch]
+        return np.sum(done, axis=0, dtype=np.int64) if done else \
+            np.zeros(len(self.sources), dtype=np.int64)
+
+    # -- the epoch's sequence ---------------------------------------------------
+
+    def epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch ``epoch`` as (source number, record index) arrays, in order."""
+        counts, before = self.counts(epoch), self.taken_before(epoch)
+        rng = np.random.Generator(np.random.PCG64(stable_seed("mix", self.seed, epoch)))
+        phases = rng.random(len(self.sources))
+        keys, sources, records = [], [], []
+        for s, source in enumerate(self.sources):
+            c = int(counts[s])
+            if c == 0:
+                continue
+            keys.append((np.arange(c) + phases[s]) / c)
+            sources.append(np.full(c, s, dtype=np.int64))
+            records.append(self._records(s, int(before[s]), c))
+        key = np.concatenate(keys)
+        source = np.concatenate(sources)
+        order = np.lexsort((source, key))
+        return source[order], np.concatenate(records)[order]
+
+    def _records(self, s: int, start: int, count: int) -> np.ndarray:
+        """Samples ``start .. start+count`` of source ``s``'s endless sequence of cycles."""
+        source = self.sources[s]
+        n = source.size
+        mode = Shuffle(self.shuffle, stable_seed("mix-source", self.seed, source.name),
+                       source.block, n if source.window is None else source.window)
+        out = []
+        k = start
+        while k < start + count:
+            cycle, pos = divmod(k, n)
+            take = min(n - pos, start + count - k)
+            out.append(epoch_order(n, mode, cycle)[pos:pos + take])
+            k += take
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def describe(self) -> dict:
+        """What fixes the mixture's order, for a resume state."""
+        sources = [{"name": s.name, "size": s.size, "count": s.count, "weight": s.weight}
+                   for s in self.sources]
+        return {"mixture": sources, "samples_per_epoch": self.samples_per_epoch,
+                "seed": self.seed, "shuffle": self.shuffle,
+                "schedule": None if self.schedule is None else self._schedule_digest()}
+
+    #: Epochs of a weight schedule a resume state pins (by their counts).
+    PINNED_EPOCHS = 100
+
+    def _schedule_digest(self) -> str:
+        import hashlib
+
+        counts = np.stack([self.counts(e) for e in range(self.PINNED_EPOCHS)])
+        return hashlib.blake2b(counts.tobytes(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class MixOrder:
+    """The position order of a mixture's epoch for the engine's slicing: the
+    mixture's sequence read as it stands (it is already interleaved and
+    shuffled), described by the mixture (so a state of another is refused)."""
+
+    mixture: Mixture
+
+    enabled = False
+    seed = 0
+    block = 1
+
+    @property
+    def window(self) -> int:
+        return self.mixture.samples_per_epoch
+
+    def describe(self) -> dict:
+        return self.mixture.describe()
