@@ -209,17 +209,23 @@ def test_bad_mixtures_are_refused_before_any_batch(packs, tmp_path):
         fastdata.mix({"pets": {"path": packs["pets"], "share": 1}})
 
 
+def _zoo_on_s3(packs, s3_server, bucket: str) -> str:
+    """The zoo tar shards uploaded as they are; their manifest's URL."""
+    import os
+
+    s3_server.make_bucket(bucket)
+    folder = os.path.dirname(packs["zoo"])
+    for n in os.listdir(folder):
+        if n.startswith("zoo") and os.path.isfile(os.path.join(folder, n)):
+            with open(os.path.join(folder, n), "rb") as f:
+                s3_server.put(f"s3://{bucket}/{n}", f.read())
+    return f"s3://{bucket}/zoo.tar"
+
+
 def test_a_source_at_an_s3_url_mixes_with_a_local_one(packs, s3_server, s3_env, tmp_path,
                                                       monkeypatch):
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
-    s3_server.make_bucket("mixzoo")
-    import os
-
-    folder = os.path.dirname(packs["zoo"])
-    names = [n for n in os.listdir(folder) if n.startswith("zoo")
-             and os.path.isfile(os.path.join(folder, n))]
-    for n in names:
-        s3_server.put(f"s3://mixzoo/{n}", open(os.path.join(folder, n), "rb").read())
+    _zoo_on_s3(packs, s3_server, "mixzoo")
     remote = fastdata.mix({"pets": {"path": packs["pets"], "weight": 1},
                            "zoo": {"path": "s3://mixzoo/zoo.tar", "weight": 2}},
                           samples_per_epoch=30, decode=DECODE,
@@ -253,8 +259,12 @@ DDP_SCRIPT = """
 """
 
 
-def test_two_ranks_under_torch_distributed_read_the_mixture_once(packs, tmp_path):
-    results = run_ranks(DDP_SCRIPT, 2, [packs["pets"], packs["zoo"]], tmp_path, timeout=120)
+def test_two_ranks_under_torch_distributed_read_the_mixture_once(packs, tmp_path, s3_server,
+                                                                 s3_env, monkeypatch):
+    # The tar source at an S3-protocol URL (the ranks inherit its endpoint).
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    zoo = _zoo_on_s3(packs, s3_server, "mixddp")
+    results = run_ranks(DDP_SCRIPT, 2, [packs["pets"], zoo], tmp_path, timeout=120)
     batches = [r["batches"] for r in results]
     assert len(batches[0]) == len(batches[1]) == 4  # 31 samples, 2 ranks, batches of 4
     ds = fastdata.mix({"pets": {"path": packs["pets"], "weight": 1},
@@ -325,3 +335,52 @@ def test_the_bench_measures_a_mixture_beside_its_sources(packs, tmp_path):
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     mixed = rows["mixture pets+zoo"]
     assert mixed["samples_per_s"] > 0 and mixed["format"] == "mixture"
+
+
+def test_a_changed_mixture_continues_from_the_old_ones_point(packs):
+    """Other weights (and a source left out) from the point an old run stopped:
+    the sources kept go on after what they gave, nothing repeated."""
+    old = _mix(packs, with_metadata=True)
+    sampler = fastdata.EpochBatches(old)
+    loader = DataLoader(old, batch_sampler=sampler, collate_fn=fastdata.collate)
+    it = iter(loader)
+    seen = [(m["source"], m["index"]) for _ in range(3) for m in next(it)[2]]  # 15 of 30
+    state = sampler.state_dict()
+    def equal_weights():
+        return fastdata.mix({"pets": {"path": packs["pets"], "weight": 1},
+                             "zoo": {"path": packs["zoo"], "weight": 1}}, samples_per_epoch=30,
+                            decode=DECODE, order=Order(shuffle=True, seed=3, batch_size=BATCH),
+                            with_metadata=True)
+
+    with pytest.raises(ValueError, match="another order"):  # a plain resume is refused
+        fastdata.EpochBatches(equal_weights()).load_state_dict(state)
+    new = equal_weights()
+    point = new.continue_from(state)
+    batches = fastdata.EpochBatches(new)
+    batches.load_state_dict(point)
+    assert new.counts() == {"pets": 15, "zoo": 15}
+    after = _positions(new, DataLoader(new, batch_sampler=batches, collate_fn=fastdata.collate))
+    pets = [i for s, i in seen + after if s == "pets"]
+    zoo = [i for s, i in seen + after if s == "zoo"]
+    # pets (12 records) gave 5 before and 15 after: its first 12 are all of it
+    # once, the rest a new cycle; zoo (21) gave 10 + 15: its first 21, once each.
+    assert sorted(pets[:12]) == list(range(12)) and len(set(pets[12:])) == len(pets[12:])
+    assert sorted(zoo[:21]) == list(range(21))
+    # The new run's own state resumes it.
+    again = fastdata.EpochBatches(new)
+    again.load_state_dict(batches.state_dict())
+    # A state of a mixture read with another seed is not continued.
+    other = fastdata.mix({"pets": {"path": packs["pets"], "weight": 1}}, decode=DECODE,
+                         order=Order(shuffle=True, seed=4))
+    with pytest.raises(ValueError, match="seed 3.*seed 4"):
+        other.continue_from(state)
+
+
+def test_a_weight_schedule_changes_the_shares_each_epoch(packs):
+    ds = fastdata.mix({"pets": {"path": packs["pets"]}, "zoo": {"path": packs["zoo"]}},
+                      samples_per_epoch=20, decode=DECODE, with_metadata=True,
+                      schedule=lambda epoch: {"pets": 1.0, "zoo": float(epoch)},
+                      order=Order(shuffle=True, batch_size=BATCH))
+    loader = DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds), collate_fn=fastdata.collate)
+    shares = [Counter(s for s, _ in _positions(ds, loader)) for _ in range(3)]
+    assert shares == [{"pets": 20}, {"pets": 10, "zoo": 10}, {"pets": 7, "zoo": 13}]

@@ -396,5 +396,11 @@ def dataset_class(spec) -> type[PackedDataset]:
     return PackedDataset
 
 
-# Where it was defined before it had a module of its own.
-from fastdata.loaders.opening import open_dataset  # noqa: E402,F401
+def __getattr__(name: str):
+    # open_dataset lived here before it had a module of its own (which imports
+    # this one: resolved on use, not at import).
+    if name == "open_dataset":
+        from fastdata.loaders.opening import open_dataset
+
+        return open_dataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -220,6 +220,43 @@ class MixedDataset(Dataset):
         counts = self.mixture.counts(self.epoch if epoch is None else int(epoch))
         return dict(zip(self.names, (int(c) for c in counts)))
 
+    def continue_from(self, state: dict) -> dict:
+        """Go on from where a run of another mixture stopped: other weights, an
+        epoch size, sources added or left out. Every source both mixtures
+        have (by name, the same dataset) continues after the samples it gave
+        there, so nothing is repeated or skipped that need not be; this
+        mixture's first epoch is the state's (its part not yet read is not).
+        Call it before making this dataset's EpochBatches or loader.
+
+        Args:
+            state: the other run's ``EpochBatches.state_dict()``, or its
+                StatefulDataLoader's whole state.
+
+        Returns:
+            The resume point to load into this dataset's EpochBatches
+            (``batches.load_state_dict(point)``).
+
+        Raises:
+            ValueError: the state is not a mixture's, has a weight schedule,
+                or used another seed or shuffle; a source kept changed size.
+        """
+        from fastdata.order.state import StreamPoint, saved_point
+
+        point = saved_point(state)
+        old = Mixture.described(point.order)
+        mine = self.mixture
+        if (old.seed, old.shuffle) != (mine.seed, mine.shuffle):
+            raise ValueError(f"the state's mixture was read with seed {old.seed}, shuffle "
+                             f"{old.shuffle}; this one has seed {mine.seed}, shuffle "
+                             f"{mine.shuffle}: keep them to go on without repeats")
+        self.mixture = old.continued(mine.sources, point.epoch, point.consumed,
+                                     samples_per_epoch=mine.samples_per_epoch, seed=mine.seed,
+                                     shuffle=mine.shuffle, schedule=mine.schedule)
+        self.position_order = MixOrder(self.mixture)
+        self._entries = None
+        self.set_epoch(point.epoch)
+        return StreamPoint(point.epoch, 0, len(self), self.mixture.describe()).to_dict()
+
     # -- samples ----------------------------------------------------------------------
 
     def __getitem__(self, index: int):

@@ -80,10 +80,14 @@ class Mixture:
         schedule: a function of the epoch giving every source's weight (by
             name): a curriculum, evaluated deterministically; it replaces the
             sources' weights.
+        start, first_epoch: a mixture that continues another from a point
+            (:meth:`continued`): its first epoch, and the samples each source
+            (by name) had already given there; sources not named start at 0.
     """
 
     def __init__(self, sources: Sequence[MixSource], *, samples_per_epoch: int | None = None,
-                 seed: int = 0, shuffle: bool = True, schedule: Weights | None = None) -> None:
+                 seed: int = 0, shuffle: bool = True, schedule: Weights | None = None,
+                 start: Mapping[str, int] | None = None, first_epoch: int = 0) -> None:
         self.sources = list(sources)
         if not self.sources:
             raise ValueError("a mixture needs at least one source")
@@ -109,8 +113,10 @@ class Mixture:
                              f"{sum(int(s.count) for s in self.sources)}, not "
                              f"samples_per_epoch={self.samples_per_epoch}")
         self.seed, self.shuffle, self.schedule = int(seed), bool(shuffle), schedule
-        self._counts: list[np.ndarray] = []   # per epoch, computed in order
-        self.counts(0)  # checks the weights now, not at the first batch
+        self.first_epoch = int(first_epoch)
+        self.start = {s.name: int((start or {}).get(s.name, 0)) for s in self.sources}
+        self._counts: list[np.ndarray] = []   # per epoch from first_epoch, in order
+        self.counts(self.first_epoch)  # checks the weights now, not at the first batch
 
     # -- counts ---------------------------------------------------------------
 
@@ -131,9 +137,12 @@ class Mixture:
 
     def counts(self, epoch: int) -> np.ndarray:
         """Samples of each source in epoch ``epoch`` (int64, summing to the epoch)."""
-        while len(self._counts) <= epoch:
-            self._counts.append(self._apportion(len(self._counts)))
-        return self._counts[epoch]
+        if epoch < self.first_epoch:
+            raise ValueError(f"this mixture continues another from epoch {self.first_epoch}; "
+                             f"it has no epoch {epoch}")
+        while len(self._counts) <= epoch - self.first_epoch:
+            self._counts.append(self._apportion(self.first_epoch + len(self._counts)))
+        return self._counts[epoch - self.first_epoch]
 
     def _apportion(self, epoch: int) -> np.ndarray:
         if self.by_count:
@@ -151,10 +160,57 @@ class Mixture:
 
     def taken_before(self, epoch: int) -> np.ndarray:
         """Samples each source gave the epochs before ``epoch``."""
-        self.counts(max(0, epoch - 1))
-        done = self._counts[:epoch]
-        return np.sum(done, axis=0, dtype=np.int64) if done else \
-            np.zeros(len(self.sources), dtype=np.int64)
+        base = np.asarray([self.start[s.name] for s in self.sources], dtype=np.int64)
+        if epoch <= self.first_epoch:
+            return base
+        self.counts(epoch - 1)
+        return base + np.sum(self._counts[:epoch - self.first_epoch], axis=0, dtype=np.int64)
+
+    def taken_at(self, epoch: int, consumed: int) -> dict[str, int]:
+        """Samples each source has given once the first ``consumed`` samples of
+        epoch ``epoch`` are read (by name)."""
+        source, _ = self.epoch(epoch)
+        here = np.bincount(source[:max(0, int(consumed))], minlength=len(self.sources))
+        return {s.name: int(n) for s, n in zip(self.sources, self.taken_before(epoch) + here)}
+
+    def continued(self, sources: Sequence[MixSource], epoch: int, consumed: int,
+                  **options) -> Mixture:
+        """A new mixture of ``sources`` from the point (epoch ``epoch``, first
+        ``consumed`` samples read) of this one: its first epoch is ``epoch``,
+        and each source kept (by name, of the same size) goes on after the
+        samples it gave here, so nothing is repeated or skipped that need not
+        be; the rest of this mixture's epoch ``epoch`` is not read.
+
+        Raises:
+            ValueError: a source kept has another size.
+        """
+        mine = {s.name: s for s in self.sources}
+        for s in sources:
+            if s.name in mine and mine[s.name].size != s.size:
+                raise ValueError(f"source {s.name!r} had {mine[s.name].size} records and has "
+                                 f"{s.size} now: it is another dataset; give it another name")
+        return Mixture(sources, start=self.taken_at(epoch, consumed), first_epoch=epoch,
+                       **options)
+
+    @classmethod
+    def described(cls, description: dict) -> Mixture:
+        """The mixture a resume state's order describes (see :meth:`describe`).
+
+        Raises:
+            ValueError: the description is not a mixture's, or has a schedule
+                (a function, which a state cannot hold).
+        """
+        if not isinstance(description, dict) or "mixture" not in description:
+            raise ValueError("this state was not saved from a mixture")
+        if description.get("schedule") is not None:
+            raise ValueError("this state's mixture had a weight schedule, which a state "
+                             "cannot hold: continue it with the same schedule instead")
+        sources = [MixSource(s["name"], int(s["size"]), weight=s.get("weight"),
+                             count=s.get("count")) for s in description["mixture"]]
+        return cls(sources, samples_per_epoch=int(description["samples_per_epoch"]),
+                   seed=int(description["seed"]), shuffle=bool(description["shuffle"]),
+                   start=description.get("start"),
+                   first_epoch=int(description.get("first_epoch", 0)))
 
     # -- the epoch's sequence ---------------------------------------------------
 
@@ -195,9 +251,12 @@ class Mixture:
         """What fixes the mixture's order, for a resume state."""
         sources = [{"name": s.name, "size": s.size, "count": s.count, "weight": s.weight}
                    for s in self.sources]
-        return {"mixture": sources, "samples_per_epoch": self.samples_per_epoch,
-                "seed": self.seed, "shuffle": self.shuffle,
-                "schedule": None if self.schedule is None else self._schedule_digest()}
+        out = {"mixture": sources, "samples_per_epoch": self.samples_per_epoch,
+               "seed": self.seed, "shuffle": self.shuffle,
+               "schedule": None if self.schedule is None else self._schedule_digest()}
+        if self.first_epoch or any(self.start.values()):  # continued from another
+            out.update(start=dict(self.start), first_epoch=self.first_epoch)
+        return out
 
     #: Epochs of a weight schedule a resume state pins (by their counts).
     PINNED_EPOCHS = 100
@@ -205,7 +264,7 @@ class Mixture:
     def _schedule_digest(self) -> str:
         import hashlib
 
-        counts = np.stack([self.counts(e) for e in range(self.PINNED_EPOCHS)])
+        counts = np.stack([self.counts(self.first_epoch + e) for e in range(self.PINNED_EPOCHS)])
         return hashlib.blake2b(counts.tobytes(), digest_size=8).hexdigest()
 
 

@@ -141,6 +141,23 @@ def parse_state(state: dict, *, records: int, order: Shuffle) -> StreamPoint | W
     return _point_of(entries, records)
 
 
+def saved_point(state: dict) -> StreamPoint:
+    """The resume point in ``state`` (a point, or a loader's whole state
+    holding one), unchecked: for a caller that continues it under another
+    order on purpose (a mixture changed from that point).
+
+    Raises:
+        ValueError: ``state`` holds no resume point.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"a resume state is a dict, not {type(state).__name__}")
+    points = [e for e in map(_load, _found(state, [])) if isinstance(e, StreamPoint)]
+    if not points:
+        raise ValueError("no resume point in this state: pass an EpochBatches.state_dict() "
+                         "or the state_dict() of the StatefulDataLoader that read it")
+    return points[0]
+
+
 def _check_dataset(entry, records: int, order: Shuffle) -> None:
     if entry.records and entry.records != records:
         raise ValueError(f"this state was saved for a dataset of {entry.records} records; "
