@@ -384,3 +384,23 @@ def test_a_weight_schedule_changes_the_shares_each_epoch(packs):
     loader = DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds), collate_fn=fastdata.collate)
     shares = [Counter(s for s, _ in _positions(ds, loader)) for _ in range(3)]
     assert shares == [{"pets": 20}, {"pets": 10, "zoo": 10}, {"pets": 7, "zoo": 13}]
+
+
+def test_a_repeated_record_gets_a_new_random_crop_each_time(packs):
+    def epoch():
+        ds = fastdata.mix({"pets": {"path": packs["pets"], "count": 30}},
+                          decode=Decode(crop=fastdata.RandomResizedCrop(8)), with_metadata=True,
+                          order=Order(shuffle=True, seed=2, batch_size=10))
+        loader = DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds),
+                            collate_fn=fastdata.collate)
+        return [(m["index"], image) for images, _, metas in loader
+                for image, m in zip(images, metas)]
+
+    first, again = epoch(), epoch()
+    assert all(i == j and torch.equal(a, b) for (i, a), (j, b) in zip(first, again))
+    by_record: dict = {}
+    for index, image in first:  # 12 records, 30 samples: each 2 or 3 times
+        by_record.setdefault(index, []).append(image)
+    repeated = [images for images in by_record.values() if len(images) > 1]
+    assert len(repeated) == 12
+    assert all(not torch.equal(images[0], images[1]) for images in repeated)

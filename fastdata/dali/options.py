@@ -159,17 +159,9 @@ def _random_crop(value: Any) -> Any | None:
 
 
 def _hw(value: Any, name: str) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if isinstance(value, int):
-        pair = (value, value)
-    elif isinstance(value, Sequence) and len(value) == 2:
-        pair = (int(value[0]), int(value[1]))
-    else:
-        raise ValueError(f"{name} must be an int or (height, width), not {value!r}")
-    if pair[0] <= 0 or pair[1] <= 0:
-        raise ValueError(f"{name} must be positive, not {value!r}")
-    return pair
+    from fastdata.decoding.options import hw_pair
+
+    return None if value is None else hw_pair(value, name)
 
 
 #: DALILoader's and build_pipeline's own keywords (besides decode= and order=).

@@ -27,7 +27,8 @@ from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
 OUTPUTS = ("tensor", "numpy", "pil", "bytes")
 
 
-def _pair(value, name: str) -> tuple[int, int]:
+def hw_pair(value, name: str) -> tuple[int, int]:
+    """(h, w) from an int (a square) or a pair, checked positive."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an int or (height, width), not {value!r}")
     if isinstance(value, (int, np.integer)):
@@ -51,7 +52,7 @@ class CenterCrop:
     size: int | tuple[int, int]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair(self.size, "CenterCrop size"))
+        object.__setattr__(self, "size", hw_pair(self.size, "CenterCrop size"))
 
     def apply(self, array: np.ndarray) -> np.ndarray:
         """The crop of HWC pixels ``array``."""

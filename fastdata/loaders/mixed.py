@@ -197,7 +197,8 @@ class MixedDataset(Dataset):
         return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` (its shares, records and crops); EpochBatches calls it."""
+        """Read epoch ``epoch`` (its shares and records); EpochBatches calls it. A
+        random crop draws from the record's cycle (its n-th appearance), not the epoch."""
         self._epoch.fill_(int(epoch))
         for ds in self.sources.values():
             ds.set_epoch(int(epoch))
@@ -207,8 +208,12 @@ class MixedDataset(Dataset):
         if self._entries is None or self._entries[0] != epoch:
             for ds in self.sources.values():  # workers read the epoch from shared memory
                 ds.set_epoch(epoch)
-            self._entries = (epoch, *self.mixture.epoch(epoch))
+            self._entries = (epoch, *self.mixture.epoch_with_cycles(epoch))
         return self._entries[1], self._entries[2]
+
+    def _cycles(self) -> np.ndarray:
+        self._epoch_entries()
+        return self._entries[3]
 
     def locate(self, index: int) -> tuple[str, int]:
         """(source name, record index) at position ``index`` of the current epoch."""
@@ -276,17 +281,25 @@ class MixedDataset(Dataset):
         shape = self._shape if stack else None
         pixels = None if shape is None else _batch_tensor((len(indices), *shape))
         got: list[Any] = [None] * len(indices)
-        parts: dict[int, tuple[np.ndarray, Batch]] = {}
-        for s in np.unique(which).tolist():
-            places = np.flatnonzero(which == s)
+        parts: dict[tuple[int, int], tuple[np.ndarray, Batch]] = {}
+        # A random crop draws from the record's cycle: its n-th appearance gets
+        # the n-th crop, so a record repeated in an epoch is cropped anew.
+        cycle = self._cycles()[indices] if self._random_crops else np.zeros_like(which)
+        for s, c in sorted(set(zip(which.tolist(), cycle.tolist()))):
+            places = np.flatnonzero((which == s) & (cycle == c))
             ds = self.sources[self.names[s]]
             wanted = records[places].tolist()
-            if pixels is not None and len(places) > 1:
-                part = ds._load(wanted, stack=True, into=_Rows(pixels.numpy(), places))
-            else:
-                part = ds.__getitems__(wanted)
+            if self._random_crops:
+                ds._drawing_epoch = int(c)
+            try:
+                if pixels is not None and len(places) > 1:
+                    part = ds._load(wanted, stack=True, into=_Rows(pixels.numpy(), places))
+                else:
+                    part = ds.__getitems__(wanted)
+            finally:
+                ds._drawing_epoch = None
             if isinstance(part, Batch):
-                parts[s] = (places, part)
+                parts[(s, c)] = (places, part)
                 continue
             if len(part) != len(places):  # on_error="skip" left some out: find which
                 part = [next(iter(ds.__getitems__([r])), None) for r in records[places]]
@@ -297,7 +310,7 @@ class MixedDataset(Dataset):
                 for _, p in parts.values()) and not any(g is not None for g in got) \
                 and sum(len(pl) for pl, _ in parts.values()) == len(indices):
             return self._one_batch(pixels, parts, records)
-        for s, (places, part) in parts.items():
+        for (s, _), (places, part) in parts.items():
             if part.images is None:  # decoded into the rows: samples from there
                 part = Batch(pixels[torch.from_numpy(places)].permute(0, 3, 1, 2),
                              part.labels, part.metadata)
@@ -305,6 +318,12 @@ class MixedDataset(Dataset):
                 got[k] = sample
         return [self._finish(int(which[k]), int(records[k]), sample)
                 for k, sample in enumerate(got) if sample is not None]
+
+    @property
+    def _random_crops(self) -> bool:
+        from fastdata.decoding.random_crop import RandomResizedCrop
+
+        return isinstance(next(iter(self.sources.values())).crop, RandomResizedCrop)
 
     @property
     def _shape(self) -> tuple[int, int, int] | None:
@@ -322,7 +341,7 @@ class MixedDataset(Dataset):
         size = rows.shape[0]
         labels = torch.empty(size, dtype=torch.int64)
         metas = [None] * size if self.with_metadata else None
-        for s, (places, part) in parts.items():
+        for (s, _), (places, part) in parts.items():
             if part.images is not None:  # a batch of its own (raw records as stored)
                 rows[places] = part.images.permute(0, 2, 3, 1).numpy()
             labels[torch.from_numpy(places)] = self._labels(s, part.labels)

@@ -216,10 +216,17 @@ class Mixture:
 
     def epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Epoch ``epoch`` as (source number, record index) arrays, in order."""
+        source, record, _ = self.epoch_with_cycles(epoch)
+        return source, record
+
+    def epoch_with_cycles(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`epoch`, and the cycle of its source each sample belongs to
+        (a record's n-th appearance is in its n-th cycle: random crops draw
+        from it, so a repeated record is cropped anew)."""
         counts, before = self.counts(epoch), self.taken_before(epoch)
         rng = np.random.Generator(np.random.PCG64(stable_seed("mix", self.seed, epoch)))
         phases = rng.random(len(self.sources))
-        keys, sources, records = [], [], []
+        keys, sources, records, cycles = [], [], [], []
         for s, source in enumerate(self.sources):
             c = int(counts[s])
             if c == 0:
@@ -227,10 +234,11 @@ class Mixture:
             keys.append((np.arange(c) + phases[s]) / c)
             sources.append(np.full(c, s, dtype=np.int64))
             records.append(self._records(s, int(before[s]), c))
+            cycles.append((int(before[s]) + np.arange(c, dtype=np.int64)) // source.size)
         key = np.concatenate(keys)
         source = np.concatenate(sources)
         order = np.lexsort((source, key))
-        return source[order], np.concatenate(records)[order]
+        return source[order], np.concatenate(records)[order], np.concatenate(cycles)[order]
 
     def _records(self, s: int, start: int, count: int) -> np.ndarray:
         """Samples ``start .. start+count`` of source ``s``'s endless sequence of cycles."""
