@@ -79,7 +79,9 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
     fastdata bench SRC_DIR        pack SRC_DIR into every format, then measure the
                                   folder (read as torchvision's ImageFolder does)
                                   and each packed dataset with the same settings
-    fastdata bench PATH...        measure existing packed datasets / image folders
+    fastdata bench PATH...        measure existing packed datasets / image folders,
+                                  or mixture files (a JSON/YAML of sources and
+                                  weights: fastdata.mix) beside their sources
     fastdata bench --demo [tiny]  the same on generated demo data
     fastdata bench ... --train    training rows (random crops, whole decode
                                   against fused crop decode) instead
@@ -93,6 +95,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
     Examples:
       fastdata bench --demo --workers 0,2
       fastdata bench ./images --variants keep,resize256,raw --json bench.json --plot bench.png
+      fastdata bench a.lmdb b.tar.fastdata.json mix.json --workers 0,2
       fastdata bench train.lmdb train-000000.tar --limit 5000
       fastdata bench --demo --train --formats lmdb --workers 0,1,2
       fastdata bench --demo --train --formats lmdb --variants jpeg90,jpeg90+restarts
