@@ -62,6 +62,11 @@ class DecodePool:
                 f.result()
         return out
 
+    def threads_here(self) -> int:
+        """The decode threads of this process (started if need be)."""
+        self._started()
+        return self._threads
+
     def _started(self):
         pid = os.getpid()
         if self._pid != pid:

@@ -21,6 +21,7 @@ from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format, salvage
 from fastdata.decoding.options import Decode
 from fastdata.deprecated import take_read_options
+from fastdata.loaders.decode_pool import DecodePool
 from fastdata.loaders.read_ahead import Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.sizes import stacked_by_caller
@@ -30,6 +31,10 @@ from fastdata.order.options import Order
 from fastdata.order.slices import Slice
 from fastdata.order.state import StreamPoint, WorkerPosition, parse_state, worker_positions
 from fastdata.redaction import redact
+
+
+#: Records a stream decodes at a time on its decode threads.
+DECODE_GROUP = 32
 
 
 class ShardedIterableDataset(SamplePipeline, IterableDataset):
@@ -142,6 +147,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self.order = Order() if order is None else order
         self.order_given = order is not None
         self.read_ahead = max(0, int(read_ahead))
+        self._decoders = DecodePool()
         if remote_read not in ("ranges", "shards"):
             raise ValueError(f"remote_read must be 'ranges' or 'shards', not {remote_read!r}")
         self.remote_read = remote_read
@@ -294,15 +300,43 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         order = epoch_order(plan.n, self.shuffle_mode, position.epoch, starts)
         labels = self.reader.labels
         watch_sizes = stacked and self.output in ("tensor", "numpy") and self.transform is None
-        for index, data, meta in self._records(plan, order, position):
+        for index, image, meta in self._decoded(self._records(plan, order, position), position):
             if isinstance(meta, CorruptDataError):  # this record's metadata is damaged
                 self._corrupt(meta, index)
                 continue
-            sample = self._sample(index, self._try_convert(data, index), int(labels[index]))
+            sample = self._sample(index, image, int(labels[index]))
             if sample is not None:
                 if watch_sizes:
                     self.mixed_sizes.sample(tuple(sample[0].shape), self.path)
                 yield sample if meta is None else (*sample, meta)
+
+    def _decoded(self, records: Iterator[tuple[int, bytes, Any]], position: WorkerPosition
+                 ) -> Iterator[tuple[int, Any, Any]]:
+        """(index, image or Failed, metadata) of ``records``, decoded a group at a
+        time on this process's decode threads (the decoders release the GIL, so
+        a stream decodes on every core it has, as a map-style batch does). The
+        position handed on stays that of the last sample given out, not of the
+        records decoded ahead."""
+        group = DECODE_GROUP if self._decoders.threads_here() > 1 else 1
+        while True:
+            items, taken, error = [], [], None
+            try:
+                for item in records:
+                    items.append(item)
+                    taken.append(position.taken)
+                    if len(items) == group:
+                        break
+            except Exception as exc:  # a damaged record: the ones before it are given first
+                error = exc
+            images = self._decoders.map(lambda it: self._try_convert(it[1], it[0]), items) \
+                if len(items) > 1 else [self._try_convert(it[1], it[0]) for it in items]
+            for (index, _data, meta), image, done in zip(items, images, taken):
+                position.taken = done
+                yield index, image, meta
+            if error is not None:
+                raise error
+            if len(items) < group:
+                return
 
     def _start_position(self, worker: int, workers: int) -> WorkerPosition:
         """This worker's starting point: a loaded worker state, a resume point,
