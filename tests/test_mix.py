@@ -404,3 +404,15 @@ def test_a_repeated_record_gets_a_new_random_crop_each_time(packs):
     repeated = [images for images in by_record.values() if len(images) > 1]
     assert len(repeated) == 12
     assert all(not torch.equal(images[0], images[1]) for images in repeated)
+
+
+def test_close_stops_the_sources_threads_and_they_come_back(packs):
+    ds = _mix(packs)
+    first = next(iter(fastdata.loader(ds, num_workers=0, device="cpu", run_ahead=0)))
+    pools = [source._decoders for source in ds.sources.values()]
+    threads = {t for pool in pools if pool._executor is not None for t in pool._executor._threads}
+    ds.close()
+    assert all(pool._executor is None for pool in pools)
+    assert not any(t.is_alive() for t in threads)
+    again = next(iter(fastdata.loader(ds, num_workers=0, device="cpu", run_ahead=0)))
+    assert torch.equal(first[0], again[0])

@@ -192,3 +192,21 @@ def test_the_loader_moves_a_stream_to_the_next_epoch_after_a_pass(packs):
     for _ in zip(range(2), loader):
         pass
     assert third.epoch == 0
+
+
+def test_a_stream_decodes_on_threads_and_close_stops_them(packs):
+    stream = fastdata.open_dataset(packs["tar"], streaming=True, decode=Decode(size=(8, 8)),
+                                   order=Order(shuffle=True, seed=5, batch_size=4))
+    from fastdata.machine import usable_cores
+
+    first = [label for _, label in stream]
+    executor = stream._decoders._executor
+    if usable_cores() > 1:
+        assert executor is not None  # the stream decoded on its pool
+        threads = set(executor._threads)
+        assert threads and all(t.name.startswith("fastdata-decode") for t in threads)
+    stream.close()
+    assert stream._decoders._executor is None
+    if usable_cores() > 1:
+        assert not any(t.is_alive() for t in threads)
+    assert [label for _, label in stream] == first  # threads come back, same order

@@ -217,6 +217,13 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         if self._position is not None and self._position.epoch != self.epoch:
             self._position = None
 
+    def close(self) -> None:
+        """Stop this process's decode threads and close its file handles; both
+        come back on next use. Call it before forking workers for another
+        DataLoader so that no thread of ours is running at fork time."""
+        self._decoders.close()
+        self.reader.close()
+
     def _after_pass(self) -> None:
         """``fastdata.loader()`` calls this after a whole pass: the next pass
         reads the next epoch (its order and crops), so a loop without

@@ -370,6 +370,12 @@ class MixedDataset(Dataset):
             return image, label, self._meta(s, record, sample[2])
         return image, label
 
+    def close(self) -> None:
+        """Close every source (their decode threads and file handles; both come
+        back on next use): call it before forking workers for another DataLoader."""
+        for ds in self.sources.values():
+            ds.close()
+
     def __repr__(self) -> str:
         shares = ", ".join(f"{n}: {c}" for n, c in self.counts().items())
         return (f"MixedDataset({len(self)} samples per epoch, epoch {self.epoch}: {shares}; "
