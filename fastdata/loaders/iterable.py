@@ -335,8 +335,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                         break
             except Exception as exc:  # a damaged record: the ones before it are given first
                 error = exc
-            images = self._decoders.map(lambda it: self._try_convert(it[1], it[0]), items) \
-                if len(items) > 1 else [self._try_convert(it[1], it[0]) for it in items]
+            images = self._decoders.map(lambda it: self._try_convert(it[1], it[0]), items)
             for (index, _data, meta), image, done in zip(items, images, taken):
                 position.taken = done
                 yield index, image, meta

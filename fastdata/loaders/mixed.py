@@ -203,21 +203,18 @@ class MixedDataset(Dataset):
         for ds in self.sources.values():
             ds.set_epoch(int(epoch))
 
-    def _epoch_entries(self) -> tuple[np.ndarray, np.ndarray]:
+    def _epoch_entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The current epoch's (source, record, cycle) arrays, made once per epoch."""
         epoch = self.epoch
         if self._entries is None or self._entries[0] != epoch:
             for ds in self.sources.values():  # workers read the epoch from shared memory
                 ds.set_epoch(epoch)
             self._entries = (epoch, *self.mixture.epoch_with_cycles(epoch))
-        return self._entries[1], self._entries[2]
-
-    def _cycles(self) -> np.ndarray:
-        self._epoch_entries()
-        return self._entries[3]
+        return self._entries[1:]
 
     def locate(self, index: int) -> tuple[str, int]:
         """(source name, record index) at position ``index`` of the current epoch."""
-        source, record = self._epoch_entries()
+        source, record, _ = self._epoch_entries()
         return self.names[int(source[index])], int(record[index])
 
     def counts(self, epoch: int | None = None) -> dict[str, int]:
@@ -271,7 +268,7 @@ class MixedDataset(Dataset):
         return self.__getitems__([index % n])[0]
 
     def __getitems__(self, indices: Sequence[int]):
-        source, record = self._epoch_entries()
+        source, record, cycles = self._epoch_entries()
         indices = np.asarray(indices, dtype=np.int64)
         which, records = source[indices], record[indices]
         stack = len(indices) > 1 and self.transform is None and self.target_transform is None
@@ -284,7 +281,7 @@ class MixedDataset(Dataset):
         parts: dict[tuple[int, int], tuple[np.ndarray, Batch]] = {}
         # A random crop draws from the record's cycle: its n-th appearance gets
         # the n-th crop, so a record repeated in an epoch is cropped anew.
-        cycle = self._cycles()[indices] if self._random_crops else np.zeros_like(which)
+        cycle = cycles[indices] if self._random_crops else np.zeros_like(which)
         for s, c in sorted(set(zip(which.tolist(), cycle.tolist()))):
             places = np.flatnonzero((which == s) & (cycle == c))
             ds = self.sources[self.names[s]]
