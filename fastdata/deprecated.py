@@ -28,8 +28,14 @@ def take_read_options(where: str, options: dict, decode: Decode | None,
     and ``order`` (each None when neither it nor an old name was given).
 
     Raises:
+        TypeError: ``decode`` or ``order`` given as something else (every
+            way of reading checks them here).
         ValueError: an old name given together with the value that holds it.
     """
+    if decode is not None and not isinstance(decode, Decode):
+        raise TypeError(f"decode must be a fastdata.Decode, not {decode!r}")
+    if order is not None and not isinstance(order, Order):
+        raise TypeError(f"order must be a fastdata.Order, not {order!r}")
     order_names = ORDER_RENAMES if order_names is None else order_names
     old_decode = {name: options.pop(name) for name in DECODE_NAMES if name in options}
     old_order, passed = {}, []

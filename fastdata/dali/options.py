@@ -198,8 +198,6 @@ def dali_options(decode=None, order=None, *, run_ahead: int = 2, where: str = "D
                         f"it takes decode=, order=, run_ahead= and {', '.join(OWN)}")
     decode = Decode() if decode is None else decode
     order = Order() if order is None else order
-    if not isinstance(decode, Decode) or not isinstance(order, Order):
-        raise TypeError("decode must be a fastdata.Decode and order a fastdata.Order")
     _dali_decodes(decode)
     if order.block == "shard":
         raise ValueError("DALI reads records, not whole shards: give Order(block=) a record "

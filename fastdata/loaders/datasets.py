@@ -97,8 +97,6 @@ class PackedDataset(SamplePipeline, Dataset):
         if cache == "decoded" and decode is not None and decode.crop is not None:
             raise ValueError("cache='decoded' stores one fixed size per record and crop= "
                              "draws a new crop each epoch; use cache='ram' with crop=")
-        if order is not None and not isinstance(order, Order):
-            raise TypeError(f"order must be a fastdata.Order, not {order!r}")
         reader_class = self.reader_class or detect_format(path).load_reader()
         self._init_samples(reader_class(path, verify=verify, **reader_options), decode,
                            transform=transform, target_transform=target_transform,

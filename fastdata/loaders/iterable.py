@@ -132,8 +132,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         **reader_options: Any,
     ) -> None:
         decode, order = take_read_options(type(self).__name__, reader_options, decode, order)
-        if order is not None and not isinstance(order, Order):
-            raise TypeError(f"order must be a fastdata.Order, not {order!r}")
         spec = detect_format(path)
         if not spec.sharded:
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "

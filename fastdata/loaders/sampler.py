@@ -61,8 +61,6 @@ class EpochBatches(Sampler[list[int]]):
         if order is None:
             mine = getattr(self.dataset, "order", None)
             order = mine if isinstance(mine, Order) else Order()
-        if not isinstance(order, Order):
-            raise TypeError(f"order must be a fastdata.Order, not {order!r}")
         #: The order read (:class:`fastdata.Order`) and its engine shuffle.
         self.order = order
         # A dataset that orders itself (a mixture) gives the order of its positions.

@@ -77,9 +77,7 @@ class SamplePipeline:
                       on_error: str, with_metadata: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        decoding = Decode() if decoding is None else decoding
-        if not isinstance(decoding, Decode):
-            raise TypeError(f"decode must be a fastdata.Decode, not {decoding!r}")
+        decoding = Decode() if decoding is None else decoding  # its type checked on the way in
         #: How records are decoded (:class:`fastdata.Decode`).
         self.decoding = decoding
         self.crop = decoding.crop
