@@ -137,6 +137,20 @@ def _bucket_key(url: str) -> tuple[str, str]:
     return bucket, key
 
 
+class _Listener(http.server.ThreadingHTTPServer):
+    # socketserver's default backlog of 5 makes a client's sixth connection at
+    # once wait for a SYN retry (a second); readers open more than that.
+    request_queue_size = 128
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.lock = threading.Lock()
+        #: (method, path, Range header) of every request, in arrival order.
+        self.log: list[tuple[str, str, str | None]] = []
+        #: path -> how many more whole GETs of it break off half-way.
+        self.cut: dict[str, int] = {}
+
+
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
     """Files of the served folder with HEAD, Range (206/416) and a /truncate/ mode."""
 
@@ -152,6 +166,13 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     def _send(self, body: bool) -> None:
         rel = self.path.split("?", 1)[0].lstrip("/")
         truncate = rel.startswith("truncate/")
+        server = self.server
+        if isinstance(server, _Listener):  # tests may serve the handler themselves
+            with server.lock:
+                server.log.append((self.command, rel, self.headers.get("Range")))
+                if body and not self.headers.get("Range") and server.cut.get(rel, 0) > 0:
+                    server.cut[rel] -= 1               # this whole GET breaks off
+                    truncate = True
         path = Path(self.directory, rel.removeprefix("truncate/"))
         if not path.is_file():
             self.send_error(404)
@@ -192,7 +213,8 @@ class HTTPServer:
     def __init__(self, root) -> None:
         self.root = Path(root)
         handler = lambda *a, **k: RangeHandler(*a, directory=str(self.root), **k)  # noqa: E731
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _Listener(("127.0.0.1", 0), handler)
+        self.log, self.cut = self.server.log, self.server.cut
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -226,8 +226,10 @@ def test_streaming_whole_shards_through_the_cache(tree, s3_server, s3_env, cache
     with no_hang(120):
         seen = [x for batch in loader for x in batch]
     assert Counter(seen) == Counter(tree.payloads)
-    cached = [n for n in os.listdir(cache / "objects") if n.endswith(".tar")]
-    assert len(cached) == len(ds.reader.shard_paths)  # each shard downloaded once
+    # Each copy is dropped after its last use (tests/test_read_ahead.py counts
+    # the downloads themselves at an HTTP server's request log).
+    assert [n for n in os.listdir(cache / "objects") if n.endswith(".tar")] == []
+    assert all(s3_server.requests("GET", url) >= 1 for url in ds.reader.shard_paths)
     with pytest.raises(ValueError, match="remote_read"):
         fastdata.ShardedIterableDataset("s3://wholeshards/d.tar.fastdata.json",
                                         remote_read="all")

@@ -133,6 +133,31 @@ def process_cache():
     return cache
 
 
+_pool = None
+_pool_pid = None
+#: Requests to different objects one read sends at once.
+PARALLEL_OBJECTS = 8
+
+
+def parallel_map(fn, items: list) -> list:
+    """``fn`` of each item, on this process's request threads (in the calling
+    thread for one item); the first error is raised after all have ended."""
+    global _pool, _pool_pid
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    if _pool is None or _pool_pid != os.getpid():  # threads never cross fork
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(PARALLEL_OBJECTS, thread_name_prefix="fastdata-ranges")
+        _pool_pid = os.getpid()
+    futures = [_pool.submit(fn, item) for item in items]
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
+
+
 class RangedReads:
     """Ranged reads of remote shards, one client object per shard and process."""
 

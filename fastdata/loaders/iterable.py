@@ -22,7 +22,7 @@ from fastdata.formats import detect_format, salvage
 from fastdata.decoding.options import Decode
 from fastdata.deprecated import take_read_options
 from fastdata.loaders.decode_pool import DecodePool
-from fastdata.loaders.read_ahead import Chunks, ReadAhead
+from fastdata.loaders.read_ahead import REMOTE_READS, Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.sizes import stacked_by_caller
 from fastdata.machine import rank_and_world
@@ -99,14 +99,19 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             record's dict (``{}`` when it has none); batch them with
             ``fastdata.collate``, which keeps the dicts as a list.
         read_ahead: for a dataset at a URL, chunks of 64 records requested
-            ahead of use (in one thread per worker), so that requests overlap
-            decoding.
-        remote_read: for a dataset at a URL, "ranges" (default) reads each
-            chunk's records with ranged requests; "shards" downloads the shards
-            the next chunks need, whole, into the shared shard cache
-            (``FASTDATA_CACHE_DIR``, ``FASTDATA_CACHE_LIMIT``), ``read_ahead``
-            shards in flight, and reads them locally: far fewer requests, but
-            a shuffle window touches many shards, which must fit in the cache.
+            ahead of use (in one thread per worker), and whole shards
+            downloaded at once, so that requests overlap decoding.
+        remote_read: for a dataset at a URL, "auto" (default) plans the reads
+            from the epoch's order before the first batch: a shard of which the
+            order reads a large share over a stretch short enough to fit in the
+            cache is downloaded whole, in order of first use, and dropped after
+            its last use; other shards' records are read by ranged requests
+            (see :mod:`fastdata.loaders.read_ahead`). The cache is the shared
+            shard cache (``FASTDATA_CACHE_DIR``); the bytes held at once are at
+            most ``FASTDATA_CACHE_LIMIT`` (else a quarter of its free space, up
+            to 8 GiB), shared among a rank's workers. "ranges" reads every
+            record by range (the least disk); "shards" downloads every shard
+            whole that fits.
         **reader_options: format options passed to the reader (for TFRecord:
             ``feature_keys``, ``chunk_size``), and for one release the old
             flat names of the decode and order options (``size=``,
@@ -128,7 +133,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         verify: bool = True,
         with_metadata: bool = False,
         read_ahead: int = 4,
-        remote_read: str = "ranges",
+        remote_read: str = "auto",
         **reader_options: Any,
     ) -> None:
         decode, order = take_read_options(type(self).__name__, reader_options, decode, order)
@@ -146,8 +151,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self.order_given = order is not None
         self.read_ahead = max(0, int(read_ahead))
         self._decoders = DecodePool()
-        if remote_read not in ("ranges", "shards"):
-            raise ValueError(f"remote_read must be 'ranges' or 'shards', not {remote_read!r}")
+        if remote_read not in REMOTE_READS:
+            raise ValueError(f"remote_read must be one of {', '.join(map(repr, REMOTE_READS))}, "
+                             f"not {remote_read!r}")
         self.remote_read = remote_read
         # The epoch lives in shared memory: DataLoader workers, persistent ones
         # included, read the value set_epoch() last wrote in the main process.
@@ -367,7 +373,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         base = position.taken
         chunks = Chunks(plan, order, positions[base:])
         ahead = ReadAhead(self.reader, chunks, self.read_ahead if self.reader.url else 0,
-                           whole_shards=self.remote_read == "shards")
+                          self.remote_read, workers=position.workers)
         try:
             done = base
             for k, indices in enumerate(chunks):

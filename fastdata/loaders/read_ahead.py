@@ -1,15 +1,36 @@
 """Record indices of a streaming worker's positions, in chunks, and their
-payloads fetched ahead of use (for ``ShardedIterableDataset``)."""
+payloads fetched ahead of use (for ``ShardedIterableDataset``).
+
+For a dataset at a URL the whole of the worker's order is known before its
+first chunk, so the reads follow a plan (:mod:`fastdata.formats.sharded.fetch_plan`):
+shards the order uses heavily over a short stretch are downloaded whole, in
+order of first use, several at once, into a bounded cache, and dropped after
+their last use; the records of every other shard are read by ranged requests,
+a chunk's shards at once.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import threading
+import time
+from collections import deque
 from typing import Any
 
-from fastdata.errors import CorruptDataError
+from fastdata.errors import CorruptDataError, FastDataError
+from fastdata.formats.sharded.fetch_plan import WHOLE_SHARE, FetchPlan, plan_fetches
 from fastdata.order.slices import Slice
+from fastdata.redaction import redact
 
 #: Positions of a worker's sequence read (and decoded) at a time.
 READ_CHUNK = 64
+#: How often a shard download is tried before the stream stops with an error.
+DOWNLOAD_TRIES = 3
+#: How each remote stream reads: "auto" plans whole shards and ranges from
+#: the order; "ranges" reads every record by range; "shards" downloads every
+#: shard whole that fits the budget.
+REMOTE_READS = ("auto", "ranges", "shards")
 
 
 class Chunks:
@@ -28,47 +49,155 @@ class Chunks:
         part = self.positions[k * READ_CHUNK:(k + 1) * READ_CHUNK]
         return self.plan.record_indices(self.order, part).tolist()
 
+    def all_records(self):
+        """Every remaining record index, in order of use."""
+        return self.plan.record_indices(self.order, self.positions)
+
+
+def cache_budget(cache_dir: str, workers: int = 1) -> int:
+    """Bytes of whole shards one worker may hold: ``FASTDATA_CACHE_LIMIT``, or
+    else a quarter of the cache folder's free space (at most 8 GiB), shared
+    among the rank's ``workers`` (the cache is one folder for them all)."""
+    from fastdata.storage.cache import parse_size
+
+    limit = os.environ.get("FASTDATA_CACHE_LIMIT")
+    if limit:
+        total = parse_size(limit)
+    else:
+        os.makedirs(cache_dir, exist_ok=True)
+        total = min(8 << 30, shutil.disk_usage(cache_dir).free // 4)
+    return max(0, total // max(1, workers))
+
 
 class ReadAhead:
     """Chunks of records fetched ``depth`` chunks ahead of use in one thread, so
     that a remote dataset's requests overlap decoding; ``depth`` 0 reads nothing
-    ahead (local files are read as they are used)."""
+    ahead (local files are read as they are used).
 
-    def __init__(self, reader, chunks: Chunks, depth: int,
-                 whole_shards: bool = False) -> None:
+    ``remote_read`` picks the plan (see ``REMOTE_READS``); ``budget``: bytes
+    of whole shards held at once (default :func:`cache_budget`), downloads in
+    flight included. The first ``depth`` chunks never wait for a download:
+    what they need of a shard still on its way is read by range, so the first
+    batch comes as soon as ranged reads allow.
+    """
+
+    def __init__(self, reader, chunks: Chunks, depth: int, remote_read: str = "auto", *,
+                 workers: int = 1, budget: int | None = None) -> None:
         self.reader = reader
         self.chunks = chunks
         self.depth = depth
         self.pending: dict[int, Any] = {}
-        self.pool = self.downloads = None
-        self.shards: dict[int, Any] = {}  # shard -> future of its local copy
-        self.cache = None
-        if depth > 0:
-            from concurrent.futures import ThreadPoolExecutor
+        self.pool = self.downloads = self.cache = None
+        self.fetches = FetchPlan(chunk=READ_CHUNK, budget=0)
+        self.shards: dict[int, Any] = {}   # whole shard -> future of its local copy
+        self.copies: dict[int, str] = {}   # whole shard -> its local copy, attached
+        self.queue: deque[int] = deque()   # whole shards not yet asked for
+        self.held = 0                      # bytes of whole shards asked for and not dropped
+        self.peak = 0
+        self.release_after: dict[int, list[int]] = {}
+        self.lock = threading.Lock()         # held and the cache's locks, across threads
+        if depth <= 0:
+            return
+        from concurrent.futures import ThreadPoolExecutor
 
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-read-ahead")
-            if whole_shards:
-                self.downloads = ThreadPoolExecutor(depth, thread_name_prefix="fastdata-shard")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-read-ahead")
+        if remote_read == "ranges" or len(chunks) == 0:
+            return
+        from fastdata.storage import ShardCache
 
-    def _download(self, k: int) -> None:
-        """Ask for the shards of chunk k that are not asked for yet."""
-        if self.cache is None:
-            from fastdata.storage import ShardCache
+        # Holds every copy it returned until discarded: the plan's copies are
+        # never evicted by another process's downloads while in use.
+        self.cache = ShardCache(keep_locked=1 << 30)
+        if budget is None:
+            budget = cache_budget(self.cache.cache_dir, workers)
+        records = chunks.all_records()
+        index = reader._ensure_index()
+        self.fetches = plan_fetches(index["shard"][records], index["size"][records],
+                                    reader.shard_sizes(), chunk=READ_CHUNK, budget=budget,
+                                    whole_share=0.0 if remote_read == "shards" else WHOLE_SHARE)
+        self.queue.extend(self.fetches.by_first_use)
+        for shard, (_first, last) in self.fetches.spans.items():
+            self.release_after.setdefault(last, []).append(shard)
+        if self.queue:
+            self.downloads = ThreadPoolExecutor(max(1, depth), thread_name_prefix="fastdata-shard")
 
-            self.cache = ShardCache()  # holds the copies it returned until closed
-        for shard in self.reader.shards_of(self.chunks[k]):
-            if shard not in self.shards:
-                self.shards[shard] = self.downloads.submit(self.reader.shard_copy, shard,
-                                                           self.cache)
+    # -- whole shards -------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Ask for the next whole shards, in order of first use, while they fit."""
+        with self.lock:
+            while self.queue and self.held + self.fetches.sizes[self.queue[0]] <= \
+                    self.fetches.budget:
+                shard = self.queue.popleft()
+                self.held += self.fetches.sizes[shard]
+                self.peak = max(self.peak, self.held)
+                self.shards[shard] = self.downloads.submit(self._download, shard)
+
+    def _download(self, shard: int) -> str:
+        for attempt in range(DOWNLOAD_TRIES):
+            try:
+                return self.reader.shard_copy(shard, self.cache)
+            except (OSError, FastDataError):
+                if attempt + 1 == DOWNLOAD_TRIES:
+                    raise
+                time.sleep(0.2 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _attach(self, k: int, indices: list[int]) -> None:
+        """Read chunk k's whole shards from their copies: waited for after the
+        first ``depth`` chunks, taken when already there before."""
+        for shard in self.reader.shards_of(indices):
+            future = self.shards.get(shard)
+            if future is None or shard in self.copies or (k < self.depth and not future.done()):
+                continue
+            try:
+                path = future.result()
+            except (OSError, FastDataError) as exc:
+                record = next(i for i in indices if self.reader.shards_of([i]) == [shard])
+                url = self.reader.shard_paths[shard]
+                raise FastDataError(
+                    f"cannot download shard {redact(url)} (tried {DOWNLOAD_TRIES} times), "
+                    f"which record {record} is read from: {exc}. Check the server, or read "
+                    f"the records by range with remote_read='ranges'",
+                    path=url, record=record, key=self.reader.key_of(record)) from None
+            self.copies[shard] = path
+            self.reader.attach_local(shard, path)
+
+    def _release(self, k: int) -> None:
+        """Drop the whole shards chunk k was the last use of (one still on its
+        way when the order no longer needs it is dropped when it arrives)."""
+        for shard in self.release_after.pop(k, []):
+            future = self.shards.pop(shard, None)
+            self.reader.detach_local(shard)
+            path = self.copies.pop(shard, None)
+            if path is not None:
+                self._drop(shard, path)
+            elif future is not None and future.cancel():
+                self._drop(shard, None)
+            elif future is not None:
+                future.add_done_callback(lambda f, s=shard: self._drop(
+                    s, f.result() if f.exception() is None else None))
+
+    def _drop(self, shard: int, path: str | None) -> None:
+        with self.lock:
+            if path is not None:
+                self.cache.discard(path)
+            self.held -= self.fetches.sizes[shard]
+
+    # -- chunks -------------------------------------------------------------------
 
     def _fetch(self, k: int, indices: list[int]):
         if self.downloads is not None:
-            for shard in self.reader.shards_of(indices):
-                self.reader.attach_local(shard, self.shards[shard].result())
+            self._pump()
+            self._attach(k, indices)
         try:
             return self.reader.read_many(indices)
         except CorruptDataError:
             return None  # read again one record at a time, where damage is reported
+        finally:
+            if self.downloads is not None:
+                self._release(k)
+                self._pump()
 
     def take(self, k: int) -> list | None:
         """Chunk k's payloads (None: read them with the damage-aware path)."""
@@ -76,17 +205,21 @@ class ReadAhead:
             return None
         for j in range(k, min(len(self.chunks), k + 1 + self.depth)):
             if j not in self.pending:
-                if self.downloads is not None:
-                    self._download(j)
                 self.pending[j] = self.pool.submit(self._fetch, j, self.chunks[j])
         return self.pending.pop(k).result()
 
     def close(self) -> None:
         if self.pool is not None:
-            for future in [*self.pending.values(), *self.shards.values()]:
+            for future in self.pending.values():
                 future.cancel()
             self.pool.shutdown(wait=True)
             if self.downloads is not None:
+                for future in self.shards.values():
+                    future.cancel()
                 self.downloads.shutdown(wait=True)
-            if self.cache is not None and hasattr(self.cache, "release"):
+                for shard, future in list(self.shards.items()):  # a pass left early
+                    self.reader.detach_local(shard)
+                    if not future.cancelled() and future.exception() is None:
+                        self.cache.discard(future.result())
+            if self.cache is not None:
                 self.cache.release()

@@ -143,6 +143,21 @@ class ShardCache:
         while len(self._held) > self.keep_locked:
             os.close(self._held.popitem(last=False)[1])
 
+    def discard(self, path: str) -> None:
+        """Drop this cache's lock on ``path`` and remove the copy unless another
+        process (or cache) holds it: its reader has done with it."""
+        fd = self._held.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+        fd = _lock(path + ".lock", fcntl.LOCK_EX, blocking=False)
+        if fd is None:                          # still read elsewhere: theirs to drop
+            return
+        try:
+            _unlink(path)
+            _unlink(path + ".lock")
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         """Drop the shared locks this cache holds (the files may then be evicted)."""
         while self._held:

@@ -22,7 +22,8 @@ from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetched_manifest,
                                            index_limit, is_remote, keys_limit, local_copy,
-                                           manifest_bytes, process_cache, read_bytes)
+                                           manifest_bytes, parallel_map, process_cache,
+                                           read_bytes)
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import check_rows, load_index
 from fastdata.formats.sharded.foreign import ForeignShards
@@ -351,17 +352,34 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         self._ensure_index()
         self._local_shards[shard] = path
 
+    def detach_local(self, shard: int) -> None:
+        """Read remote shard ``shard`` by range again (its copy may go)."""
+        with open_lock():
+            self._local_shards.pop(shard, None)
+            fd = self._fds.pop(shard, None)
+        if fd is not None:
+            os.close(fd)
+
+    def shard_sizes(self) -> list[int]:
+        """Every shard's size in bytes, as the manifest (or the listing) gives it."""
+        self._ensure_index()
+        return list(self._shard_sizes)
+
     def _read_remote(self, indices: Sequence[int], rows: np.ndarray) -> list[bytes]:
         """Records of remote shards: the ranges of each shard in one request
         (the client coalesces neighbouring ranges)."""
         out: list = [None] * len(indices)
         shards = rows["shard"].tolist()
-        for shard in sorted(set(shards)):
-            ks = [k for k, s in enumerate(shards) if s == shard]
-            if shard in self._local_shards:  # a downloaded copy: local reads
-                for k, raw in zip(ks, self._read_many([indices[k] for k in ks])):
-                    out[k] = raw
-                continue
+        groups: dict[int, list[int]] = {}
+        for k, shard in enumerate(shards):
+            groups.setdefault(shard, []).append(k)
+        local = {s: ks for s, ks in groups.items() if s in self._local_shards}
+        for shard, ks in local.items():  # a downloaded copy: local reads
+            for k, raw in zip(ks, self._read_many([indices[k] for k in ks])):
+                out[k] = raw
+
+        def ranged(item: tuple[int, list[int]]) -> None:
+            shard, ks = item
             ranges = [(int(rows["offset"][k]), int(rows["size"][k])) for k in ks]
             url = self._shard_paths[shard]
             got = self._ranged.read(url, ranges, size=self._shard_sizes[shard])
@@ -372,6 +390,9 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
                         f"byte offset {offset} (the shard is truncated)", path=url,
                         key=self.key_of(indices[k]), record=indices[k])
                 out[k] = self._extract(raw, shard, offset)
+
+        # Each shard's ranges are one request; the shards' requests run at once.
+        parallel_map(ranged, [(s, ks) for s, ks in sorted(groups.items()) if s not in local])
         return out
 
     def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
