@@ -10,14 +10,17 @@ nginx serving the local folder over http (``apt-get install nginx-light``;
 one process, sendfile, the dataset read by ``http://`` URL). Loopback: this measures
 fastdata's request pattern and overheads, not a network; the server runs on
 the same cores as the DataLoader workers, and the CPU time it used is printed.
-It packs generated ImageNet-like
-photos into tar shards of --shards-of records (pack-time shuffled), uploads them, then for the local folder and for the
-s3:// URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
+It packs generated ImageNet-like photos into tar shards of --shards-of records
+(pack-time shuffled), uploads them, then for the local folder and for the URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
 
 - streaming (ShardedIterableDataset), shuffled and in stored order: samples/s
-  over one epoch counted from its first batch on, and for the shuffled one the
-  time from creating the DataLoader iterator to that first batch;
-- random access (the map-style TarDataset, DataLoader(shuffle=True)): samples/s.
+  over one epoch counted from its first batch on, and for the shuffled ones the
+  time from creating the DataLoader iterator to that first batch; shuffled with
+  the default reads (remote_read="auto": planned from the order) and with each
+  override (every record by range; every shard whole);
+- random access (the map-style TarDataset) in the order of fastdata.EpochBatches
+  (reads run ahead of the batches it will give) and of DataLoader(shuffle=True)
+  (each batch read by range when asked for): samples/s.
 
 Every run starts with an empty shard cache and new worker processes; the
 local files are in the page cache (warm), which favours the local figures.
@@ -55,14 +58,17 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
     import fastdata
 
     out = {"stream": 0.0, "first_batch_s": float("inf"), "stream_sequential": 0.0,
+           "stream_ranges": 0.0, "first_batch_ranges_s": float("inf"),
            "stream_shards": 0.0, "first_batch_shards_s": float("inf"),
-           "stream_shard_blocks": 0.0, "first_batch_blocks_s": float("inf"), "random": 0.0}
+           "stream_shard_blocks": 0.0, "first_batch_blocks_s": float("inf"), "random": 0.0,
+           "first_batch_random_s": float("inf"), "random_torch": 0.0}
     for r in range(repeat):
         os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}-{r}")
         per_shard = max(n for _, n in fastdata.ShardedIterableDataset(path).reader.shard_ranges())
         for shuffle, key, mode, block in (
-                (True, "stream", "ranges", None),
-                (False, "stream_sequential", "ranges", None),
+                (True, "stream", "auto", None),
+                (True, "stream_ranges", "ranges", None),
+                (False, "stream_sequential", "auto", None),
                 (True, "stream_shards", "shards", None),
                 (True, "stream_shard_blocks", "shards", "shard")):
             os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}")
@@ -73,14 +79,23 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
             rate, first, _ = _epoch(torch.utils.data.DataLoader(
                 stream, batch_size=64, num_workers=workers, collate_fn=fastdata.collate))
             out[key] = max(out[key], rate)
-            first_key = {"stream": "first_batch_s", "stream_shards": "first_batch_shards_s",
+            first_key = {"stream": "first_batch_s", "stream_ranges": "first_batch_ranges_s",
+                         "stream_shards": "first_batch_shards_s",
                          "stream_shard_blocks": "first_batch_blocks_s"}
             if key in first_key:
                 out[first_key[key]] = min(out[first_key[key]], first)
+        os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}")
+        ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(224, 224)),
+                                   order=fastdata.Order(shuffle=True, batch_size=64))
+        rate, first, _ = _epoch(torch.utils.data.DataLoader(
+            ds, batch_sampler=fastdata.EpochBatches(ds), num_workers=workers,
+            collate_fn=fastdata.collate))
+        out["random"] = max(out["random"], rate)
+        out["first_batch_random_s"] = min(out["first_batch_random_s"], first)
         ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(224, 224)))
         rate, _, _ = _epoch(torch.utils.data.DataLoader(
             ds, batch_size=64, shuffle=True, num_workers=workers, collate_fn=fastdata.collate))
-        out["random"] = max(out["random"], rate)
+        out["random_torch"] = max(out["random_torch"], rate)
     return out
 
 
@@ -141,20 +156,25 @@ def main() -> None:
                                              os.path.join(tmp, "cache"))
                 server_cpu = cpu_seconds(proc.pid) - server_cpu
                 print(f"  {label}:\n"
-                      f"    stream shuffled, ranged reads   {r['stream']:6.0f}/s, first batch "
+                      f"    stream shuffled, defaults       {r['stream']:6.0f}/s, first batch "
                       f"{r['first_batch_s']:.2f} s\n"
+                      f"    stream shuffled, ranged reads   {r['stream_ranges']:6.0f}/s, first "
+                      f"batch {r['first_batch_ranges_s']:.2f} s\n"
                       f"    stream shuffled, whole shards   {r['stream_shards']:6.0f}/s, first "
                       f"batch {r['first_batch_shards_s']:.2f} s\n"
                       f"    ... with Order(block='shard')   {r['stream_shard_blocks']:6.0f}/s, "
                       f"first batch {r['first_batch_blocks_s']:.2f} s\n"
                       f"    stream in stored order          {r['stream_sequential']:6.0f}/s\n"
-                      f"    random access (map-style)       {r['random']:6.0f}/s\n"
+                      f"    random access, EpochBatches     {r['random']:6.0f}/s, first batch "
+                      f"{r['first_batch_random_s']:.2f} s\n"
+                      f"    random access, torch's shuffle  {r['random_torch']:6.0f}/s\n"
                       f"    server CPU over these runs      {server_cpu:6.1f} s")
             a, b = results["local disk"], results[rows[1][0]]
             print("  remote/local: " + ", ".join(
-                f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_shards",
+                f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_ranges", "stream_shards",
                                                     "stream_shard_blocks",
-                                                    "stream_sequential", "random")))
+                                                    "stream_sequential", "random",
+                                                    "random_torch")))
     finally:
         proc.kill()
         proc.wait()

@@ -183,3 +183,53 @@ def test_workers_share_the_downloads(site):
     # The two workers need the same shards; the shared cache downloads each once.
     assert len(gets) == 12
     assert READ_CHUNK == 64
+
+
+# -- map-style, driven by fastdata's sampler ---------------------------------------
+
+def _batches(path, workers: int, sampler: bool = True):
+    import torch
+
+    ds = fastdata.open_dataset(path, order=fastdata.Order(shuffle=True, seed=2, batch_size=32))
+    if sampler:
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds),
+                                             num_workers=workers, collate_fn=fastdata.collate)
+    else:
+        loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=workers,
+                                             sampler=range(600), collate_fn=fastdata.collate)
+    return [(x.numpy().tobytes(), y.tolist()) for x, y in loader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_style_reads_ahead_of_fastdatas_sampler(site, workers):
+    assert _batches(site.manifest, workers) == _batches(site.local, workers)
+    gets = _whole_gets(site)
+    # A permutation of the epoch uses every shard all through it: all 12 fit
+    # the default budget, and each is downloaded once (workers share the cache).
+    assert sorted(gets) == [f"d-{n:06d}.tar" for n in range(12)]
+
+
+def test_map_style_without_fastdatas_sampler_reads_by_range(site):
+    assert _batches(site.manifest, 0, sampler=False) == _batches(site.local, 0, sampler=False)
+    assert _whole_gets(site) == []
+
+
+def test_map_style_resumed_mid_epoch_reads_ahead_from_there(site):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(path):
+        ds = fastdata.open_dataset(path, order=fastdata.Order(shuffle=True, seed=2,
+                                                              batch_size=32))
+        return StatefulDataLoader(ds, batch_sampler=fastdata.EpochBatches(ds), num_workers=2,
+                                  collate_fn=fastdata.collate)
+
+    first = loader(site.manifest)
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    del it
+    resumed = loader(site.manifest)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    whole = [(x.numpy().tobytes(), y.tolist()) for x, y in head + rest]
+    assert whole == _batches(site.local, 0)[:len(whole)] and len(whole) == 19

@@ -115,6 +115,12 @@ class PackedDataset(SamplePipeline, Dataset):
             self._epoch.share_memory_()
         self.decode_threads = decode_threads
         self._decoders = DecodePool(decode_threads)
+        # Shards at a URL: reads run ahead of the batches fastdata's sampler gives.
+        self._sampler_reads = None
+        if cache is None and self.reader.url is not None and hasattr(self.reader, "shard_sizes"):
+            from fastdata.loaders.sampler_reads import SamplerReads
+
+            self._sampler_reads = SamplerReads(self.reader, self.order)
         self.cache = None
         if cache == "ram":
             from fastdata.loaders.cache import SharedPayloadCache
@@ -268,6 +274,10 @@ class PackedDataset(SamplePipeline, Dataset):
 
     def _read(self, indices: list[int], check: bool = True) -> list:
         if self.cache is None:  # the RAM cache's records were checked when it was filled
+            if self._sampler_reads is not None:
+                ahead = self._sampler_reads.payloads(indices)
+                if ahead is not None:
+                    return ahead
             return self.reader.read_many(indices, check=check and self.reader.verify)
         n = len(self)
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
@@ -302,6 +312,8 @@ class PackedDataset(SamplePipeline, Dataset):
         come back on next use. Call it before forking workers for another
         DataLoader so that no thread of ours is running at fork time."""
         self._decoders.close()
+        if self._sampler_reads is not None:
+            self._sampler_reads.close()
         self.reader.close()
 
     def __enter__(self):

@@ -18,6 +18,8 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats.sharded.fetch_plan import WHOLE_SHARE, FetchPlan, plan_fetches
 from fastdata.order.slices import Slice
@@ -50,8 +52,9 @@ class Chunks:
         return self.plan.record_indices(self.order, part).tolist()
 
     def all_records(self):
-        """Every remaining record index, in order of use."""
-        return self.plan.record_indices(self.order, self.positions)
+        """Every remaining record index, in order of use, and the chunk of each."""
+        return (self.plan.record_indices(self.order, self.positions),
+                np.arange(len(self.positions), dtype=np.int64) // READ_CHUNK)
 
 
 def cache_budget(cache_dir: str, workers: int = 1) -> int:
@@ -88,7 +91,7 @@ class ReadAhead:
         self.depth = depth
         self.pending: dict[int, Any] = {}
         self.pool = self.downloads = self.cache = None
-        self.fetches = FetchPlan(chunk=READ_CHUNK, budget=0)
+        self.fetches = FetchPlan(budget=0)
         self.shards: dict[int, Any] = {}   # whole shard -> future of its local copy
         self.copies: dict[int, str] = {}   # whole shard -> its local copy, attached
         self.queue: deque[int] = deque()   # whole shards not yet asked for
@@ -110,11 +113,11 @@ class ReadAhead:
         self.cache = ShardCache(keep_locked=1 << 30)
         if budget is None:
             budget = cache_budget(self.cache.cache_dir, workers)
-        records = chunks.all_records()
-        index = reader._ensure_index()
-        self.fetches = plan_fetches(index["shard"][records], index["size"][records],
-                                    reader.shard_sizes(), chunk=READ_CHUNK, budget=budget,
-                                    whole_share=0.0 if remote_read == "shards" else WHOLE_SHARE)
+        records, chunk_of = chunks.all_records()
+        shards, sizes = reader.placement(records)
+        self.fetches = plan_fetches(
+            shards, sizes, reader.shard_sizes(), chunk=chunk_of, budget=budget,
+            whole_share=0.0 if remote_read == "shards" else WHOLE_SHARE)
         self.queue.extend(self.fetches.by_first_use)
         for shard, (_first, last) in self.fetches.spans.items():
             self.release_after.setdefault(last, []).append(shard)

@@ -97,6 +97,7 @@ class EpochBatches(Sampler[list[int]]):
         self._taken = 0
         if self.dataset is not None and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)  # crops follow the epoch read
+        self._announce(plan)
         for t in range(plan.batches()):
             positions = plan.batch_positions(t)
             batch = plan.record_indices(order, np.arange(positions.start, positions.stop)).tolist()
@@ -108,6 +109,14 @@ class EpochBatches(Sampler[list[int]]):
         # are still decoding this pass's last batches, with this epoch's crops.
         self._start, self._taken = 0, 0
         self.epoch += 1
+
+    def _announce(self, plan: Slice) -> None:
+        """Tell a dataset that reads ahead (shards at a URL) which batches come,
+        when they are in the dataset's own order."""
+        reads = getattr(self.dataset, "_sampler_reads", None)
+        if reads is not None and reads.order.shuffle_of(self.records, stream=False) \
+                == self.shuffle_mode and reads.order.policy == self.order.policy:
+            reads.follow(self.epoch, plan.start, plan.rank, plan.world, self.batch_size)
 
     def state_dict(self) -> dict:
         """The point the job has reached: this epoch and the samples of its

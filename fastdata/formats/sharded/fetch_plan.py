@@ -21,11 +21,10 @@ WHOLE_SHARE = 0.25
 
 @dataclass
 class FetchPlan:
-    """The shards to download whole, with the chunks (of the order, ``chunk``
-    records each) of their first and last use; every other shard is read by
-    range. ``budget``: bytes of whole shards the plan may hold at once."""
+    """The shards to download whole, with the chunks (of the order) of their
+    first and last use; every other shard is read by range. ``budget``: bytes
+    of whole shards the plan may hold at once."""
 
-    chunk: int
     budget: int
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
@@ -52,31 +51,35 @@ class FetchPlan:
                 f"{self.peak():,} at once of a {self.budget:,}-byte budget), the rest by range")
 
 
-def plan_fetches(shards: np.ndarray, record_bytes: np.ndarray, shard_bytes, *, chunk: int,
-                 budget: int, whole_share: float = WHOLE_SHARE) -> FetchPlan:
+def plan_fetches(shards: np.ndarray, record_bytes: np.ndarray, shard_bytes, *,
+                 chunk: int | np.ndarray, budget: int, whole_share: float = WHOLE_SHARE
+                 ) -> FetchPlan:
     """The fetch plan for reading records in order: ``shards[j]`` and
     ``record_bytes[j]`` are the shard and size of the j-th record read;
-    ``shard_bytes[s]`` is shard s's size. ``whole_share`` 0 takes every shard
-    whole that fits the budget; above 1, none.
+    ``shard_bytes[s]`` is shard s's size; ``chunk``: records per chunk, or the
+    chunk number of each record read (chunks of different sizes, such as
+    batches). ``whole_share`` 0 takes every shard whole that fits the budget;
+    above 1, none.
 
     Shards are taken greedily, the most used share first, while at every chunk
     of the order the whole shards in use (from their first to their last use)
     fit in ``budget`` bytes: so the reader can always fetch what the next
     chunk needs after releasing what the order has done with.
     """
-    plan = FetchPlan(chunk=chunk, budget=int(budget))
+    plan = FetchPlan(budget=int(budget))
     shards = np.asarray(shards, dtype=np.int64)
     if len(shards) == 0 or whole_share > 1:
         return plan
     shard_bytes = np.asarray(shard_bytes, dtype=np.int64)
-    chunks = np.arange(len(shards), dtype=np.int64) // chunk
+    chunks = np.arange(len(shards), dtype=np.int64) // chunk if np.isscalar(chunk) \
+        else np.asarray(chunk, dtype=np.int64)
     used = np.bincount(shards, weights=np.asarray(record_bytes, dtype=np.float64),
                        minlength=len(shard_bytes))
     at = np.full(len(shard_bytes), np.iinfo(np.int64).max, dtype=np.int64)
     last = np.full(len(shard_bytes), -1, dtype=np.int64)
     np.minimum.at(at, shards, np.arange(len(shards), dtype=np.int64))
     np.maximum.at(last, shards, chunks)
-    first = np.where(last >= 0, at // chunk, 0)
+    first = np.where(last >= 0, chunks[np.minimum(at, len(shards) - 1)], 0)
     share = used / np.maximum(shard_bytes, 1)
     candidates = np.flatnonzero((last >= 0) & (share >= whole_share) & (shard_bytes <= budget)
                                 & (shard_bytes > 0))

@@ -360,6 +360,11 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         if fd is not None:
             os.close(fd)
 
+    def placement(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """The shard and the stored size of each record of ``indices``."""
+        rows = self._ensure_index()[np.asarray(indices, dtype=np.int64)]
+        return rows["shard"], rows["size"]
+
     def shard_sizes(self) -> list[int]:
         """Every shard's size in bytes, as the manifest (or the listing) gives it."""
         self._ensure_index()
