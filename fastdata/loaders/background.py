@@ -45,9 +45,11 @@ class BackgroundBatches:
     Args:
         loader: any iterable of batches, usually a DataLoader.
         depth: finished batches waiting for the consumer (at least 1).
+        then: applied to each batch in the thread (a conversion that would
+            otherwise run in the training loop's thread).
     """
 
-    def __init__(self, loader, depth: int = 2) -> None:
+    def __init__(self, loader, depth: int = 2, then=None) -> None:
         if int(depth) < 1:
             raise ValueError(f"depth must be at least 1, not {depth}")
         if callable(getattr(loader, "state_dict", None)):
@@ -58,6 +60,7 @@ class BackgroundBatches:
                 "state stays exact)")
         self.loader = loader
         self.depth = int(depth)
+        self.then = then
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -84,6 +87,8 @@ class BackgroundBatches:
 
                     torch.cuda.set_device(device)
                 for batch in self.loader:
+                    if self.then is not None:
+                        batch = self.then(batch)
                     if not put((_BATCH, batch)):
                         return
             except BaseException as exc:  # raised again in the consumer, with its traceback

@@ -10,6 +10,7 @@ same conversion on the CPU, so one training script runs on a laptop too.
 from __future__ import annotations
 
 import collections
+import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -86,7 +87,12 @@ class CUDAPrefetcher:
         if self.background:
             from fastdata.loaders.background import BackgroundBatches
 
-            self._batches = BackgroundBatches(loader, self.background)  # refuses a loader with a resume state
+            # Without CUDA the conversion runs in that thread too, beside the
+            # training step instead of before it. A loader with a resume state
+            # is refused there.
+            self._batches = BackgroundBatches(
+                loader, self.background,
+                then=None if self.cuda else lambda batch: self._move(batch, [True]))
         self.channels_last = channels_last
         self.dtype = dtype
         self.image_key = image_key
@@ -96,8 +102,17 @@ class CUDAPrefetcher:
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
 
+    #: How ``fastdata.loader()`` chose to run the loader (None: made directly).
+    choice = None
+
     def __len__(self) -> int:
         return len(self.loader)
+
+    def __repr__(self) -> str:
+        workers = getattr(self.loader, "num_workers", None)
+        how = str(self.choice) if self.choice is not None else \
+            f"num_workers={workers}, background={self.background}"
+        return f"CUDAPrefetcher(device={str(self.device)!r}, {how})"
 
     # -- conversion -------------------------------------------------------------
 
@@ -160,6 +175,9 @@ class CUDAPrefetcher:
 
     def _passes(self) -> Iterator[Any]:
         if not self.cuda:
+            if self.background:            # converted in the background thread
+                yield from self._batches
+                return
             for batch in self._batches:
                 yield self._move(batch, [True])
             return
@@ -220,7 +238,14 @@ def loader(
             "cpu". Either way batches come out the same kind: float ``dtype``,
             normalised with ``mean``/``std`` (on the CPU when there is no GPU).
         mean, std, channels_last, dtype: passed to the prefetcher.
-        num_workers: default: the usable cores, at most 8.
+        num_workers: default: chosen from the dataset and the usable cores
+            (:mod:`fastdata.loaders.choice`): fastdata's own decoding runs on
+            threads in this process with a background thread, up to 8 cores
+            (one more worker process per 8 cores beyond); a stream, one
+            worker per 8 cores; per-sample Python (a transform, PIL output,
+            a foreign dataset), one worker per core up to 8. The choice is
+            the returned object's ``choice`` (in its repr, and logged at debug
+            level on the "fastdata" logger).
         run_ahead: batches made ahead of the training loop by each producer:
             each DataLoader worker (``prefetch_factor``), or, for a map-style
             dataset with ``num_workers=0``, a background thread (fastdata
@@ -248,8 +273,16 @@ def loader(
     if run_ahead < 0:
         raise ValueError(f"run_ahead must be 0 or more, not {run_ahead}")
     order = _loader_order(dataset, dataloader_options, iterable)
+    from fastdata.loaders.choice import LoadingChoice, choose_loading
+
     if num_workers is None:
-        num_workers = min(8, usable_cores())
+        choice = choose_loading(dataset, usable_cores(), run_ahead, iterable)
+    else:
+        choice = LoadingChoice(int(num_workers), 0 if num_workers or iterable else run_ahead,
+                               "num_workers given")
+    num_workers = choice.num_workers
+    logging.getLogger("fastdata").debug("fastdata.loader(%s): %s", type(dataset).__name__,
+                                        choice)
     if device is None:
         # The same call gives the same kind of batch on every machine.
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -282,10 +315,12 @@ def loader(
     options.update(dataloader_options)
     _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(dataset, **options)
-    return CUDAPrefetcher(data_loader, device, mean=mean, std=std,
-                          channels_last=channels_last, dtype=dtype,
-                          background=run_ahead if data_loader.num_workers == 0
-                          and not iterable else 0)
+    prefetcher = CUDAPrefetcher(data_loader, device, mean=mean, std=std,
+                                channels_last=channels_last, dtype=dtype,
+                                background=choice.background if data_loader.num_workers == 0
+                                else 0)
+    prefetcher.choice = choice
+    return prefetcher
 
 
 def _loader_order(dataset, options: dict, iterable: bool):
