@@ -165,7 +165,9 @@ def _best_lines(report: BenchReport) -> list[str]:
 
 def summary_lines(report: BenchReport) -> list[str]:
     """Best worker count per row, the fastest row, and notes."""
-    out = _best_lines(report) + train_lines(report)
+    from fastdata.bench.defaults import defaults_lines
+
+    out = _best_lines(report) + train_lines(report) + defaults_lines(report)
     failed = sorted({r.name for r in report.results if not r.ok})
     if failed:
         out.append(f"failed: {', '.join(failed)}")

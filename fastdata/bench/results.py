@@ -80,8 +80,9 @@ class BenchReport:
         return out
 
     def fastest(self) -> Result | None:
-        """The fastest row at its best worker count, or None when every row failed."""
-        best = list(self.best().values())
+        """The fastest row at its best worker count, or None when every row failed
+        (the defaults rows, float batches, are compared among themselves)."""
+        best = [r for r in self.best().values() if not r.pipeline.startswith("defaults")]
         return max(best, key=lambda r: r.samples_per_s) if best else None
 
     def baseline(self) -> Result | None:
