@@ -30,7 +30,10 @@ Modules: :mod:`~fastdata.bench.options` (what to run), :mod:`~fastdata.bench.tar
 (the rows), :mod:`~fastdata.bench.baseline` (the image-folder Dataset),
 :mod:`~fastdata.bench.loading` (Datasets and DataLoaders of a row),
 :mod:`~fastdata.bench.measure` and :mod:`~fastdata.bench.cpu` (timing and CPU
-accounting), :mod:`~fastdata.bench.train` (the ``--train`` rows), :mod:`~fastdata.bench.run` (the sweep), :mod:`~fastdata.bench.results`,
+accounting), :mod:`~fastdata.bench.train` (the ``--train`` rows),
+:mod:`~fastdata.bench.defaults` (the defaults rows: ``fastdata.loader()`` as it
+chooses, beside it at the row's best worker count), :mod:`~fastdata.bench.run`
+(the sweep), :mod:`~fastdata.bench.results`,
 :mod:`~fastdata.bench.report` and :mod:`~fastdata.bench.plot` (the output).
 Importing this package imports torch; ``import fastdata`` does not import it.
 """

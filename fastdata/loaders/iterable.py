@@ -290,6 +290,21 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     # -- iteration --------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
+        # A warning about mixed sizes helps only where torch's collate stacks them.
+        return self._start(stacked_by_caller(self, sys._getframe(1)))
+
+    def batches(self):
+        """This stream a batch at a time: an IterableDataset of whole batches
+        of the order's ``batch_size``, decoded straight into one tensor, for
+        ``DataLoader(ds.batches(), batch_size=None, collate_fn=fastdata.collate)``
+        (what ``fastdata.loader()`` does): the same batches in the same order
+        as per-sample reading, without per-sample Python. Its state, epoch and
+        resume are this stream's."""
+        from fastdata.loaders.stream_batches import StreamBatches
+
+        return StreamBatches(self)
+
+    def _start(self, stacked: bool, batched: bool = False):
         # Not a generator itself: the position is set when iteration is asked
         # for, so a state_dict() taken before the first sample is this epoch's.
         info = get_worker_info()
@@ -299,16 +314,22 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         # next epoch, or the main process's) starts from the epoch's beginning.
         if isinstance(self._resume, WorkerPosition) or info is None:
             self._resume = None
-        # A warning about mixed sizes helps only where torch's collate stacks them.
-        return self._iterate(self._position, stacked_by_caller(self, sys._getframe(1)))
+        return self._iterate(self._position, stacked, batched)
 
-    def _iterate(self, position: WorkerPosition, stacked: bool) -> Iterator[tuple[Any, int]]:
+    def _iterate(self, position: WorkerPosition, stacked: bool, batched: bool = False
+                 ) -> Iterator[tuple[Any, int]]:
         plan = position.slice()
         # Crops follow the epoch read, which a loaded worker state carries.
         self._drawing_epoch = position.epoch
         starts = np.asarray([first for first, _ in self.reader.shard_ranges()],
                             dtype=np.int64) if self.shuffle_block == "shard" else None
         order = epoch_order(plan.n, self.shuffle_mode, position.epoch, starts)
+        if batched:
+            from fastdata.loaders.stream_batches import stream_batches
+
+            yield from stream_batches(self, self._records(plan, order, position), position,
+                                      self.batch_size, self.drop_last)
+            return
         labels = self.reader.labels
         watch_sizes = stacked and self.output in ("tensor", "numpy") and self.transform is None
         for index, image, meta in self._decoded(self._records(plan, order, position), position):

@@ -314,7 +314,7 @@ def loader(
         options["batch_sampler"] = EpochBatches(dataset, order)
     options.update(dataloader_options)
     _match_stream_batches(dataset, options.get("batch_size"))
-    data_loader = DataLoader(dataset, **options)
+    data_loader = DataLoader(_stream_in_batches(dataset, options), **options)
     prefetcher = CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                                 channels_last=channels_last, dtype=dtype,
                                 background=choice.background if data_loader.num_workers == 0
@@ -348,6 +348,28 @@ def _loader_order(dataset, options: dict, iterable: bool):
                       DeprecationWarning, stacklevel=3)
         return base.changed(shuffle=True)
     return base
+
+
+def _stream_in_batches(dataset, options: dict):
+    """What the DataLoader reads: a fastdata stream of tensors makes its batches
+    itself (``stream.batches()``), decoded into one tensor, instead of the
+    DataLoader asking for and stacking each sample: the same batches, since
+    its workers take whole batches of the order in turn."""
+    from fastdata.loaders.iterable import ShardedIterableDataset
+    from fastdata.loaders.stream_batches import batchable
+
+    if not isinstance(dataset, ShardedIterableDataset) or not batchable(dataset) or \
+            options.get("batch_size") is None or "collate_fn" in options and \
+            options["collate_fn"] is not _fastdata_collate():
+        return dataset
+    options.update(batch_size=None, drop_last=False, collate_fn=_fastdata_collate())
+    return dataset.batches()
+
+
+def _fastdata_collate():
+    from fastdata.loaders.collate import collate
+
+    return collate
 
 
 def _match_stream_batches(dataset, batch_size) -> None:

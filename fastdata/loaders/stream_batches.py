@@ -1,0 +1,130 @@
+"""A stream's samples a batch at a time, decoded straight into the batch tensor.
+
+``fastdata.loader()`` reads a :class:`ShardedIterableDataset` this way: the
+DataLoader then neither asks for each sample nor stacks them (its
+``batch_size=None``), which is what per-sample Python costs on small images.
+A worker's batches are the ones it would collate itself: the stream hands
+whole batches of the order to its workers in turn, so the batches, their
+order and every resume point are the same as with per-sample iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from fastdata.errors import CorruptDataError
+from fastdata.loaders.collate import Batch
+from fastdata.loaders.samples import Failed
+from fastdata.loaders.sizes import fixed_shape
+
+
+class StreamBatches(IterableDataset):
+    """A :class:`ShardedIterableDataset`'s batches (``stream.batches()``); every
+    other attribute (``state_dict``, ``set_epoch``, ``plan``, ...) is the
+    stream's own."""
+
+    def __init__(self, stream) -> None:
+        if stream.batch_size is None:
+            raise ValueError("a stream read in batches needs its batch size: open it with "
+                             "order=fastdata.Order(batch_size=...)")
+        self.stream = stream
+
+    def __iter__(self):
+        return self.stream._start(stacked=False, batched=True)
+
+    def __len__(self) -> int:
+        """Batches this rank yields this epoch."""
+        return self.stream.plan().batches()
+
+    def __getattr__(self, name: str):
+        if name == "stream":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self.stream).__name__}({self.stream.path!r}).batches()"
+
+
+def batchable(ds) -> bool:
+    """Whether ``ds``'s samples can be made a batch at a time: tensors, no
+    per-sample Python transform."""
+    return ds.output == "tensor" and ds.transform is None and ds.target_transform is None
+
+
+def _new_batch(shape: tuple[int, ...]) -> torch.Tensor:
+    from fastdata.loaders.datasets import _batch_tensor
+
+    return _batch_tensor(shape)
+
+
+def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
+                   ) -> Iterator[Batch | list]:
+    """Batches of ``size`` of ``records`` (``ds._records``' output); a short
+    last one unless ``drop_last``. A batch whose images differ in size is a
+    list of samples (``fastdata.collate`` says how to get one size)."""
+    shape = fixed_shape(ds.decode, ds.crop)
+    labels = ds.reader.labels
+    while True:
+        items, taken, error = [], [], None
+        try:
+            for item in records:
+                items.append(item)
+                taken.append(position.taken)
+                if len(items) == size:
+                    break
+        except Exception as exc:  # a damaged record: the ones before it are given first
+            error = exc
+        if items and (len(items) == size or not drop_last or error is not None):
+            position.taken = taken[-1]
+            batch = _make(ds, items, shape, labels)
+            if batch is not None:
+                yield batch
+        if error is not None:
+            raise error
+        if len(items) < size:
+            return
+
+
+def _make(ds, items: list, shape, labels) -> Batch | list | None:
+    into = None if shape is None else _new_batch((len(items), *shape))
+    target = None if into is None else into.numpy()
+
+    def decode(k_item):
+        k, (index, data, meta) = k_item
+        try:
+            pixels = ds._pixels(data, index)
+        except Exception as exc:  # reported with the record's name below
+            return Failed(exc)
+        if target is not None and pixels.shape == shape:
+            target[k] = pixels
+        return pixels
+
+    images = ds._decoders.map(decode, list(enumerate(items)))
+    keep, metas = [], []
+    for k, ((index, _data, meta), image) in enumerate(zip(items, images)):
+        if isinstance(meta, CorruptDataError):
+            ds._corrupt(meta, index)
+            continue
+        if ds._sample(index, image, 0) is None:  # a failure: raised, or skipped and counted
+            continue
+        keep.append(k)
+        metas.append({} if meta is None else meta)
+    if not keep:
+        return None
+    indices = np.asarray([items[k][0] for k in keep], dtype=np.int64)
+    batch_labels = torch.from_numpy(labels[indices].astype(np.int64, copy=True))
+    kept = [images[k] for k in keep]
+    metadata = metas if ds.with_metadata else None
+    if into is not None and all(a.shape == shape for a in kept):
+        pixels = into if len(keep) == len(items) else into[torch.as_tensor(keep)]
+        return Batch(pixels.permute(0, 3, 1, 2), batch_labels, metadata)
+    if len({a.shape for a in kept}) == 1:
+        stacked = _new_batch((len(kept), *kept[0].shape))
+        np.stack(kept, out=stacked.numpy())
+        return Batch(stacked.permute(0, 3, 1, 2), batch_labels, metadata)
+    samples = [(torch.from_numpy(a).permute(2, 0, 1), int(y)) for a, y in zip(kept, batch_labels)]
+    return samples if metadata is None else [(*s, m) for s, m in zip(samples, metadata)]
