@@ -122,7 +122,8 @@ class EpochBatches(Sampler[list[int]]):
         """The point the job has reached: this epoch and the samples of its
         order consumed once every rank has taken the batches this one has."""
         consumed = self.plan().consumed_after(self._taken)
-        return StreamPoint(self.epoch, consumed, self.records, self.shuffle_mode.describe()).to_dict()
+        return StreamPoint(self.epoch, consumed, self.records,
+                           self.shuffle_mode.describe()).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (this sampler's, or a ``StatefulDataLoader``'s
