@@ -209,9 +209,15 @@ def test_map_style_reads_ahead_of_fastdatas_sampler(site, workers):
     assert sorted(gets) == [f"d-{n:06d}.tar" for n in range(12)]
 
 
-def test_map_style_without_fastdatas_sampler_reads_by_range(site):
+def test_map_style_without_fastdatas_sampler_caches_shards_that_fit(site, monkeypatch):
     assert _batches(site.manifest, 0, sampler=False) == _batches(site.local, 0, sampler=False)
-    assert _whole_gets(site) == []
+    gets = _whole_gets(site)
+    # The dataset fits the budget: each shard downloaded once, on first use.
+    assert sorted(gets) == [f"d-{n:06d}.tar" for n in range(12)]
+    del site.log[:]
+    monkeypatch.setenv("FASTDATA_CACHE_LIMIT", str(sum(_shard_bytes(site.local)) - 1))
+    assert _batches(site.manifest, 0, sampler=False) == _batches(site.local, 0, sampler=False)
+    assert _whole_gets(site) == []     # larger than the budget: read by range
 
 
 def test_map_style_resumed_mid_epoch_reads_ahead_from_there(site):

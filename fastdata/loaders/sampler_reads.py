@@ -8,11 +8,19 @@ epoch's sequence, and from it the batches it will be asked for next (the
 DataLoader deals batches to its workers in turn), and fetches those through
 the stream's read-ahead (:class:`fastdata.loaders.read_ahead.ReadAhead`):
 shards the order reads heavily over a short stretch downloaded whole in order
-of first use within the cache budget, every other record by range. Driven by
-another sampler, the dataset reads each batch by range as it is asked for.
+of first use within the cache budget, every other record by range.
+
+Driven by another sampler, whose order it cannot know, the dataset caches by
+shard (:class:`ShardsOnFirstUse`) when the whole dataset fits the cache budget:
+a shard's first use starts its download, and its records are read by range
+until the copy is there. A dataset larger than the budget is read by range:
+under a random order any smaller unit of cache would fetch more bytes than
+the records it serves.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +62,66 @@ class _WorkerBatches:
                 np.repeat(np.arange(len(parts), dtype=np.int64), [len(p) for p in parts]))
 
 
+class ShardsOnFirstUse:
+    """Whole shards downloaded on first use, kept while the dataset is open."""
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
+        self._pool = self._cache = None
+        self._wanted: bool | None = None
+        self._copies: dict[int, Any] = {}     # shard -> future of its local copy
+        self._attached: set[int] = set()
+
+    def _start(self) -> bool:
+        if self._wanted is None:
+            from fastdata.loaders.read_ahead import cache_budget
+            from fastdata.storage import ShardCache
+
+            self._cache = ShardCache(keep_locked=1 << 30)
+            self._wanted = sum(self.reader.shard_sizes()) <= cache_budget(
+                self._cache.cache_dir)
+            if self._wanted:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(BATCHES_AHEAD,
+                                                thread_name_prefix="fastdata-shard")
+        return self._wanted
+
+    def read(self, indices: list[int]) -> list | None:
+        """The payloads of ``indices``, the shards already here read locally
+        (None: the dataset is larger than the cache budget; read it yourself)."""
+        if not self._start():
+            return None
+        for shard in self.reader.shards_of(indices):
+            if shard in self._attached:
+                continue
+            future = self._copies.get(shard)
+            if future is None:
+                self._copies[shard] = self._pool.submit(self.reader.shard_copy, shard,
+                                                        self._cache)
+            elif future.done() and future.exception() is None:
+                self.reader.attach_local(shard, future.result())
+                self._attached.add(shard)
+            elif future.done():      # a failed download: try again on the next use
+                del self._copies[shard]
+        return self.reader.read_many(indices)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._copies.values():
+                future.cancel()
+            self._pool.shutdown(wait=True)
+        for shard in self._attached:
+            self.reader.detach_local(shard)
+        if self._cache is not None:
+            self._cache.release()
+        self.__init__(self.reader)
+
+    def __getstate__(self):
+        return {"reader": self.reader, "_pool": None, "_cache": None, "_wanted": None,
+                "_copies": {}, "_attached": set()}
+
+
 class SamplerReads:
     """The read-ahead of one map-style dataset over a remote sharded reader."""
 
@@ -66,6 +134,7 @@ class SamplerReads:
         self._ahead: ReadAhead | None = None
         self._next = 0              # the next batch, in this worker's sequence
         self._firsts: dict[int, int] = {}
+        self._other = ShardsOnFirstUse(reader)   # reads for another sampler
 
     def follow(self, epoch: int, start: int, rank: int, world: int, batch_size: int) -> None:
         """Called by the sampler before a pass: the batches it will give."""
@@ -77,8 +146,10 @@ class SamplerReads:
         would give (fetched ahead, with the next ones asked for); None: read it
         directly."""
         key = tuple(self.shared.tolist())
-        if key[0] == 0 or not indices:
+        if not indices:
             return None
+        if key[0] == 0:                      # not fastdata's sampler: cache by shard
+            return self._other.read(indices)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if key != self._key:
@@ -120,9 +191,11 @@ class SamplerReads:
 
     def close(self) -> None:
         self._close_ahead()
+        self._other.close()
         self._key = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.update(_key=None, _ahead=None, _next=0, _firsts={})
+        state.update(_key=None, _ahead=None, _next=0, _firsts={},
+                     _other=ShardsOnFirstUse(self.reader))
         return state
