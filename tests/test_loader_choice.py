@@ -36,11 +36,14 @@ def test_fastdatas_own_decoding_runs_on_threads_then_one_process_per_8_cores(
     assert choice == choose_loading(ds, cores, 2, streaming=False)  # the same every time
 
 
-@pytest.mark.parametrize("cores, workers", [(2, 0), (8, 0), (16, 2)])
-def test_a_stream_is_read_in_this_process_up_to_8_cores(packs, cores, workers):
+@pytest.mark.parametrize("cores, workers, background", [(2, 0, 2), (8, 0, 2), (16, 2, 0)])
+def test_a_stream_is_read_in_this_process_up_to_8_cores(packs, cores, workers, background):
     ds = fastdata.open_dataset(packs[1], streaming=True, order=ORDER)
     choice = choose_loading(ds, cores, 2, streaming=True)
-    assert (choice.num_workers, choice.background) == (workers, 0)
+    assert (choice.num_workers, choice.background) == (workers, background)
+    numpy = fastdata.open_dataset(packs[1], streaming=True, order=ORDER,
+                                  decode=fastdata.Decode(output="numpy"))
+    assert choose_loading(numpy, 2, 2, streaming=True).background == 0  # read per sample
 
 
 def test_python_per_sample_gets_worker_processes(packs):

@@ -89,3 +89,27 @@ def test_batches_need_a_batch_size(shards):
     ds = fastdata.open_dataset(shards, streaming=True)
     with pytest.raises(ValueError, match="batch_size"):
         ds.batches()
+
+
+@pytest.mark.parametrize("stop_after", [0, 3, 7])
+def test_loader_runs_a_stream_ahead_and_its_state_is_the_loops(shards, stop_after):
+    """loader() makes batches ahead on a thread; ds.state_dict() is still the
+    point after the batches the loop took, and resumes exactly there."""
+    def uint8(x):
+        return (x * 255).round().to(torch.uint8).numpy().tobytes()
+
+    want = [b[:2] for b in _per_sample(_open(shards), 0)]
+    ds = _open(shards)
+    loader = fastdata.loader(ds, device="cpu", num_workers=0, run_ahead=3)
+    assert loader.background == 3
+    head, it = [], iter(loader)
+    for _ in range(stop_after):
+        x, y = next(it)
+        head.append((uint8(x), y.tolist()))
+    state = ds.state_dict()
+    it.close()
+    again = _open(shards)
+    again.load_state_dict(state)
+    rest = [(uint8(x), y.tolist()) for x, y in fastdata.loader(again, device="cpu",
+                                                               num_workers=0)]
+    assert head + rest == want

@@ -11,11 +11,11 @@ The rule, from what the data costs (measured in bench/RESULTS.md, "Defaults"):
   there is no GPU. Past ``THREADS_PER_PROCESS`` cores the Python work per
   record that holds the GIL starts to limit one process: a worker per
   ``THREADS_PER_PROCESS`` cores, each decoding on its share of threads.
-* A stream decodes on threads too. Up to ``THREADS_PER_PROCESS`` cores it is
-  read in this process and not run ahead (its position must count only the
-  batches the loop has taken, and a thread running ahead would move it):
-  on 2 cores that beat one or two worker processes (bench/RESULTS.md).
-  Beyond, a worker per ``THREADS_PER_PROCESS`` cores.
+* A stream decodes on threads too: up to ``THREADS_PER_PROCESS`` cores it is
+  read in this process a batch at a time, ``run_ahead`` batches ahead on a
+  background thread (its ``state_dict()`` counts the batches the loop took,
+  not those made); on 2 cores that beat one or two worker processes
+  (bench/RESULTS.md). Beyond, a worker per ``THREADS_PER_PROCESS`` cores.
 * Python per sample (a ``transform``, PIL or bytes output, a dataset fastdata
   does not know) holds the GIL: a worker process per core, at most 8.
 
@@ -69,9 +69,13 @@ def choose_loading(dataset, cores: int, run_ahead: int, streaming: bool) -> Load
         return LoadingChoice(min(8, cores), 0, python)
     processes = -(-cores // THREADS_PER_PROCESS)
     if streaming and processes == 1:
-        return LoadingChoice(0, 0, f"fastdata decodes the stream on {cores} threads in this "
-                                   f"process; a stream's position counts only batches taken, "
-                                   f"so nothing runs ahead")
+        from fastdata.loaders.stream_batches import batchable
+
+        if not batchable(dataset):   # per sample, its position must be the loop's
+            return LoadingChoice(0, 0, f"fastdata decodes the stream on {cores} threads in "
+                                       f"this process; read per sample, nothing runs ahead")
+        return LoadingChoice(0, run_ahead, f"fastdata decodes the stream on {cores} threads "
+                                           f"in this process, a batch at a time")
     if processes > 1:
         return LoadingChoice(processes, 0, f"fastdata decodes on threads; {cores} cores are "
                                            f"more than one process's {THREADS_PER_PROCESS}")

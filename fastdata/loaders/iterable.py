@@ -162,6 +162,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         self._world = self.order.world_size
         self._resume: StreamPoint | WorkerPosition | None = None
         self._position: WorkerPosition | None = None
+        # Read ahead of the loop in this process (fastdata.loader()): the point
+        # of the last batch the loop took (see stream_batches.TakenPoint).
+        self._taken = None
 
     # -- the plan ---------------------------------------------------------------
 
@@ -220,6 +223,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             self._resume = None
         if self._position is not None and self._position.epoch != self.epoch:
             self._position = None
+            self._taken = None
 
     def close(self) -> None:
         """Stop this process's decode threads and close its file handles; both
@@ -252,6 +256,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             info = get_worker_info()
             worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
             return self._start_position(worker, workers).to_dict()
+        if self._taken is not None:  # batches made ahead of the loop: the loop's point
+            return dict(self._taken.point)
         return self._position.to_dict()
 
     def load_state_dict(self, state: dict) -> None:
@@ -293,7 +299,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         # A warning about mixed sizes helps only where torch's collate stacks them.
         return self._start(stacked_by_caller(self, sys._getframe(1)))
 
-    def batches(self):
+    def batches(self, count_taken: bool = False):
         """This stream a batch at a time: an IterableDataset of whole batches
         of the order's ``batch_size``, decoded straight into one tensor, for
         ``DataLoader(ds.batches(), batch_size=None, collate_fn=fastdata.collate)``
@@ -302,9 +308,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         resume are this stream's."""
         from fastdata.loaders.stream_batches import StreamBatches
 
-        return StreamBatches(self)
+        return StreamBatches(self, count_taken)
 
-    def _start(self, stacked: bool, batched: bool = False):
+    def _start(self, stacked: bool, batched: bool = False, count_taken: bool = False):
         # Not a generator itself: the position is set when iteration is asked
         # for, so a state_dict() taken before the first sample is this epoch's.
         info = get_worker_info()
@@ -314,6 +320,12 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         # next epoch, or the main process's) starts from the epoch's beginning.
         if isinstance(self._resume, WorkerPosition) or info is None:
             self._resume = None
+        if count_taken and info is None:
+            from fastdata.loaders.stream_batches import TakenPoint
+
+            self._taken = TakenPoint(self._position)
+        else:
+            self._taken = None
         return self._iterate(self._position, stacked, batched)
 
     def _iterate(self, position: WorkerPosition, stacked: bool, batched: bool = False

@@ -13,12 +13,14 @@ import collections
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from fastdata.loaders.buffers import FloatBuffers
+from fastdata.loaders.stream_batches import StreamBatches
 
 _warned_no_cuda = False
 
@@ -183,12 +185,15 @@ class CUDAPrefetcher:
             after()
 
     def _passes(self) -> Iterator[Any]:
+        # A stream read ahead in this process counts the batches the loop took.
+        took = getattr(getattr(self.loader, "dataset", None), "took", None)
+        took = took if callable(took) else (lambda: None)
         if not self.cuda:
-            if self.background:            # converted in the background thread
-                yield from self._batches
-                return
             for batch in self._batches:
-                yield self._move(batch, [True])
+                if not self.background:    # else converted in the background thread
+                    batch = self._move(batch, [True])
+                took()
+                yield batch
             return
         side = torch.cuda.Stream(device=self.device)
         pending: collections.deque = collections.deque()
@@ -215,6 +220,7 @@ class CUDAPrefetcher:
             current.wait_event(done)
             self._record(moved, current)
             launch()
+            took()
             yield moved
 
 
@@ -256,11 +262,12 @@ def loader(
             the returned object's ``choice`` (in its repr, and logged at debug
             level on the "fastdata" logger).
         run_ahead: batches made ahead of the training loop by each producer:
-            each DataLoader worker (``prefetch_factor``), or, for a map-style
-            dataset with ``num_workers=0``, a background thread (fastdata
-            decodes with the GIL released); 0: each batch made when asked
-            for. A stream without workers is not run ahead: its position
-            (``state_dict()``) must count only batches the loop has taken.
+            each DataLoader worker (``prefetch_factor``), or, with
+            ``num_workers=0``, a background thread (fastdata decodes with the
+            GIL released); 0: each batch made when asked for. A stream read
+            so still gives the loop's position: its ``state_dict()`` counts
+            the batches handed to the loop, not those made ahead (a stream
+            with a per-sample transform is not run ahead).
         **dataloader_options: anything else DataLoader takes; overrides ours.
             For one release the old ``batch_size``, ``shuffle``, ``seed`` and
             ``drop_last`` (now the dataset's ``order=``) and ``background``
@@ -287,8 +294,9 @@ def loader(
     if num_workers is None:
         choice = choose_loading(dataset, usable_cores(), run_ahead, iterable)
     else:
-        choice = LoadingChoice(int(num_workers), 0 if num_workers or iterable else run_ahead,
-                               "num_workers given")
+        ahead = run_ahead if not num_workers and (not iterable or _reads_in_batches(dataset)) \
+            else 0
+        choice = LoadingChoice(int(num_workers), ahead, "num_workers given")
     num_workers = choice.num_workers
     logging.getLogger("fastdata").debug("fastdata.loader(%s): %s", type(dataset).__name__,
                                         choice)
@@ -324,6 +332,8 @@ def loader(
     options.update(dataloader_options)
     _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(_stream_in_batches(dataset, options), **options)
+    if iterable and not isinstance(data_loader.dataset, StreamBatches):
+        choice = replace(choice, background=0)  # per sample: its position must be the loop's
     prefetcher = CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                                 channels_last=channels_last, dtype=dtype,
                                 background=choice.background if data_loader.num_workers == 0
@@ -359,6 +369,13 @@ def _loader_order(dataset, options: dict, iterable: bool):
     return base
 
 
+def _reads_in_batches(dataset) -> bool:
+    from fastdata.loaders.iterable import ShardedIterableDataset
+    from fastdata.loaders.stream_batches import batchable
+
+    return isinstance(dataset, ShardedIterableDataset) and batchable(dataset)
+
+
 def _stream_in_batches(dataset, options: dict):
     """What the DataLoader reads: a fastdata stream of tensors makes its batches
     itself (``stream.batches()``), decoded into one tensor, instead of the
@@ -372,7 +389,8 @@ def _stream_in_batches(dataset, options: dict):
             options["collate_fn"] is not _fastdata_collate():
         return dataset
     options.update(batch_size=None, drop_last=False, collate_fn=_fastdata_collate())
-    return dataset.batches()
+    # In this process batches may be made ahead: the loop's takes are counted.
+    return dataset.batches(count_taken=not options.get("num_workers"))
 
 
 def _fastdata_collate():

@@ -10,6 +10,7 @@ order and every resume point are the same as with per-sample iteration.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,19 +23,45 @@ from fastdata.loaders.samples import Failed
 from fastdata.loaders.sizes import fixed_shape
 
 
+class TakenPoint:
+    """The stream's position after each batch made, and after the last one the
+    training loop took: with batches made ahead in this process (a background
+    thread, a GPU prefetcher), ``state_dict()`` is the loop's point."""
+
+    def __init__(self, position) -> None:
+        self.point = position.to_dict()          # nothing taken yet: the start
+        self._made: deque[dict] = deque()
+
+    def made(self, position) -> None:
+        self._made.append(position.to_dict())
+
+    def took(self) -> None:
+        if self._made:
+            self.point = self._made.popleft()
+
+
 class StreamBatches(IterableDataset):
     """A :class:`ShardedIterableDataset`'s batches (``stream.batches()``); every
     other attribute (``state_dict``, ``set_epoch``, ``plan``, ...) is the
-    stream's own."""
+    stream's own. ``count_taken``: batches may be made ahead of the loop in
+    this process, and whoever hands them to it calls :meth:`took` for each, so
+    that ``state_dict()`` stays the loop's point (``fastdata.loader()``)."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, count_taken: bool = False) -> None:
         if stream.batch_size is None:
             raise ValueError("a stream read in batches needs its batch size: open it with "
                              "order=fastdata.Order(batch_size=...)")
         self.stream = stream
+        self.count_taken = count_taken
 
     def __iter__(self):
-        return self.stream._start(stacked=False, batched=True)
+        return self.stream._start(stacked=False, batched=True, count_taken=self.count_taken)
+
+    def took(self) -> None:
+        """The training loop took the next batch."""
+        taken = self.stream._taken
+        if taken is not None:
+            taken.took()
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch."""
@@ -82,6 +109,8 @@ def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
             position.taken = taken[-1]
             batch = _make(ds, items, shape, labels)
             if batch is not None:
+                if ds._taken is not None:
+                    ds._taken.made(position)
                 yield batch
         if error is not None:
             raise error
