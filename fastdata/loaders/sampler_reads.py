@@ -12,10 +12,11 @@ of first use within the cache budget, every other record by range.
 
 Driven by another sampler, whose order it cannot know, the dataset caches by
 shard (:class:`ShardsOnFirstUse`) when the whole dataset fits the cache budget:
-a shard's first use starts its download, and its records are read by range
-until the copy is there. A dataset larger than the budget is read by range:
-under a random order any smaller unit of cache would fetch more bytes than
-the records it serves.
+once a sixteenth of a shard's bytes has been read by range (so a few records
+looked at never download a shard), its download starts, and its records are
+read by range until the copy is there. A dataset larger than the budget is
+read by range: under a random order any smaller unit of cache would fetch
+more bytes than the records it serves.
 """
 
 from __future__ import annotations
@@ -62,8 +63,12 @@ class _WorkerBatches:
                 np.repeat(np.arange(len(parts), dtype=np.int64), [len(p) for p in parts]))
 
 
+#: Share of a shard's bytes read by range before it is downloaded whole.
+DOWNLOAD_AFTER = 1 / 16
+
+
 class ShardsOnFirstUse:
-    """Whole shards downloaded on first use, kept while the dataset is open."""
+    """Whole shards downloaded once used enough, kept while the dataset is open."""
 
     def __init__(self, reader) -> None:
         self.reader = reader
@@ -71,6 +76,7 @@ class ShardsOnFirstUse:
         self._wanted: bool | None = None
         self._copies: dict[int, Any] = {}     # shard -> future of its local copy
         self._attached: set[int] = set()
+        self._ranged: dict[int, int] = {}     # shard -> bytes read by range so far
 
     def _start(self) -> bool:
         if self._wanted is None:
@@ -92,13 +98,19 @@ class ShardsOnFirstUse:
         (None: the dataset is larger than the cache budget; read it yourself)."""
         if not self._start():
             return None
+        shards, sizes = self.reader.placement(indices)
+        for shard, size in zip(shards.tolist(), sizes.tolist()):
+            if shard not in self._attached:
+                self._ranged[shard] = self._ranged.get(shard, 0) + size
+        shard_bytes = self.reader.shard_sizes()
         for shard in self.reader.shards_of(indices):
             if shard in self._attached:
                 continue
             future = self._copies.get(shard)
             if future is None:
-                self._copies[shard] = self._pool.submit(self.reader.shard_copy, shard,
-                                                        self._cache)
+                if self._ranged[shard] >= DOWNLOAD_AFTER * shard_bytes[shard]:
+                    self._copies[shard] = self._pool.submit(self.reader.shard_copy, shard,
+                                                            self._cache)
             elif future.done() and future.exception() is None:
                 self.reader.attach_local(shard, future.result())
                 self._attached.add(shard)
@@ -119,7 +131,7 @@ class ShardsOnFirstUse:
 
     def __getstate__(self):
         return {"reader": self.reader, "_pool": None, "_cache": None, "_wanted": None,
-                "_copies": {}, "_attached": set()}
+                "_copies": {}, "_attached": set(), "_ranged": {}}
 
 
 class SamplerReads:
