@@ -25,6 +25,8 @@ from fastdata.loaders.decode_pool import DecodePool
 from fastdata.loaders.read_ahead import REMOTE_READS, Chunks, ReadAhead
 from fastdata.loaders.samples import SamplePipeline
 from fastdata.loaders.sizes import stacked_by_caller
+from fastdata.loaders.stream_batches import (StreamBatches, TakenPoint, stream_batches,
+                                             take_group)
 from fastdata.machine import rank_and_world
 from fastdata.order.epochs import Shuffle, epoch_order
 from fastdata.order.options import Order
@@ -306,8 +308,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         (what ``fastdata.loader()`` does): the same batches in the same order
         as per-sample reading, without per-sample Python. Its state, epoch and
         resume are this stream's."""
-        from fastdata.loaders.stream_batches import StreamBatches
-
         return StreamBatches(self, count_taken)
 
     def _start(self, stacked: bool, batched: bool = False, count_taken: bool = False):
@@ -320,12 +320,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         # next epoch, or the main process's) starts from the epoch's beginning.
         if isinstance(self._resume, WorkerPosition) or info is None:
             self._resume = None
-        if count_taken and info is None:
-            from fastdata.loaders.stream_batches import TakenPoint
-
-            self._taken = TakenPoint(self._position)
-        else:
-            self._taken = None
+        self._taken = TakenPoint(self._position) if count_taken and info is None else None
         return self._iterate(self._position, stacked, batched)
 
     def _iterate(self, position: WorkerPosition, stacked: bool, batched: bool = False
@@ -337,8 +332,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
                             dtype=np.int64) if self.shuffle_block == "shard" else None
         order = epoch_order(plan.n, self.shuffle_mode, position.epoch, starts)
         if batched:
-            from fastdata.loaders.stream_batches import stream_batches
-
             yield from stream_batches(self, self._records(plan, order, position), position,
                                       self.batch_size, self.drop_last)
             return
@@ -363,15 +356,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         records decoded ahead."""
         group = DECODE_GROUP if self._decoders.threads_here() > 1 else 1
         while True:
-            items, taken, error = [], [], None
-            try:
-                for item in records:
-                    items.append(item)
-                    taken.append(position.taken)
-                    if len(items) == group:
-                        break
-            except Exception as exc:  # a damaged record: the ones before it are given first
-                error = exc
+            items, taken, error = take_group(records, position, group)
             images = self._decoders.map(lambda it: self._try_convert(it[1], it[0]), items)
             for (index, _data, meta), image, done in zip(items, images, taken):
                 position.taken = done

@@ -23,6 +23,22 @@ from fastdata.loaders.samples import Failed
 from fastdata.loaders.sizes import fixed_shape
 
 
+def take_group(records: Iterator, position, size: int) -> tuple[list, list[int], Exception | None]:
+    """The next ``size`` of a stream's ``records`` (fewer at the end), the
+    position handed on after each, and the error that cut the group short
+    (None): the records before a damaged one are kept, to be given first."""
+    items, taken, error = [], [], None
+    try:
+        for item in records:
+            items.append(item)
+            taken.append(position.taken)
+            if len(items) == size:
+                break
+    except Exception as exc:  # raised by the caller after the records before it
+        error = exc
+    return items, taken, error
+
+
 class TakenPoint:
     """The stream's position after each batch made, and after the last one the
     training loop took: with batches made ahead in this process (a background
@@ -96,15 +112,7 @@ def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
     shape = fixed_shape(ds.decode, ds.crop)
     labels = ds.reader.labels
     while True:
-        items, taken, error = [], [], None
-        try:
-            for item in records:
-                items.append(item)
-                taken.append(position.taken)
-                if len(items) == size:
-                    break
-        except Exception as exc:  # a damaged record: the ones before it are given first
-            error = exc
+        items, taken, error = take_group(records, position, size)
         if items and (len(items) == size or not drop_last or error is not None):
             position.taken = taken[-1]
             batch = _make(ds, items, shape, labels)
