@@ -20,7 +20,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata.loaders.buffers import FloatBuffers
-from fastdata.loaders.stream_batches import StreamBatches
+from fastdata.loaders.collate import collate
+from fastdata.loaders.stream_batches import StreamBatches, batchable
 
 _warned_no_cuda = False
 
@@ -294,9 +295,9 @@ def loader(
     if num_workers is None:
         choice = choose_loading(dataset, usable_cores(), run_ahead, iterable)
     else:
-        ahead = run_ahead if not num_workers and (not iterable or _reads_in_batches(dataset)) \
-            else 0
-        choice = LoadingChoice(int(num_workers), ahead, "num_workers given")
+        # A stream read per sample is not run ahead: see below.
+        choice = LoadingChoice(int(num_workers), 0 if num_workers else run_ahead,
+                               "num_workers given")
     num_workers = choice.num_workers
     logging.getLogger("fastdata").debug("fastdata.loader(%s): %s", type(dataset).__name__,
                                         choice)
@@ -314,8 +315,6 @@ def loader(
     if num_workers > 0 and run_ahead > 0:
         options["prefetch_factor"] = run_ahead
     if not iterable or getattr(dataset, "with_metadata", False):
-        from fastdata.loaders.collate import collate
-
         # Batches stacked once by __getitems__; metadata dicts kept as lists.
         options["collate_fn"] = collate
     own_sampler = {"sampler", "batch_sampler"} & set(dataloader_options)
@@ -369,34 +368,19 @@ def _loader_order(dataset, options: dict, iterable: bool):
     return base
 
 
-def _reads_in_batches(dataset) -> bool:
-    from fastdata.loaders.iterable import ShardedIterableDataset
-    from fastdata.loaders.stream_batches import batchable
-
-    return isinstance(dataset, ShardedIterableDataset) and batchable(dataset)
-
-
 def _stream_in_batches(dataset, options: dict):
     """What the DataLoader reads: a fastdata stream of tensors makes its batches
     itself (``stream.batches()``), decoded into one tensor, instead of the
     DataLoader asking for and stacking each sample: the same batches, since
     its workers take whole batches of the order in turn."""
     from fastdata.loaders.iterable import ShardedIterableDataset
-    from fastdata.loaders.stream_batches import batchable
 
     if not isinstance(dataset, ShardedIterableDataset) or not batchable(dataset) or \
-            options.get("batch_size") is None or "collate_fn" in options and \
-            options["collate_fn"] is not _fastdata_collate():
+            options.get("batch_size") is None or options.get("collate_fn", collate) is not collate:
         return dataset
-    options.update(batch_size=None, drop_last=False, collate_fn=_fastdata_collate())
+    options.update(batch_size=None, drop_last=False, collate_fn=collate)
     # In this process batches may be made ahead: the loop's takes are counted.
     return dataset.batches(count_taken=not options.get("num_workers"))
-
-
-def _fastdata_collate():
-    from fastdata.loaders.collate import collate
-
-    return collate
 
 
 def _match_stream_batches(dataset, batch_size) -> None:
