@@ -96,7 +96,6 @@ class ReadAhead:
         self.copies: dict[int, str] = {}   # whole shard -> its local copy, attached
         self.queue: deque[int] = deque()   # whole shards not yet asked for
         self.held = 0                      # bytes of whole shards asked for and not dropped
-        self.peak = 0
         self.release_after: dict[int, list[int]] = {}
         self.lock = threading.Lock()         # held and the cache's locks, across threads
         if depth <= 0:
@@ -133,18 +132,15 @@ class ReadAhead:
                     self.fetches.budget:
                 shard = self.queue.popleft()
                 self.held += self.fetches.sizes[shard]
-                self.peak = max(self.peak, self.held)
                 self.shards[shard] = self.downloads.submit(self._download, shard)
 
     def _download(self, shard: int) -> str:
-        for attempt in range(DOWNLOAD_TRIES):
+        for attempt in range(DOWNLOAD_TRIES - 1):
             try:
                 return self.reader.shard_copy(shard, self.cache)
             except (OSError, FastDataError):
-                if attempt + 1 == DOWNLOAD_TRIES:
-                    raise
                 time.sleep(0.2 * 2 ** attempt)
-        raise AssertionError("unreachable")
+        return self.reader.shard_copy(shard, self.cache)  # the last try's error is raised
 
     def _attach(self, k: int, indices: list[int]) -> None:
         """Read chunk k's whole shards from their copies: waited for after the

@@ -84,8 +84,8 @@ class ShardsOnFirstUse:
             from fastdata.storage import ShardCache
 
             self._cache = ShardCache(keep_locked=1 << 30)
-            self._wanted = sum(self.reader.shard_sizes()) <= cache_budget(
-                self._cache.cache_dir)
+            self._shard_bytes = self.reader.shard_sizes()
+            self._wanted = sum(self._shard_bytes) <= cache_budget(self._cache.cache_dir)
             if self._wanted:
                 from concurrent.futures import ThreadPoolExecutor
 
@@ -102,13 +102,12 @@ class ShardsOnFirstUse:
         for shard, size in zip(shards.tolist(), sizes.tolist()):
             if shard not in self._attached:
                 self._ranged[shard] = self._ranged.get(shard, 0) + size
-        shard_bytes = self.reader.shard_sizes()
-        for shard in self.reader.shards_of(indices):
+        for shard in dict.fromkeys(shards.tolist()):
             if shard in self._attached:
                 continue
             future = self._copies.get(shard)
             if future is None:
-                if self._ranged[shard] >= DOWNLOAD_AFTER * shard_bytes[shard]:
+                if self._ranged[shard] >= DOWNLOAD_AFTER * self._shard_bytes[shard]:
                     self._copies[shard] = self._pool.submit(self.reader.shard_copy, shard,
                                                             self._cache)
             elif future.done() and future.exception() is None:
@@ -130,8 +129,10 @@ class ShardsOnFirstUse:
         self.__init__(self.reader)
 
     def __getstate__(self):
-        return {"reader": self.reader, "_pool": None, "_cache": None, "_wanted": None,
-                "_copies": {}, "_attached": set(), "_ranged": {}}
+        return {"reader": self.reader}   # threads, locks and copies stay with this process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["reader"])
 
 
 class SamplerReads:

@@ -46,10 +46,6 @@ class FetchPlan:
             load[last + 1] -= self.sizes[shard]
         return int(np.cumsum(load).max())
 
-    def describe(self) -> str:
-        return (f"{len(self.spans)} shards whole ({sum(self.sizes.values()):,} bytes, at most "
-                f"{self.peak():,} at once of a {self.budget:,}-byte budget), the rest by range")
-
 
 def plan_fetches(shards: np.ndarray, record_bytes: np.ndarray, shard_bytes, *,
                  chunk: int | np.ndarray, budget: int, whole_share: float = WHOLE_SHARE
