@@ -282,31 +282,6 @@ class PackedDataset(SamplePipeline, Dataset):
         n = len(self)
         return self.cache.read_many([i + n if i < 0 else i for i in indices])
 
-    def _convert_all(self, indices: list[int], payloads: list, fn: Callable,
-                     into: np.ndarray | None = None, check: bool = False) -> list:
-        """``fn(payload, index)`` over the records (in the decode thread pool
-        unless they are raw pixels), after their CRC32 check when ``check``; a
-        failure kept as ``Failed`` for its record; results of ``into``'s item
-        shape are also copied to ``into[k]``."""
-        n = len(self)
-
-        def one(item):
-            k, index, payload = item
-            try:
-                if check:
-                    self.reader.check(index % n, payload)
-                out = fn(payload, index % n)
-            except Exception as exc:  # raised later with the record's name
-                return Failed(exc)
-            if into is not None and out.shape == into.shape[1:]:
-                into[k] = out
-            return out
-
-        items = list(zip(range(len(indices)), indices, payloads))
-        if (self.decode.raw_shape is not None and self.crop is None) or self.output == "bytes":
-            return [one(item) for item in items]  # nothing to decode: no thread hand-offs
-        return self._decoders.map(one, items)
-
     def close(self) -> None:
         """Stop this process's decode threads and close its file handles; both
         come back on next use. Call it before forking workers for another

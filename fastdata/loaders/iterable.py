@@ -357,7 +357,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         group = DECODE_GROUP if self._decoders.threads_here() > 1 else 1
         while True:
             items, taken, error = take_group(records, position, group)
-            images = self._decoders.map(lambda it: self._try_convert(it[1], it[0]), items)
+            images = self._convert_all([it[0] for it in items], [it[1] for it in items],
+                                       self._convert)
             for (index, _data, meta), image, done in zip(items, images, taken):
                 position.taken = done
                 yield index, image, meta

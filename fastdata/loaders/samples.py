@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from fastdata.decoding.decode import DecoderChain, decode_pil
@@ -157,12 +158,31 @@ class SamplePipeline:
             return self.crop.decode(data, self.decode, self.seed, epoch, index)
         return self.decode(data)
 
-    def _try_convert(self, data, index: int):
-        """:meth:`_convert`, with a failure returned as :class:`Failed`."""
-        try:
-            return self._convert(data, index)
-        except Exception as exc:  # decoders raise many types; reported with the record
-            return Failed(exc)
+    def _convert_all(self, indices: list[int], payloads: list, fn: Callable,
+                     into: np.ndarray | None = None, check: bool = False) -> list:
+        """``fn(payload, index)`` over the records (in the decode thread pool
+        unless they are raw pixels), after their CRC32 check when ``check``; a
+        failure kept as ``Failed`` for its record; results of ``into``'s item
+        shape are also copied to ``into[k]``. Map-style datasets and streams
+        decode their batches and groups here."""
+        n = len(self.reader)
+
+        def one(item):
+            k, index, payload = item
+            try:
+                if check:
+                    self.reader.check(index % n, payload)
+                out = fn(payload, index % n)
+            except Exception as exc:  # raised later with the record's name
+                return Failed(exc)
+            if into is not None and out.shape == into.shape[1:]:
+                into[k] = out
+            return out
+
+        items = list(zip(range(len(indices)), indices, payloads))
+        if (self.decode.raw_shape is not None and self.crop is None) or self.output == "bytes":
+            return [one(item) for item in items]  # nothing to decode: no thread hand-offs
+        return self._decoders.map(one, items)
 
     def _sample(self, index: int, image, label: int):
         """``(image, label)`` with the transforms applied, or None when ``image``

@@ -19,7 +19,6 @@ from torch.utils.data import IterableDataset
 
 from fastdata.errors import CorruptDataError
 from fastdata.loaders.collate import Batch
-from fastdata.loaders.samples import Failed
 from fastdata.loaders.sizes import fixed_shape
 
 
@@ -128,19 +127,8 @@ def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
 
 def _make(ds, items: list, shape, labels) -> Batch | list | None:
     into = None if shape is None else _new_batch((len(items), *shape))
-    target = None if into is None else into.numpy()
-
-    def decode(k_item):
-        k, (index, data, meta) = k_item
-        try:
-            pixels = ds._pixels(data, index)
-        except Exception as exc:  # reported with the record's name below
-            return Failed(exc)
-        if target is not None and pixels.shape == shape:
-            target[k] = pixels
-        return pixels
-
-    images = ds._decoders.map(decode, list(enumerate(items)))
+    images = ds._convert_all([it[0] for it in items], [it[1] for it in items], ds._pixels,
+                             into=None if into is None else into.numpy())
     keep, metas = [], []
     for k, ((index, _data, meta), image) in enumerate(zip(items, images)):
         if isinstance(meta, CorruptDataError):
