@@ -47,13 +47,15 @@ class ExternalBatches:
     Args:
         path: the packed dataset.
         batch_size: records per batch (the last one of an epoch may be smaller).
-        shard_id, num_shards: this pipeline's part of each epoch's order.
+        shard_id: this pipeline's part of each epoch's order, of ``num_shards``.
+        num_shards: the parts each epoch's order is dealt in.
         shuffle: permute the whole dataset each epoch (the order engine's
             permutation, seeded by ``seed`` and the epoch: every shard sees
             the same one).
         seed: the shuffle seed.
-        block, window: the order engine's shuffle mode (default: a
+        block: with ``window``, the order engine's shuffle mode (default: a
             permutation of every record, as map-style reading has it).
+        window: see ``block``.
         drop_last: leave out the last batch of a shard when it is partial.
         mode: "encoded" (payload bytes as 1-D uint8 arrays) or "raw" (HWC
             uint8 pixels).

@@ -123,8 +123,8 @@ class RandomResizedCrop:
         """Record ``index``'s crop, flipped and resized, from its stored bytes.
 
         Args:
-            data: the stored payload.
-            chain: the Dataset's ``DecoderChain`` (decoder choice, gray policy,
+            data (bytes | memoryview): the stored payload.
+            chain (DecoderChain): the Dataset's ``DecoderChain`` (decoder choice, gray policy,
                 pixel limit, raw shape), used for everything but fused JPEGs.
         """
         if self._options_reason(data, chain) is None:

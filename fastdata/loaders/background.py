@@ -43,9 +43,9 @@ class BackgroundBatches:
     which counts the loop's steps, is not.
 
     Args:
-        loader: any iterable of batches, usually a DataLoader.
+        loader (Iterable): any iterable of batches, usually a DataLoader.
         depth: finished batches waiting for the consumer (at least 1).
-        then: applied to each batch in the thread (a conversion that would
+        then (Callable | None): applied to each batch in the thread (a conversion that would
             otherwise run in the training loop's thread).
     """
 

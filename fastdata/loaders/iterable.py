@@ -77,7 +77,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     pickled). ``skipped`` counts in the process that iterates.
 
     Args:
-        path: the dataset's manifest, a shard, a shard pattern, or a list of shard files.
+        path (str | os.PathLike | list): the dataset's manifest, a shard, a shard
+            pattern, or a list of shard files.
         decode: how records are decoded (:class:`fastdata.Decode`), as for
             map-style datasets.
         order: :class:`fastdata.Order`: ``shuffle``, ``seed`` (the epoch is

@@ -73,7 +73,10 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
         with_metadata: samples are ``(image, label, metadata)``, the metadata
             holding the record's own plus ``"source"`` (the source's name)
             and ``"index"`` (the record within it).
-        on_error, verify, transform, target_transform: as for ``open_dataset``.
+        on_error: as for ``open_dataset``.
+        verify: as for ``open_dataset``.
+        transform: as for ``open_dataset``.
+        target_transform: as for ``open_dataset``.
 
     Raises:
         FastDataError: a source cannot be opened (named), its classes cannot be

@@ -48,7 +48,8 @@ def open_dataset(
             seed, batch_size, drop_last, rank, world_size, block, window):
             given here once, it is the order ``fastdata.loader`` and
             ``fastdata.EpochBatches`` read in.
-        transform, target_transform: applied to each image, each label.
+        transform: applied to each image.
+        target_transform: applied to each label.
         on_error: "raise" (default) or "skip" (a record that cannot be read
             or decoded is left out and counted in ``skipped``).
         verify: check each record's checksum as it is read.
@@ -59,9 +60,9 @@ def open_dataset(
             ``progress``; streaming ``read_ahead``, ``remote_read``).
 
     Returns:
-        A map-style Dataset (a :class:`PackedDataset`), a
-        :class:`fastdata.ShardedIterableDataset` with ``streaming=True``, or a
-        :class:`fastdata.MixedDataset` for several.
+        (PackedDataset | ShardedIterableDataset | MixedDataset): A map-style
+        Dataset (a :class:`PackedDataset`), a :class:`fastdata.ShardedIterableDataset`
+        with ``streaming=True``, or a :class:`fastdata.MixedDataset` for several.
     """
     from fastdata.mixture_file import is_mixture_file
 

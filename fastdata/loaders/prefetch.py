@@ -39,15 +39,16 @@ class CUDAPrefetcher:
     """Wraps a DataLoader; yields batches already on the GPU and normalised.
 
     Args:
-        loader: any iterable of batches: ``(images, labels, ...)`` tuples/lists,
+        loader (Iterable): any iterable of batches: ``(images, labels, ...)`` tuples/lists,
             dicts, or bare tensors. The first tensor of a tuple (or the one under
             ``image_key`` in a dict) is the image batch.
         device: the CUDA device. Without CUDA the prefetcher runs on the CPU
             (one warning) and only converts and normalises.
-        mean, std: per-channel values on the 0-1 scale (ImageNet:
-            (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)) or the 0-255 scale.
-            Without them, uint8 images are only converted to ``dtype`` and
-            scaled to 0-1.
+        mean: per-channel means on the 0-1 scale (ImageNet: (0.485, 0.456,
+            0.406)) or the 0-255 scale. Without ``mean`` and ``std``, uint8
+            images are only converted to ``dtype`` and scaled to 0-1.
+        std: per-channel standard deviations, on the scale of ``mean``
+            (ImageNet: (0.229, 0.224, 0.225)).
         channels_last: return images in channels-last memory format.
         dtype: torch.float32 or torch.float16 (or torch.bfloat16).
         depth: batches in flight ahead of the consumer.
@@ -249,11 +250,15 @@ def loader(
     and restores. A stream orders itself.
 
     Args:
-        dataset: a fastdata Dataset (map-style or streaming) or any torch Dataset.
+        dataset (torch.utils.data.Dataset): a fastdata Dataset (map-style or
+            streaming) or any torch Dataset.
         device: "cuda", "cuda:1", "cpu"; default: "cuda" when available, else
             "cpu". Either way batches come out the same kind: float ``dtype``,
             normalised with ``mean``/``std`` (on the CPU when there is no GPU).
-        mean, std, channels_last, dtype: passed to the prefetcher.
+        mean: passed to the prefetcher (:class:`CUDAPrefetcher`).
+        std: passed to the prefetcher.
+        channels_last: passed to the prefetcher.
+        dtype: passed to the prefetcher.
         num_workers: default: chosen from the dataset and the usable cores
             (:mod:`fastdata.loaders.choice`): fastdata's own decoding runs on
             threads in this process with a background thread, up to 8 cores
@@ -275,7 +280,8 @@ def loader(
             (now ``run_ahead``) still work, with a DeprecationWarning.
 
     Returns:
-        A :class:`CUDAPrefetcher` over the DataLoader (``.loader``), on ``device``.
+        (CUDAPrefetcher): The DataLoader (``.loader``) in a :class:`CUDAPrefetcher`,
+        on ``device``.
     """
     from torch.utils.data import IterableDataset
 

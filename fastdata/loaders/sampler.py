@@ -30,7 +30,7 @@ class EpochBatches(Sampler[list[int]]):
     """This rank's batches of record indices, epoch by epoch, in the job's order.
 
     Args:
-        dataset: the map-style Dataset read (its epoch follows this sampler's),
+        dataset (Dataset | int): the map-style Dataset read (its epoch follows this sampler's),
             or a record count.
         order: a :class:`fastdata.Order` (shuffle, seed, batch_size, drop_last,
             rank, world_size, block, window); None: the dataset's ``order``

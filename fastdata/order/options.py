@@ -34,12 +34,14 @@ class Order:
         drop_last: leave out the last samples of the order (fewer than one per
             rank) and a partial last batch, instead of padding the ranks with
             repeats of the order's first samples.
-        rank, world_size: this rank and the ranks; None: torch.distributed's
-            (0 and 1 outside a process group).
-        block, window: the shuffle mode (see :mod:`fastdata.order.epochs`):
+        rank: this rank; None: torch.distributed's (0 outside a process group).
+        world_size: the number of ranks; None: torch.distributed's (1 outside
+            a process group).
+        block: with ``window``, the shuffle mode (see :mod:`fastdata.order.epochs`):
             records in blocks of ``block`` consecutive records (or "shard",
-            a shard per block), the records of ``window`` records' worth of
-            blocks mixed at once. None: the reader's own, which is a plain
+            a shard per block).
+        window: the records of ``window`` records' worth of blocks mixed at
+            once. None (both): the reader's own, which is a plain
             permutation of every record (1, the whole dataset) for map-style
             and DALI reading and (16, 8192) for streams, whose reads stay near
             each other. The same values give the same order in every way of

@@ -33,11 +33,11 @@ class DatasetSource:
     """The records of a packed dataset, as a :class:`~fastdata.Source`.
 
     Args:
-        path: the dataset: an LMDB folder, an HDF5 file, a sharded dataset's
-            ``NAME.fastdata.json``, a shard, a shard pattern
+        path (str | os.PathLike | list): the dataset: an LMDB folder, an HDF5
+            file, a sharded dataset's ``NAME.fastdata.json``, a shard, a shard pattern
             (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list of
             shard files written by another tool.
-        **reader_options: passed to the format's reader (``verify=``; for
+        **reader_options (Any): passed to the format's reader (``verify=``; for
             TFRecords of another tool ``feature_keys={"image": ..., "label": ...}``).
 
     Classes are the dataset's (its manifest's). Data written by another tool
