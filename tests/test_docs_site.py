@@ -1,0 +1,140 @@
+"""The documentation site (mkdocs.yml, docs/): the nav and the pages agree, and
+``mkdocs build --strict`` builds a page per nav entry, the whole CLI reference and the
+whole public Python API.
+
+The build takes ~6-10 s on 2 cores (mkdocstrings reads the package's source); it runs
+once for the module. mkdocs, mkdocstrings and mkdocs-click are in the test extra.
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+SITE_PACKAGES = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python",
+                 "mkdocs_click")
+
+
+def _missing(*modules: str) -> list[str]:
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _nav_pages() -> list[str]:
+    """The files the nav of mkdocs.yml names, in order."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML (a dependency of mkdocs) is not installed")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def walk(items) -> list[str]:
+        pages = []
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            pages.extend(walk(value) if isinstance(value, list) else [value])
+        return pages
+
+    return walk(config["nav"])
+
+
+def test_every_nav_page_exists_and_every_page_is_in_the_nav():
+    nav = _nav_pages()
+    assert len(nav) == len(set(nav)), f"pages named twice in the nav: {nav}"
+    missing = [page for page in nav if not (DOCS / page).is_file()]
+    assert not missing, f"the nav of mkdocs.yml names pages docs/ lacks: {missing}"
+    pages = sorted(str(p.relative_to(DOCS).as_posix()) for p in DOCS.rglob("*.md")
+                   if "hooks" not in p.relative_to(DOCS).parts)
+    orphans = sorted(set(pages) - set(nav))
+    assert not orphans, (f"pages in docs/ that the nav of mkdocs.yml does not list (add them "
+                         f"to the nav): {orphans}")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    missing = _missing(*SITE_PACKAGES)
+    if missing:
+        pytest.skip(f"the docs tools are not installed ({', '.join(missing)}): "
+                    f"pip install -e .[docs]")
+    site_dir = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+         str(ROOT / "mkdocs.yml"), "--site-dir", str(site_dir)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+    return site_dir
+
+
+def _text(page: Path) -> str:
+    """A built page's text, tags removed, entities decoded."""
+    return html_lib.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
+
+
+@pytest.mark.slow
+def test_the_site_has_a_page_per_nav_entry(site):
+    # use_directory_urls: false, so docs/a/b.md is site/a/b.html
+    missing = [page for page in _nav_pages()
+               if not (site / page).with_suffix(".html").is_file()]
+    assert not missing, f"nav entries without a built page: {missing}"
+    assert not (site / "hooks").exists(), "docs/hooks/ (the hooks' code) was published"
+
+
+@pytest.mark.slow
+def test_the_cli_reference_has_every_command_and_option(site):
+    import click
+
+    from fastdata.cli import main
+
+    page = (site / "reference" / "cli.html").read_text(encoding="utf-8")
+    text = _text(site / "reference" / "cli.html")
+    assert main.commands, "the click group has no commands"
+    for name, command in main.commands.items():
+        if command.hidden:
+            continue
+        assert f'id="fastdata-{name}"' in page, f"no entry for 'fastdata {name}'"
+        assert f"fastdata {name} [OPTIONS]" in text, f"no usage line for 'fastdata {name}'"
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.opts[0] in text, f"'fastdata {name}' lacks {param.opts[0]}"
+    # click's \b paragraphs became text blocks; no click sentinel leaked into the page
+    assert "\b" not in page and "Sentinel" not in page
+    assert "fastdata pack images/ train.lmdb\n" in text
+
+
+@pytest.mark.slow
+def test_the_api_reference_has_the_public_api(site):
+    """Every name of ``fastdata.__all__`` (``__version__``, a string, is named in the
+    text) and every class and function of ``fastdata.dali.__all__`` (its constants are
+    not entries) has an entry, at its public name's anchor, headed by that name."""
+    import inspect
+
+    import fastdata
+    import fastdata.dali
+
+    page = (site / "reference" / "api.html").read_text(encoding="utf-8")
+    names = [f"fastdata.{name}" for name in fastdata.__all__ if name != "__version__"]
+    names += [f"fastdata.dali.{name}" for name in fastdata.dali.__all__
+              if inspect.isclass(getattr(fastdata.dali, name))
+              or inspect.isfunction(getattr(fastdata.dali, name))]
+    headings = set(re.findall(r'<h3 id="[^"]+" class="doc doc-heading">\s*(?:<code>)?'
+                              r'(?:<span[^>]*>)?([\w.]+)', page))
+    missing = [name for name in names if name not in headings or f'id="{name}"' not in page]
+    assert not missing, f"public names without an entry in docs/reference/api.md: {missing}"
+    assert "fastdata.__version__" in _text(site / "reference" / "api.html")
+    # the docstrings' Sphinx roles were turned into code (docs/hooks/reference.py)
+    roles = re.findall(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>", page)
+    assert not roles, f"Sphinx roles left as text: {len(roles)}"
