@@ -1,13 +1,17 @@
-"""The README runs as written: every Python block and every command line.
+"""The README and every page of the documentation site run as written.
 
-The blocks are taken from README.md itself, in order, and run in one working
-folder the way a reader would paste them: ```bash blocks line by line in a
-shell, ```python blocks each in a fresh interpreter. ```text blocks are
+The blocks are taken from README.md, then from each page of docs/ in the
+site's order (mkdocs.yml's nav), and run in one working folder the way a
+reader would paste them going through the site: ```bash blocks line by line
+in a shell, ```python blocks each in a fresh interpreter. ```text blocks are
 synopses (placeholders such as SOURCE) and are not run. The only things the
 test provides are what a reader brings: a folder of their own images
-(``images/``) and a TFRecord written by other software (``theirs.tfrecord``).
-``pip install`` lines are not run; the test checks that they name extras that
-exist and that .ci/run runs the README's test command as written.
+(``images/``), a TFRecord written by other software (``theirs.tfrecord``) and
+the checkout's ``examples/``. ``pip install`` lines are not run; the test
+checks that they name extras that exist and that .ci/run runs the README's
+test command as written. A block that needs a package the test environment
+lacks (DALI, timm, torchvision, Lightning, Hugging Face datasets) is skipped
+with the reason.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from conftest import TESTS_DIR
 
 ROOT = Path(TESTS_DIR).parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +39,43 @@ pytestmark = pytest.mark.slow
 @dataclass(frozen=True)
 class Block:
     lang: str
-    line: int  # README line of the block's first line of code
+    line: int  # the file's line of the block's first line of code
     code: str
+    file: str = "README.md"  # relative to the checkout
 
     @property
     def id(self) -> str:
-        return f"{self.lang}-line{self.line}"
+        return f"{self.file}:{self.line}-{self.lang}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.file} line {self.line}"
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
+def readme_blocks(text: str | None = None, file: str = "README.md") -> list[Block]:
     text = README.read_text(encoding="utf-8") if text is None else text
     blocks = []
-    for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S):
+    # Fences may be indented (inside a list or an admonition).
+    for match in re.finditer(r"^( *)```(\w*)\n(.*?)^\1```", text, re.M | re.S):
         line = text.count("\n", 0, match.start()) + 2
-        blocks.append(Block(match.group(1), line, match.group(2)))
+        code = re.sub(rf"(?m)^{match.group(1)}", "", match.group(3))
+        blocks.append(Block(match.group(2), line, code, file))
+    return blocks
+
+
+def site_pages() -> list[Path]:
+    """docs/ pages in the site's order: the nav of mkdocs.yml."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = config.split("\nnav:", 1)[1] if "\nnav:" in config else ""
+    return [DOCS / m for m in re.findall(r"^\s+-\s+(?:[^:\n]+:\s+)?(\S+\.md)\s*$", nav, re.M)]
+
+
+def all_blocks() -> list[Block]:
+    blocks = readme_blocks()
+    for page in site_pages():
+        if page.exists():
+            blocks += readme_blocks(page.read_text(encoding="utf-8"),
+                                    page.relative_to(ROOT).as_posix())
     return blocks
 
 
@@ -58,24 +86,32 @@ def command_lines(code: str) -> list[str]:
             if ln.strip() and not ln.strip().startswith("#")]
 
 
-BLOCKS = readme_blocks()
+README_BLOCKS = readme_blocks()
+BLOCKS = all_blocks()
 RUN = [b for b in BLOCKS if b.lang in ("bash", "python")]
 
 
 def test_every_code_block_says_what_it_is():
     # An unmarked block would be skipped by the test below without anyone noticing.
-    unmarked = [b.line for b in BLOCKS if b.lang not in ("bash", "python", "text")]
-    assert not unmarked, f"README.md code blocks without bash/python/text at lines {unmarked}"
+    unmarked = [b.where for b in BLOCKS if b.lang not in ("bash", "python", "text")]
+    assert not unmarked, f"code blocks without bash/python/text: {unmarked}"
     assert len(RUN) >= 15
 
 
+def test_every_page_of_the_site_is_read():
+    pages = site_pages()
+    assert len(pages) >= 20 and all(p.exists() for p in pages), pages
+    assert {b.file for b in BLOCKS} >= {"README.md"}
+
+
 def _pip_lines() -> list[str]:
-    return [ln for b in BLOCKS if b.lang == "bash" for ln in command_lines(b.code)
-            if "pip install" in ln]
+    # Synopses (text) too: an install line there must name extras that exist.
+    return [ln.split("  #")[0].strip() for b in BLOCKS if b.lang in ("bash", "text")
+            for ln in command_lines(b.code) if "pip install" in ln]
 
 
 def test_ci_runs_the_readmes_test_command():
-    first = next(b for b in BLOCKS if b.lang == "bash")
+    first = next(b for b in README_BLOCKS if b.lang == "bash")
     tests = [ln for ln in command_lines(first.code) if "pytest" in ln]
     assert len(tests) == 1, first.code
     ci = (ROOT / ".ci" / "run").read_text()
@@ -111,9 +147,10 @@ def workdir(tmp_path_factory):
     """A folder holding what a reader brings: their images and a foreign TFRecord."""
     from fastdata.demo import synthesize
 
-    work = tmp_path_factory.mktemp("readme")
+    work = tmp_path_factory.mktemp("docs")
     synthesize(str(work / "images"), kind="photos", n=24, classes=3, seed=5)
     _write_foreign_tfrecord(work / "theirs.tfrecord", work / "images")
+    (work / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     return work
 
 
@@ -150,18 +187,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# What a block's code says it needs: (pattern, module, what to say when missing).
+NEEDS = [
+    (r"torchdata", "torchdata", "torchdata is not installed (the test extra)"),
+    (r"fastdata\.dali|nvidia\.dali", "nvidia.dali",
+     "NVIDIA DALI is not installed (the dali extra)"),
+    (r"\b(import|from) timm\b|examples/timm", "timm", "timm is not installed"),
+    (r"\b(import|from) torchvision\b|examples/torchvision", "torchvision",
+     "torchvision is not installed"),
+    (r"\b(import|from) (lightning|pytorch_lightning)\b|examples/lightning", "lightning",
+     "PyTorch Lightning is not installed"),
+    (r"\b(import|from) datasets\b|examples/hf_", "datasets",
+     "Hugging Face datasets is not installed"),
+]
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package (nvidia) missing
+        return False
+
+
 def _needs(block: Block) -> str | None:
     """Why a block cannot run here, or None."""
-    if "torchdata" in block.code:
-        try:
-            import torchdata  # noqa: F401
-        except ImportError:
-            return "torchdata is not installed (the test extra)"
-    if "fastdata.dali" in block.code:
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError:
-            return "NVIDIA DALI is not installed (the dali extra)"
+    for pattern, module, reason in NEEDS:
+        if re.search(pattern, block.code) and not _has(module):
+            return reason
     return None
 
 
@@ -188,7 +242,7 @@ def _runnable(line: str) -> str:
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
-def test_readme_block_runs_as_written(block, workdir, request):
+def test_block_runs_as_written(block, workdir, request):
     reason = _needs(block)
     if reason:
         pytest.skip(reason)
@@ -197,7 +251,7 @@ def test_readme_block_runs_as_written(block, workdir, request):
         result = subprocess.run([sys.executable, "-c", block.code], cwd=workdir, env=env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
-            f"README.md line {block.line}: python block failed\n{result.stderr[-3000:]}")
+            f"{block.where}: python block failed\n{result.stderr[-3000:]}")
         assert "MixedSizeWarning" not in result.stderr, result.stderr[-2000:]
         return
     for line in map(_runnable, command_lines(block.code)):
@@ -209,5 +263,5 @@ def test_readme_block_runs_as_written(block, workdir, request):
                                 env={**_env(), **_s3_for(block, request)},
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
-            f"README.md line {block.line}: `{line}` exited {result.returncode}\n"
+            f"{block.where}: `{line}` exited {result.returncode}\n"
             f"{result.stdout[-1500:]}\n{result.stderr[-3000:]}")
