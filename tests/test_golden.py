@@ -6,7 +6,7 @@ pack-time ``--resize`` and with ``--encoding raw``, and sharded; the digests of
 what comes out are compared with ``tests/golden/expected.json``:
 
 - sharded formats (tar, TFRecord): every file's SHA-256 (shards, ``.idx``,
-  index and keys sidecars) — byte-identical output;
+  index and keys sidecars, tar's ``_info.json``) — byte-identical output;
 - LMDB: every key and value except the manifest;
 - HDF5: every dataset's values except the manifest;
 - and for every format the manifest without the fields that name the time,

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -212,6 +211,13 @@ def test_resume_with_changed_options_is_refused_and_keeps_the_partial(tmp_path, 
     assert result.exit_code == 1
     assert "preprocess" in result.output and "--resume" in result.output
     assert "Traceback" not in result.output
+    # The tar options are pack options like any other: member names and timm's split.
+    for flag, named in ((["--source-extensions"], "source_extensions"),
+                        (["--split", "other"], "split")):
+        result = CliRunner().invoke(main, ["pack", str(tree.root),
+                                           str(tmp_path / "out-%06d.tar"),
+                                           "--shard-size", "4", *flag, "--resume"])
+        assert result.exit_code == 1 and named in result.output, result.output
     # Refusals change nothing: the right options still resume.
     summary = fastdata.pack(tree.root, tmp_path / "out-%06d.tar",
                             options=fastdata.PackOptions(shard_size=4, resume=True),

@@ -215,6 +215,33 @@ def test_member_extension_follows_pack_time_encoding(small_tree, tmp_path, encod
     assert tuple(image.shape) == (3, 8, 8) and label == small_tree.labels[5]
 
 
+def test_source_extensions_writes_the_shards_earlier_versions_wrote(tmp_path):
+    """``source_extensions=True`` keeps the source's spelling (``b.v2.jpeg`` ->
+    ``bee/b_v2.jpeg``): the golden source packs to the very shards an earlier
+    fastdata wrote (tests/legacy_names/tar); by default that member is
+    ``bee/b_v2.jpg``. Both read back through the index, and as a scanned tar."""
+    here = Path(__file__).parent
+    legacy = here / "legacy_names" / "tar"
+    kept = pack(here / "golden" / "src", tmp_path / "kept" / "old-%06d.tar", shard_size=5,
+                workers=1, writer_options={"source_extensions": True})
+    plain = pack(here / "golden" / "src", tmp_path / "plain" / "old-%06d.tar", shard_size=5,
+                 workers=1)
+    assert [p.read_bytes() for p in shard_files(kept)] == [
+        (legacy / f"old-{n:06d}.tar").read_bytes() for n in range(3)]
+    with tarfile.open(shard_files(plain)[0]) as tar:
+        assert "bee/b_v2.jpg" in tar.getnames() and "bee/b_v2.jpeg" not in tar.getnames()
+    assert json.loads(Path(kept.output).read_text())["pack_options"]["source_extensions"]
+    assert "source_extensions" not in json.loads(Path(plain.output).read_text())["pack_options"]
+    read = []
+    for path in (kept.output, plain.output, legacy / "old.fastdata.json"):
+        ds = fastdata.open_dataset(path, output="bytes")
+        read.append((ds.keys, [ds[i] for i in range(len(ds))]))
+    assert read[0] == read[1] == read[2]
+    for summary in (kept, plain):
+        with TarReader(shard_files(summary)) as scanned:  # no index: the members' names
+            assert [scanned.read(i) for i in range(len(scanned))] == [d for d, _ in read[0][1]]
+
+
 # -- the tar bytes themselves ----------------------------------------------------------
 
 
@@ -222,7 +249,8 @@ def test_plain_ustar_headers(sharded, small_tree):
     expected_names = []
     for key, label in zip(small_tree.keys, small_tree.labels):
         stem, ext = key.rsplit(".", 1)
-        expected_names += [f"{stem}.{ext.lower()}", f"{stem}.cls"]
+        ext = {"jpeg": "jpg", "tif": "tiff"}.get(ext.lower(), ext.lower())  # one per encoding
+        expected_names += [f"{stem}.{ext}", f"{stem}.cls"]
     names, pos = [], 0
     for shard in shard_files(sharded):
         data = shard.read_bytes()
@@ -343,15 +371,22 @@ def test_long_keys_round_trip(tmp_path):
 # -- webdataset interop ----------------------------------------------------------------
 
 
-def test_webdataset_reads_our_shards(sharded, image_tree, tmp_path):
+@pytest.mark.parametrize("source_extensions", [False, True])
+def test_webdataset_reads_our_shards(image_tree, tmp_path, source_extensions):
     import webdataset as wds
 
-    summary = pack(image_tree.root, tmp_path / "wd" / "ds.tar", shard_size=4)
+    from fastdata.encodings import ENCODING_EXTENSIONS, sniff_encoding
+
+    summary = pack(image_tree.root, tmp_path / "wd" / "ds.tar", shard_size=4,
+                   writer_options={"source_extensions": True} if source_extensions else {})
     urls = [str(p) for p in shard_files(summary)]
     samples = list(wds.WebDataset(urls, shardshuffle=False))
     assert [s["__key__"] for s in samples] == [sample_stem(k) for k in image_tree.keys]
     for s, expected in zip(samples, image_tree.samples):
-        ext = expected.key.rsplit(".", 1)[1].lower()
+        # One extension per encoding (IMG1.JPEG -> jpg, B4.TIFF -> tiff), or the
+        # source's own, lower-cased.
+        ext = (expected.key.rsplit(".", 1)[1].lower() if source_extensions
+               else ENCODING_EXTENSIONS[sniff_encoding(expected.data)])
         assert s[ext] == expected.data
         assert int(s["cls"]) == expected.label
     tuples = list(wds.WebDataset(urls, shardshuffle=False).decode().to_tuple(IMAGE_EXTS, "cls"))

@@ -13,9 +13,10 @@ from fastdata.cli.packing import echo_summary, echo_warning, images_text, output
 @click.argument("output", metavar="OUT", type=click.Path(path_type=str))
 @output_options("OUT")
 @_handle_errors
-def convert(input_, output, format_, shard_size, resize, center_crop, max_size, encoding,
-            quality, jpeg_restarts, workers, overwrite, resume, strict, verify_decode,
-            max_pixels, shuffle, keep_source_path, allow_outside, as_json, progress):
+def convert(input_, output, format_, shard_size, split, source_extensions, resize,
+            center_crop, max_size, encoding, quality, jpeg_restarts, workers, overwrite, resume,
+            strict, verify_decode, max_pixels, shuffle, keep_source_path, allow_outside,
+            as_json, progress):
     """Convert the dataset IN into the dataset OUT, in the format OUT's name gives.
 
     IN is any dataset fastdata reads: an LMDB folder, an .h5 file, a tar or
@@ -42,7 +43,8 @@ def convert(input_, output, format_, shard_size, resize, center_crop, max_size, 
     from fastdata.packers.convert import convert as run_convert
     from fastdata.packers.sources.dataset import DatasetSource
 
-    options = pack_options(format_=format_, shard_size=shard_size, resize=resize,
+    options = pack_options(format_=format_, shard_size=shard_size, split=split,
+                           source_extensions=source_extensions, resize=resize,
                            center_crop=center_crop, max_size=max_size, encoding=encoding,
                            quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
                            overwrite=overwrite,

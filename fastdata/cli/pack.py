@@ -43,10 +43,10 @@ from fastdata.encodings import TORCHVISION_EXTENSIONS
                    "the largest) [default: label, when there is one; without a label column "
                    "the records are unlabelled: label -1, no classes].")
 @_handle_errors
-def pack(source, output, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-         jpeg_restarts, workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
-         keep_source_path, allow_outside, as_json, progress, scheduler, extensions,
-         path_column, label_column):
+def pack(source, output, format_, shard_size, split, source_extensions, resize, center_crop,
+         max_size, encoding, quality, jpeg_restarts, workers, overwrite, resume, strict,
+         verify_decode, max_pixels, shuffle, keep_source_path, allow_outside, as_json,
+         progress, scheduler, extensions, path_column, label_column):
     """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -78,7 +78,8 @@ def pack(source, output, format_, shard_size, resize, center_crop, max_size, enc
     from fastdata.packers.pack import pack as run_pack
     from fastdata.packers.sources.dispatch import open_source
 
-    options = pack_options(format_=format_, shard_size=shard_size, resize=resize,
+    options = pack_options(format_=format_, shard_size=shard_size, split=split,
+                           source_extensions=source_extensions, resize=resize,
                            center_crop=center_crop, max_size=max_size, encoding=encoding,
                            quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
                            overwrite=overwrite,

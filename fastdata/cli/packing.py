@@ -31,6 +31,24 @@ def _options(out: str) -> tuple:
                           "the source files' sizes before any image is read, so an estimate "
                           f"after --resize or --encoding). {out} may be a pattern: "
                           "out-%06d.tar or out-{000000..000099}.tar."),
+        click.option("--split", metavar="NAME", default=None,
+                     help="tar only: the split this output is in timm's dataset info, "
+                          "_info.json in the shards' folder, which timm.data.create_dataset("
+                          "'wds/NAME', root=FOLDER, split=NAME) reads. Each output packed "
+                          "into one folder gets its own entry (pack train, then val: both "
+                          f"are there). Default: {out}'s name without shard number and "
+                          "extension (train-%06d.tar: train); timm takes a name with 'tar' "
+                          "or '..' in it for a shard pattern, so such a name is refused "
+                          "here, and such a default gets no entry."),
+        click.option("--source-extensions", is_flag=True,
+                     help="tar only: name each image member after its source file's "
+                          "extension, lower-cased (IMG_1.JPEG: IMG_1.jpeg, b.tif: b.tif), "
+                          "as earlier fastdata versions did, instead of one extension per "
+                          "encoding (jpg, png, webp, ...). The default is what webdataset's "
+                          ".to_tuple('jpg', 'cls'), timm and Hugging Face datasets look for; "
+                          "keep the source's spelling only for readers that select members "
+                          "by it (a pipeline written for such shards). The dataset's keys "
+                          "keep the source names either way."),
         click.option("--resize", metavar="SHORT|HxW", default=None,
                      help="Resize at pack time: SHORT sets the shorter side (aspect kept), HxW "
                           "sets both (stretched, unless --center-crop)."),
@@ -118,7 +136,8 @@ def output_options(out: str = "OUTPUT"):
 
 def pack_options(*, format_, shard_size, resize, center_crop, max_size, encoding, quality,
                  workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
-                 extensions=None, jpeg_restarts=False, keep_source_path=False):
+                 extensions=None, jpeg_restarts=False, keep_source_path=False,
+                 split=None, source_extensions=False):
     """The ``PackOptions`` the shared options ask for."""
     from fastdata.packers.options import PackOptions
     from fastdata.packers.preprocess import Preprocess, parse_resize
@@ -127,10 +146,14 @@ def pack_options(*, format_, shard_size, resize, center_crop, max_size, encoding
     pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
                      encoding=encoding, quality=quality, restarts=jpeg_restarts)
     limit = {} if max_pixels is None else {"max_pixels": max_pixels or None}
+    # Only what was given: the manifest records writer options as passed.
+    writer = {**({"split": split} if split is not None else {}),
+              **({"source_extensions": True} if source_extensions else {})}
     return PackOptions(format=format_, overwrite=overwrite, strict=strict,
                        verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
                        workers=workers, extensions=extensions, shuffle=parse_seed(shuffle),
-                       resume=resume, keep_source_path=keep_source_path, **limit)
+                       resume=resume, keep_source_path=keep_source_path,
+                       writer_options=writer, **limit)
 
 
 def echo_warning(msg: str) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdata.errors import FastDataError, UnknownFormatError
 from fastdata.image_header import DEFAULT_MAX_PIXELS
 from fastdata.packers.preprocess import Preprocess
 
@@ -62,3 +64,29 @@ class PackOptions:
     shuffle: int | None = None
     resume: bool = False
     keep_source_path: bool = False
+
+
+def writer_options_for(spec, writer_cls, options: PackOptions, output: str) -> dict[str, Any]:
+    """The keyword options for ``writer_cls``: ``options.writer_options`` with
+    the shard size; an option the format's writer does not take (``split=``
+    for an LMDB output) is refused, by name, before anything is written."""
+    from fastdata.formats import sharded_formats
+
+    writer_options = dict(options.writer_options)
+    if options.shard_size not in (None, ""):
+        if not spec.sharded:
+            raise UnknownFormatError(
+                f"shard_size= applies to sharded formats ({', '.join(sharded_formats())}), "
+                f"not {spec.name}", path=output)
+        size = options.shard_size
+        # "10000" from the command line and 10000 from Python are one option.
+        writer_options["shard_size"] = int(size) if isinstance(size, str) and \
+            size.strip().isdigit() else size
+    params = inspect.signature(writer_cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(writer_options) - set(params) - {"self"})
+        if unknown:
+            raise FastDataError(f"{', '.join(unknown)}: not an option of {spec.name} "
+                                f"outputs (another format's); leave it out, or write that "
+                                f"format", path=output)
+    return writer_options

@@ -16,8 +16,8 @@ import time
 from typing import Any, Callable
 
 from fastdata import __version__
-from fastdata.errors import FastDataError, SourceError, UnknownFormatError
-from fastdata.formats import FormatSpec, check_local, format_for_output, sharded_formats
+from fastdata.errors import FastDataError, SourceError
+from fastdata.formats import FormatSpec, check_local, format_for_output
 from fastdata.formats.remote_files import as_local, is_remote
 from fastdata.image_header import check_max_pixels
 from fastdata.machine import usable_cores
@@ -35,7 +35,7 @@ from fastdata.packers.pieces import (entries_to_prepare, pieces_to_keep,
                                       write_items, write_pieces)
 from fastdata.packers.plan import PackPlan, ResumeRefused
 from fastdata.packers.prepare import SkippedFile
-from fastdata.packers.options import PackOptions
+from fastdata.packers.options import PackOptions, writer_options_for
 from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.sources.dataset import DatasetSource, writes_over
@@ -141,7 +141,7 @@ def pack(
     workers = options.workers if options.workers is not None else usable_cores()
     if workers < 1:
         raise FastDataError(f"workers={workers} is not allowed: give at least 1")
-    writer_options = _writer_options(spec, options, output)
+    writer_options = writer_options_for(spec, writer_cls, options, output)
     extensions = _folder_extensions(src, options)
     seed = check_seed(options.shuffle)
 
@@ -296,20 +296,6 @@ def _folder_extensions(src: Source | None, options: PackOptions) -> tuple[str, .
         raise FastDataError("extensions= applies to a folder source; give the Source "
                             "itself the extensions (ImageFolderSource(root, extensions=...))")
     return parse_extensions(options.extensions)
-
-
-def _writer_options(spec: FormatSpec, options: PackOptions, output: str) -> dict[str, Any]:
-    writer_options = dict(options.writer_options)
-    if options.shard_size not in (None, ""):
-        if not spec.sharded:
-            raise UnknownFormatError(
-                f"shard_size= applies to sharded formats ({', '.join(sharded_formats())}), "
-                f"not {spec.name}", path=output)
-        size = options.shard_size
-        # "10000" from the command line and 10000 from Python are one option.
-        writer_options["shard_size"] = int(size) if isinstance(size, str) and \
-            size.strip().isdigit() else size
-    return writer_options
 
 
 def _check_written(src: Source, plan: PackPlan | None, tally: Tally, written: int,

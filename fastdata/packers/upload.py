@@ -27,6 +27,7 @@ from fastdata.contained import name_problem
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats import MANIFEST_SUFFIX, format_for_output
 from fastdata.formats.sharded.writer import shard_listener
+from fastdata.formats.tar.info import INFO_LIMIT, INFO_NAME
 
 #: Files of an LMDB folder that are not uploaded (per-process lock state).
 _NOT_UPLOADED = ("lock.mdb",)
@@ -68,12 +69,15 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
     early = _EarlyUploads(folder, staging + ".early")
     token = shard_listener.set(early.shard_finished)
     try:
+        info = _fetch_info(folder, staging) if spec.name == "tar" else None
         local_out = os.path.join(staging, basename(url))
         try:
             summary = pack(source, local_out, options=replace(options, overwrite=False),
                            **pack_kwargs)
         finally:
             shard_listener.reset(token)
+        if info is not None:
+            _drop_unchanged(staging, info)
         uploaded = early.wait()  # shards uploaded while the next ones were written
         done = set(uploaded)
         for local in _upload_order(staging):
@@ -155,8 +159,31 @@ def _remote_name(local: str | None, staging: str, folder: str) -> str | None:
     return join(folder, os.path.relpath(local, staging).replace(os.sep, "/"))
 
 
+def _fetch_info(folder: str, staging: str) -> bytes | None:
+    """timm's ``_info.json`` at the URL, into the staging folder: the tar writer
+    adds this output's split to it, and the upload keeps the other splits."""
+    from fastdata.storage import exists, join, open_remote
+
+    url = join(folder, INFO_NAME)
+    if not exists(url):
+        return None
+    data = open_remote(url).read(limit=INFO_LIMIT)
+    with open(os.path.join(staging, INFO_NAME), "wb") as f:
+        f.write(data)
+    return data
+
+
+def _drop_unchanged(staging: str, fetched: bytes) -> None:
+    """No upload of the info file when the pack added no split to it."""
+    path = os.path.join(staging, INFO_NAME)
+    with open(path, "rb") as f:
+        if f.read() == fetched:
+            os.remove(path)
+
+
 def _upload_order(staging: str) -> list[str]:
-    """Every file to upload, data first and the manifest last."""
+    """Every file to upload, data first (timm's info, which names shards, after
+    them) and the manifest last."""
     files = []
     for root, _, names in os.walk(staging):
         files += [os.path.join(root, n) for n in names if n not in _NOT_UPLOADED]
@@ -165,7 +192,7 @@ def _upload_order(staging: str) -> list[str]:
         name = os.path.basename(path)
         if name.endswith(MANIFEST_SUFFIX):
             return 3, path
-        if ".fastdata." in name or name.endswith(".report.json"):
+        if ".fastdata." in name or name.endswith(".report.json") or name == INFO_NAME:
             return 2, path
         return 1, path
 

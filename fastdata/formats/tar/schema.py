@@ -7,13 +7,19 @@ Every shard is a plain tar file that ``tar``, Python's ``tarfile`` and
 ====================  ========================================================
 member                content
 ====================  ========================================================
-``KEY.EXT``           the stored image bytes. EXT is the source file's
-                      extension, lower-cased, when it matches the stored
-                      encoding (``jpg``/``jpeg``, ``png``, ``tif``/``tiff``...);
-                      otherwise the encoding's usual one (a ``.jpg`` file that
-                      holds a PNG is stored as ``KEY.png``; pack-time
-                      re-encoding gives ``jpg``/``png``; pre-decoded pixels
-                      are ``KEY.raw``, their shape in the manifest)
+``KEY.EXT``           the stored image bytes. EXT names the stored encoding,
+                      one per encoding, the name webdataset, timm and Hugging
+                      Face ``datasets`` look for: ``jpg`` for every JPEG
+                      (``.jpeg``, ``.JPEG``, ``.jpe`` files too), ``png``,
+                      ``webp``, ``bmp``, ``gif``, ``tiff``, ``ppm``, ``pgm``,
+                      ``pbm`` (``ENCODING_EXTENSIONS``); a ``.jpg`` file that
+                      holds a PNG is ``KEY.png``; pre-decoded pixels are
+                      ``KEY.raw`` (their shape in the manifest). The writer
+                      option ``source_extensions=True`` keeps the source
+                      file's extension, lower-cased, where it names the
+                      stored encoding (``jpeg``, ``tif``), as earlier packs
+                      did. Readers of fastdata's shards find the image
+                      through the index, whatever its EXT.
 ``KEY.cls``           the label, ASCII decimal (``b"3"``)
 ``KEY.json``          a sample with metadata: its metadata, exactly as stored
                       (canonical UTF-8 JSON, the dict the source gave), so
@@ -48,6 +54,10 @@ holds, per record, the offset and size of the image member's *data*, so a
 reader gets a record with one ``pread`` and no header parsing; the metadata
 index (``NAME.fastdata.metadata.npy``, in datasets with metadata) holds those
 of each ``KEY.json`` member's data.
+
+Beside the shards, ``_info.json`` lists each tar dataset of the folder as a
+split (names and record counts of its shards) for timm's webdataset reader;
+see ``info.py``.
 """
 
 from __future__ import annotations
@@ -208,11 +218,12 @@ def unique_stem(key: str, taken: dict[str, str]) -> tuple[str, str | None]:
     return stem, "; ".join(reasons) or None
 
 
-def image_extension(key: str, encoding: str) -> str:
-    """The member extension for a record: the source's, lower-cased, when it
-    names the stored encoding, else the encoding's usual one."""
+def image_extension(key: str, encoding: str, *, source_extensions: bool = False) -> str:
+    """The member extension for a record: the stored encoding's one
+    (``ENCODING_EXTENSIONS``: ``jpg`` for every JPEG); with ``source_extensions``
+    the source's, lower-cased, when it names the stored encoding."""
     base = key.rpartition("/")[2]
     ext = base.rsplit(".", 1)[1].lower() if "." in base.lstrip(".") else ""
-    if ext and _EXT_ENCODING.get(ext, ext) == encoding:
+    if source_extensions and ext and _EXT_ENCODING.get(ext, ext) == encoding:
         return ext
     return ENCODING_EXTENSIONS.get(encoding) or ext or "bin"

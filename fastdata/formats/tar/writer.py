@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
+from fastdata.errors import FastDataError
 from fastdata.formats.sharded.writer import ShardedWriter
+from fastdata.formats.tar.info import INFO_NAME, check_split, default_split, read_info, update_info
 from fastdata.formats.tar.schema import (
     END_OF_ARCHIVE,
     EXTENSIONS,
@@ -16,7 +19,7 @@ from fastdata.formats.tar.schema import (
     padding,
     unique_stem,
 )
-from fastdata.records import Record, RenamedKey
+from fastdata.records import Manifest, Record, RenamedKey
 
 
 class TarWriter(ShardedWriter):
@@ -31,15 +34,27 @@ class TarWriter(ShardedWriter):
         write_json: also write a ``KEY.json`` member ``{"key", "label"}`` for
             each sample without metadata (a sample with metadata always has a
             ``KEY.json``: its metadata, exactly; see ``schema.py``).
+        source_extensions: name image members after the source file's
+            extension, lower-cased (``KEY.jpeg``), where it names the stored
+            encoding, instead of the encoding's one extension (``KEY.jpg``),
+            which is what webdataset, timm and Hugging Face look for.
+        split: this output's split in the folder's ``_info.json`` (timm's
+            dataset info, see ``info.py``); None: the output's prefix
+            (``train-%06d.tar`` -> ``train``), or no entry when timm could not
+            use that name.
     """
 
     format_name = "tar"
     extensions = EXTENSIONS
 
     def __init__(self, path, *, overwrite: bool = False, shard_size: str | int | None = None,
-                 write_json: bool = False, resume_path: str | None = None,
+                 write_json: bool = False, source_extensions: bool = False,
+                 split: str | None = None, resume_path: str | None = None,
                  detached_dir: str | None = None) -> None:
         self.write_json = bool(write_json)
+        self.source_extensions = bool(source_extensions)
+        self._split = None if split is None else check_split(split)
+        self._info_shards: list[tuple[str, int]] = []
         self._stems: dict[str, str] = {}  # member stem -> key, in the current shard
         self._planned: tuple[int, tuple] | None = None
         self._renamed: list[tuple[str, str, int, str]] = []  # key, stem, shard, reason
@@ -54,7 +69,8 @@ class TarWriter(ShardedWriter):
         if self._planned is not None and self._planned[0] == record.index:
             return self._planned[1]
         stem, renamed = unique_stem(record.key, self._stems)
-        ext = image_extension(record.key, record.encoding)
+        ext = image_extension(record.key, record.encoding,
+                              source_extensions=self.source_extensions)
         size = len(record.payload)
         head = member_header(f"{stem}.{ext}", size)
         label = str(int(record.label)).encode("ascii")
@@ -73,6 +89,42 @@ class TarWriter(ShardedWriter):
         plan = (stem, renamed, chunks, len(head), sum(len(c) for c in chunks), meta_at)
         self._planned = (record.index, plan)
         return plan
+
+    # -- timm's _info.json beside the shards -----------------------------------------
+
+    @property
+    def info_split(self) -> str | None:
+        """The split this output is written as in ``_info.json`` (None: none)."""
+        return self._split if self._split is not None else default_split(self.layout.prefix)
+
+    @property
+    def info_path(self) -> str:
+        return os.path.join(self.layout.directory, INFO_NAME)
+
+    def _check_existing(self) -> None:
+        super()._check_existing()
+        if self.info_split is not None:
+            read_info(self.info_path)  # someone else's file: refused before any packing
+
+    def _close(self, manifest: Manifest) -> Manifest:
+        manifest = super()._close(manifest)
+        self._info_shards = [(s["path"], s["count"]) for s in manifest.shards]
+        return manifest
+
+    def _publish(self) -> None:
+        super()._publish()
+        split = self.info_split
+        if split is None:
+            return
+        try:
+            path = update_info(self.layout.directory, split, self._info_shards,
+                               owns=lambda name: self.layout.owns(name, self.extensions))
+        except OSError as exc:
+            raise FastDataError(f"the dataset is complete, but timm's dataset info could not "
+                                f"be updated ({exc.strerror or exc}); pack again with "
+                                f"--overwrite once the folder is writable",
+                                path=self.info_path) from None
+        self._files.insert(len(self._files) - 1, path)  # the manifest stays last
 
     # -- ShardedWriter hooks ----------------------------------------------------------
 
