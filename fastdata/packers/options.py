@@ -34,7 +34,10 @@ class PackOptions:
         workers: processes reading, checking and preprocessing images; None uses
             the usable cores. Every value gives the same files byte for byte,
             except the manifest's ``created_at`` (and LMDB's ``lock.mdb``).
-        writer_options: further format options passed to the writer.
+        writer_options: further format options passed to the writer (tar:
+            ``split``, ``source_extensions``, ``write_json``; see each format's
+            writer); one its writer does not take is refused. Recorded in
+            ``pack_options``, as given.
         extensions: for a folder source: the file extensions to pack, as
             ``ImageFolderSource(extensions=...)`` takes them (``"+gif"`` adds GIFs
             to torchvision's); None: torchvision's ``IMG_EXTENSIONS``. Recorded
