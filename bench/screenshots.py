@@ -5,7 +5,7 @@ screenshot of each page asked for, opened from disk (file://).
 
     python bench/screenshots.py OUT_DIR [PAGE ...] [--width 1280] [--height 900] [--dark]
     python bench/screenshots.py shots index reference/cli reference/api
-    python bench/screenshots.py shots "reference/api#fastdata.loaders.prefetch.loader" --height 1600
+    python bench/screenshots.py shots "reference/api#fastdata.loaders.make_loader.loader" --height 1600
 
 A PAGE is a page's path in docs/ without ".md" (``reading/index``), optionally with
 ``#anchor`` (the API reference's anchors are the objects' full paths; the shot then

@@ -58,7 +58,7 @@ _LAZY = {
     "EpochBatches": "fastdata.loaders.sampler:EpochBatches",
     "CUDAPrefetcher": "fastdata.loaders.prefetch:CUDAPrefetcher",
     "BackgroundBatches": "fastdata.loaders.background:BackgroundBatches",
-    "loader": "fastdata.loaders.prefetch:loader",
+    "loader": "fastdata.loaders.make_loader:loader",
     "collate": "fastdata.loaders.collate:collate",
     "RandomResizedCrop": "fastdata.decoding.random_crop:RandomResizedCrop",
     "CenterCrop": "fastdata.decoding.options:CenterCrop",

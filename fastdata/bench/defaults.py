@@ -37,7 +37,7 @@ class _Loader(LoaderFactory):
 
     def __call__(self):
         if self._loader is None:
-            from fastdata.loaders.prefetch import loader
+            from fastdata.loaders.make_loader import loader
 
             kw = {} if self.chosen is None else {"num_workers": self.chosen}
             self._loader = loader(self.ds, **kw)

@@ -1,0 +1,116 @@
+"""fastdata.loader(...).state_dict(): the training loop's point, whatever runs ahead.
+
+A loader made by fastdata.loader() decodes batches ahead of the loop (a
+background thread, worker processes), so what made the batches is ahead of
+the step; the loader's own state counts the batches the loop was handed.
+Resuming from it must give exactly the batches an uninterrupted pass gives
+after that point, for map-style datasets and streams alike.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fastdata
+from fastdata.demo import synthesize
+
+ORDER = fastdata.Order(shuffle=True, seed=3, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loop")
+    synthesize(tmp / "src", kind="tiny", n=100, classes=4, seed=2)
+    lmdb = fastdata.pack(tmp / "src", tmp / "d.lmdb", progress=False).output
+    fastdata.pack(tmp / "src", tmp / "d-%06d.tar",
+                  options=fastdata.PackOptions(shard_size=30), progress=False)
+    return {"map": str(lmdb), "stream": str(tmp / "d.tar.fastdata.json")}
+
+
+def _open(packs, kind):
+    return fastdata.open_dataset(packs[kind], streaming=kind == "stream",
+                                 decode=fastdata.Decode(size=(16, 16)), order=ORDER)
+
+
+def _loader(ds, workers):
+    return fastdata.loader(ds) if workers is None else fastdata.loader(ds, num_workers=workers)
+
+
+def _batches(loader):
+    return [labels.tolist() for _, labels in loader]
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+@pytest.mark.parametrize("workers", [None, 0, 2])
+@pytest.mark.parametrize("stop", [0, 1, 6])
+def test_resume_from_the_loaders_state_gives_the_rest_of_the_pass(packs, kind, workers, stop):
+    whole = _batches(_loader(_open(packs, kind), workers))
+    assert len(whole) == 13  # 100 records in batches of 8
+
+    first = _loader(_open(packs, kind), workers)
+    taken = []
+    for _, labels in first:    # a step on each batch, then a checkpoint after `stop`
+        taken.append(labels.tolist())
+        if len(taken) >= stop:
+            break
+    taken = taken[:stop] if stop else []
+    state = first.state_dict() if stop else _loader(_open(packs, kind), workers).state_dict()
+    # The position of the loop, not of the batches made ahead of it.
+    assert state["epoch"] == 0 and state["consumed"] == 8 * stop
+    json.dumps(state)  # a checkpoint can hold it as it is
+
+    again = _loader(_open(packs, kind), workers)
+    again.load_state_dict(state)
+    assert taken + _batches(again) == whole
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_after_a_whole_pass_the_state_is_the_next_epochs_start(packs, kind):
+    loader = _loader(_open(packs, kind), 0)
+    before = loader.state_dict()
+    assert (before["epoch"], before["consumed"]) == (0, 0)
+    _batches(loader)
+    after = loader.state_dict()
+    assert (after["epoch"], after["consumed"]) == (1, 0)
+    second = _batches(loader)  # epoch 1 itself
+
+    resumed = _loader(_open(packs, kind), 0)
+    resumed.load_state_dict(after)
+    assert _batches(resumed) == second
+
+
+def test_a_resume_point_loads_with_other_workers(packs):
+    first = _loader(_open(packs, "map"), 2)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    del it
+    whole = _batches(_loader(_open(packs, "map"), 0))
+    again = _loader(_open(packs, "map"), 0)
+    again.load_state_dict(state)
+    assert _batches(again) == whole[4:]
+
+
+def test_a_loader_fastdata_does_not_order_says_so(packs):
+    ds = _open(packs, "map")
+    loader = fastdata.loader(ds, num_workers=0, sampler=torch.utils.data.RandomSampler(ds),
+                             batch_size=8)
+    with pytest.raises(TypeError, match="no position to save"):
+        loader.state_dict()
+    foreign = fastdata.CUDAPrefetcher(torch.utils.data.DataLoader(ds, batch_size=8),
+                                      device="cpu")
+    with pytest.raises(TypeError, match="no position to save"):
+        foreign.load_state_dict({})
+
+
+def test_another_datasets_state_is_refused(packs, tmp_path):
+    synthesize(tmp_path / "other", kind="tiny", n=40, classes=2, seed=9)
+    other = fastdata.pack(tmp_path / "other", tmp_path / "o.lmdb", progress=False).output
+    state = _loader(fastdata.open_dataset(other, decode=fastdata.Decode(size=(16, 16)),
+                                          order=ORDER), 0).state_dict()
+    with pytest.raises(ValueError):
+        _loader(_open(packs, "map"), 0).load_state_dict(state)
