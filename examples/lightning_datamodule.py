@@ -12,10 +12,15 @@ bytes to copy than float batches.
 
 Lightning's own order machinery is turned off (``use_distributed_sampler=False``):
 ``fastdata.EpochBatches`` already gives each DDP rank an equal share of one
-order, and Lightning calls its ``set_epoch`` every epoch. With torchdata
-installed the training loader is a ``StatefulDataLoader``, whose position
-Lightning keeps in its checkpoints: a run resumed from a mid-epoch checkpoint
-continues with the batches that were next.
+order. Lightning calls ``set_epoch`` on a DataLoader's ``sampler``, not on its
+``batch_sampler``, so a small callback tells ``EpochBatches`` each epoch.
+
+Checkpoint at epoch ends (Lightning's default): a mid-epoch checkpoint does not
+resume exactly. With a plain DataLoader Lightning starts the epoch over (and
+warns); torchdata's StatefulDataLoader, whose state Lightning restores, fares
+no better with Lightning 2.6, which iterates the restored loader more than
+once: each new pass of the half-read epoch starts again at the restored point,
+so batches repeat. ``examples/train_classifier.py`` resumes mid-epoch exactly.
 """
 
 from __future__ import annotations
@@ -29,11 +34,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import fastdata
-
-try:  # a loader whose position goes into Lightning's checkpoints
-    from torchdata.stateful_dataloader import StatefulDataLoader as TrainLoader
-except ImportError:
-    TrainLoader = DataLoader
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -59,15 +59,16 @@ class FastDataModule(L.LightningDataModule):
             order=fastdata.Order(batch_size=h.batch_size))
         self.classes = self.train_set.classes
 
-    def _loader(self, ds, cls=DataLoader):
+    def _loader(self, ds):
         # EpochBatches: this rank's batches of the dataset's order. fastdata.collate
         # hands on the batch tensor __getitems__ stacked, without a second copy.
         workers = self.hparams.num_workers
-        return cls(ds, batch_sampler=fastdata.EpochBatches(ds), collate_fn=fastdata.collate,
-                   num_workers=workers, persistent_workers=workers > 0)
+        return DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds),
+                          collate_fn=fastdata.collate, num_workers=workers,
+                          persistent_workers=workers > 0)
 
     def train_dataloader(self):
-        return self._loader(self.train_set, TrainLoader)
+        return self._loader(self.train_set)
 
     def val_dataloader(self):
         return self._loader(self.val_set)
@@ -77,6 +78,15 @@ class FastDataModule(L.LightningDataModule):
         mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1) * 255
         return (images.float() - mean) / std, labels
+
+
+class FastDataEpochs(L.Callback):
+    """Each training epoch, the epoch of its order (and of the random crops)."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        batches = trainer.train_dataloader.batch_sampler
+        batches.set_epoch(trainer.current_epoch)
+        print(f"epoch {trainer.current_epoch}: {len(batches)} batches of its order")
 
 
 class Classifier(L.LightningModule):
@@ -118,9 +128,9 @@ def main(argv=None) -> None:
     data.setup("fit")   # for the class count; Lightning calls it again, which is cheap
     model = Classifier(len(data.classes))
     trainer = L.Trainer(max_steps=args.max_steps, use_distributed_sampler=False,
+                        callbacks=[FastDataEpochs()],
                         accelerator="auto", devices="auto", logger=False,
-                        enable_checkpointing=False, limit_val_batches=2,
-                        val_check_interval=None, check_val_every_n_epoch=1)
+                        enable_checkpointing=False)
     trainer.fit(model, datamodule=data)
     print(f"fitted {trainer.global_step} steps: {dict(trainer.callback_metrics)}")
 

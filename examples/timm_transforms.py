@@ -26,6 +26,7 @@ import fastdata
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="a fastdata pack (train.lmdb, train.h5, a tar manifest...)")
+    p.add_argument("--val", help="the pack to evaluate on (default: DATA)")
     p.add_argument("--model", default="resnet18", help="any timm model name")
     p.add_argument("--image-size", type=int, default=None,
                    help="default: the model's input size")
@@ -47,7 +48,7 @@ def main(argv=None) -> None:
     train = fastdata.open_dataset(args.data, decode=pil, transform=train_tf,
                                   order=fastdata.Order(shuffle=True, seed=0,
                                                        batch_size=args.batch_size))
-    val = fastdata.open_dataset(args.data, decode=pil, transform=eval_tf,
+    val = fastdata.open_dataset(args.val or args.data, decode=pil, transform=eval_tf,
                                 order=fastdata.Order(batch_size=args.batch_size))
 
     # timm's transforms already give normalised float tensors: the loader only
@@ -66,10 +67,12 @@ def main(argv=None) -> None:
             break
 
     model.eval()
+    correct = seen = 0
     with torch.no_grad():
-        images, labels = next(iter(fastdata.loader(val, device=device)))
-        accuracy = (model(images).argmax(1) == labels).float().mean().item()
-    print(f"eval batch {tuple(images.shape)}: accuracy {accuracy:.2f}")
+        for images, labels in fastdata.loader(val, device=device):
+            correct += (model(images).argmax(1) == labels).sum().item()
+            seen += len(labels)
+    print(f"eval: {seen} images of {tuple(images.shape[1:])}, accuracy {correct / seen:.2f}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ What it shows:
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import math
@@ -121,7 +122,7 @@ def save_checkpoint(path: str, state: dict) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     rank, world, device = setup_distributed()
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP checks)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank and every run
 
     # The data: random resized crops and flips decoded by fastdata, in one order
     # for the whole job (seed, shuffle, batch size); drop_last keeps every batch full.
@@ -152,6 +153,9 @@ def main(argv=None) -> None:
         optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
 
     step = 0
+    if args.checkpoint and rank == 0:  # what a write cut short by a crash left behind
+        for stale in glob.glob(glob.escape(args.checkpoint) + ".tmp*"):
+            os.remove(stale)
     if args.checkpoint and os.path.exists(args.checkpoint):
         # Every rank loads the same file; rank 0's weights are everyone's anyway.
         ckpt = torch.load(args.checkpoint, map_location=device, weights_only=True)

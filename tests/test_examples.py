@@ -254,13 +254,14 @@ def _missing(module: str) -> str | None:
 
 SHORT = {
     "timm_transforms.py": ("timm", ["train.lmdb", "--image-size", "32", "--batch-size", "8",
-                                    "--steps", "2"], ["step 2:", "eval batch (8, 3, 32, 32)"]),
+                                    "--steps", "2"],
+                           ["step 2:", f"eval: {RECORDS} images of (3, 32, 32)"]),
     "torchvision_v2.py": ("torchvision", ["train.lmdb", "--image-size", "16", "--batch-size",
                                           "8"], ["per sample: (8, 3, 16, 16)",
                                                  "per batch: (8, 3, 16, 16)"]),
     "lightning_datamodule.py": ("lightning", ["train.lmdb", "--image-size", "16",
-                                              "--batch-size", "8", "--max-steps", "8"],
-                                ["fitted 8 steps"]),
+                                              "--batch-size", "8", "--max-steps", "14"],
+                                ["epoch 1: 12 batches of its order", "fitted 14 steps", "val_acc"]),
     "hf_datasets.py": ("datasets", ["train.tar.fastdata.json", "--batch-size", "8"],
                        [f"{RECORDS} rows: the labels of fastdata's {RECORDS} records",
                         "a batch of 8: image (3, 32, 32)", "streamed: key class_000/"]),
