@@ -134,14 +134,11 @@ def main(argv=None) -> None:
     # uint8 batches in, float batches out: normalised on the GPU when there is one.
     train = fastdata.loader(ds, device=device, mean=MEAN, std=STD,
                             channels_last=device.type == "cuda")
-    # Its DataLoader reads this rank's batches of that order (rank and world size from
+    # It reads this rank's batches of that order (rank and world size from
     # torch.distributed): the same number on every rank, the next epoch after each pass.
-    batches: fastdata.EpochBatches = train.loader.batch_sampler
-    # The loader decodes batches ahead of the loop (a thread, or worker processes), so
-    # `batches` is ahead of the step too. Its twin over the record count reads nothing
-    # and is asked for one batch per step: its state_dict() is the loop's position.
-    position = fastdata.EpochBatches(len(ds), ds.order)
-    steps_per_epoch = len(batches)
+    # It decodes batches ahead of the loop, but its state_dict() counts only the batches
+    # it handed to the loop: that is the position a checkpoint keeps.
+    steps_per_epoch = len(train)
 
     model = make_model(args.model, len(ds.classes)).to(device)
     if device.type == "cuda":
@@ -162,12 +159,11 @@ def main(argv=None) -> None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         schedule.load_state_dict(ckpt["scheduler"])
-        batches.load_state_dict(ckpt["data"])   # epoch and samples consumed: exact
-        position.load_state_dict(ckpt["data"])  # (with any number of ranks, too)
-        step = ckpt["step"]
+        train.load_state_dict(ckpt["data"])   # epoch and samples consumed: exact, also
+        step = ckpt["step"]                   # with another number of ranks or workers
         if rank == 0:
-            print(f"resumed from {args.checkpoint} at step {step}, epoch {batches.epoch}",
-                  flush=True)
+            print(f"resumed from {args.checkpoint} at step {step}, "
+                  f"epoch {ckpt['data']['epoch']}", flush=True)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
                                   else None) if world > 1 else model
 
@@ -175,7 +171,7 @@ def main(argv=None) -> None:
         if rank == 0:
             save_checkpoint(args.checkpoint, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": schedule.state_dict(), "data": position.state_dict(),
+                "scheduler": schedule.state_dict(), "data": train.state_dict(),
                 "step": step, "world_size": world})
             print(f"checkpoint saved at step {step}", flush=True)
 
@@ -188,14 +184,17 @@ def main(argv=None) -> None:
               f"{steps_per_epoch} steps per epoch; loader: {train!r}", flush=True)
 
     done = bool(args.max_steps) and step >= args.max_steps
-    for epoch in range(batches.epoch, args.epochs):
-        if done:
-            break
-        batches.set_epoch(epoch)   # keeps a resumed position inside this epoch
-        position.set_epoch(epoch)
-        walk = iter(position)
-        for images, labels in train:
-            records = next(walk)   # the record indices of this very batch
+    epoch = train.state_dict()["epoch"]   # 0, or the checkpoint's
+    while epoch < args.epochs and not done:
+        # Only for --log-batches: the record indices of each step, from a copy of the
+        # loader's order that reads no data, started at the loader's position.
+        walk = None
+        if log is not None:
+            twin = fastdata.EpochBatches(len(ds), ds.order)
+            twin.load_state_dict(train.state_dict())
+            walk = iter(twin)
+        for images, labels in train:       # one pass: the rest of this epoch
+            records = next(walk) if walk is not None else None
             loss = F.cross_entropy(ddp(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()        # DDP averages the gradients over the ranks here
@@ -217,6 +216,8 @@ def main(argv=None) -> None:
             if args.max_steps and step >= args.max_steps:
                 done = True
                 break              # leaving the loop stops the loader's read-ahead
+        else:
+            epoch += 1             # the loader's next pass reads the next epoch
     if args.checkpoint:
         checkpoint()
     if log is not None:

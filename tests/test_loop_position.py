@@ -114,3 +114,10 @@ def test_another_datasets_state_is_refused(packs, tmp_path):
                                           order=ORDER), 0).state_dict()
     with pytest.raises(ValueError):
         _loader(_open(packs, "map"), 0).load_state_dict(state)
+
+
+def test_a_batch_sampler_of_ones_own_is_taken_with_a_shuffled_order(packs):
+    ds = _open(packs, "map")
+    own = fastdata.loader(ds, num_workers=0, batch_sampler=fastdata.EpochBatches(ds))
+    assert _batches(own) == _batches(_loader(_open(packs, "map"), 0))
+    assert own.state_dict()["epoch"] == 1  # the sampler is fastdata's: it has a position

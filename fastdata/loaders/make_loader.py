@@ -120,7 +120,7 @@ def loader(
     if iterable or own_sampler:
         if "batch_sampler" not in dataloader_options:
             options.update(batch_size=order.loader_batch, drop_last=order.drop_last)
-        if not iterable and "sampler" not in dataloader_options:
+        if not iterable and not own_sampler:
             options["shuffle"] = order.shuffle
     else:
         from fastdata.loaders.sampler import EpochBatches
