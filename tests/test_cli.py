@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import (
     DEFAULT_CLASSES,
+    TESTS_DIR,
     build_tree,
     list_partials,
     make_image_bytes,
@@ -30,6 +31,7 @@ from fastdata.cli import main
 from fastdata.errors import FastDataError
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+REPO = str(Path(TESTS_DIR).parent)
 
 
 def invoke(*args, input=None):
@@ -226,24 +228,50 @@ def test_extensions_flag(tmp_path):
     assert "--extensions" in help_text and "+gif" in help_text
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root can read a chmod 000 file")
+def _without_read_override() -> None:
+    """In a child about to exec: give up CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    (from the bounding set, so exec does not give them back), with which root
+    reads any file; as root the child then meets file modes as any user does."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _cli_child(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "fastdata.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          preexec_fn=_without_read_override if IS_ROOT else None)
+
+
 def test_unreadable_file_is_skipped(tmp_path):
     tree = build_tree(tmp_path / "src", ["a/ok.png", "b/ok.png"])
     noperm = tree.root / "a" / "noperm.png"
     noperm.write_bytes(make_image_bytes(".png", name="noperm"))
     noperm.chmod(0)
     try:
+        probe = subprocess.run([sys.executable, "-c", f"open({str(noperm)!r}, 'rb')"],
+                               capture_output=True, text=True,
+                               preexec_fn=_without_read_override if IS_ROOT else None)
+        assert "PermissionError" in probe.stderr, "the child can still read a chmod 000 file"
         out = tmp_path / "out.lmdb"
-        result = invoke("pack", tree.root, out, "--json")
-        assert result.exit_code == 0, result.output
+        result = _cli_child("pack", tree.root, out, "--json", "--no-progress")
+        assert result.returncode == 0, result.stderr
         summary = json.loads(result.stdout)
         assert summary["records"] == 2
         assert [s["key"] for s in summary["skipped"]] == ["a/noperm.png"]
         assert "cannot read" in summary["skipped"][0]["reason"]
         report = json.loads(Path(f"{out}.report.json").read_text())
         assert report["skipped"] == summary["skipped"]
-        strict = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--strict")
-        assert_clean_error(strict, "a/noperm.png")
+        strict = _cli_child("pack", tree.root, tmp_path / "strict.lmdb", "--strict",
+                            "--no-progress")
+        assert strict.returncode == 1, strict.stderr
+        lines = strict.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and "a/noperm.png" in lines[0]
+        assert "Traceback" not in strict.stderr
     finally:
         noperm.chmod(0o644)
 
@@ -318,7 +346,8 @@ def test_verify_decode_catches_damage_the_cheap_check_misses(tmp_path):
     assert summary["records"] == 2
     assert [s["key"] for s in summary["skipped"]] == [key]
     assert "cannot be decoded" in summary["skipped"][0]["reason"]
-    assert fastdata.formats.read_manifest(tmp_path / "full.lmdb").pack_options["verify_decode"] is True
+    options = fastdata.formats.read_manifest(tmp_path / "full.lmdb").pack_options
+    assert options["verify_decode"] is True
 
     strict = invoke("pack", tree.root, tmp_path / "strict.lmdb", "--verify-decode", "--strict")
     assert_clean_error(strict, key)
