@@ -32,6 +32,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 import pytest
+from ci_needs import missing
 from servers import _free_port, wait_until_answering
 
 #: Azurite's built-in account and key (public, documented by Microsoft).
@@ -88,7 +89,7 @@ class GCSEmulator(EmulatorProcess):
 
     def __init__(self) -> None:
         if importlib.util.find_spec("gcp_storage_emulator") is None:
-            pytest.skip("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
+            missing("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
         super().__init__()
         self.env = {"GOOGLE_SERVICE_ACCOUNT_KEY": json.dumps(self.service_account_key())}
 
@@ -124,7 +125,7 @@ class AzuriteServer(EmulatorProcess):
     def __init__(self) -> None:
         self.binary = azurite_command()
         if self.binary is None or shutil.which("node") is None:
-            pytest.skip("Azurite is not installed (npm install --prefix /opt/azurite azurite@3)")
+            missing("Azurite is not installed (npm install --prefix /opt/azurite azurite@3)")
         super().__init__()
         self.account_url = f"{self.endpoint}/{AZURITE_ACCOUNT}"
         self.env = {"AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT,
