@@ -67,7 +67,9 @@ def test_demo_tiny_writes_every_figure(tmp_path):
     # Each packed format measured, then read once more by loader() as it
     # chooses and at the row's best worker count: the same float batches.
     defaults = {r["name"]: r for r in data["rows"] if r["pipeline"].startswith("defaults")}
-    measured = [f for f in FORMATS if rows[f]["status"] == "ok"]
+    # Every format is measured here (a failed row would hide a broken format).
+    assert {f: rows[f]["error"] for f in FORMATS if rows[f]["status"] != "ok"} == {}
+    measured = list(FORMATS)
     assert set(defaults) == {f"{f} [loader()]" for f in measured} | \
         {f"{f} [loader(num_workers=0)]" for f in measured}
     for row in defaults.values():

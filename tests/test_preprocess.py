@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 
 import numpy as np
@@ -70,7 +69,13 @@ def test_resize_shorter_side_keeps_aspect_and_encoding(tmp_path, fmt):
     ds = fastdata.open_dataset(summary.output, output="numpy")
     for i in range(len(ds)):
         image, _ = ds[i]
-        assert min(image.shape[:2]) == 20
+        with Image.open(os.path.join(src, ds.keys[i])) as original:
+            w, h = original.size
+        # The short side becomes 20; the long one keeps the source's aspect ratio.
+        expected = (20, round(w * 20 / h)) if h <= w else (round(h * 20 / w), 20)
+        got = image.shape[:2]
+        assert min(got) == 20 and abs(got[0] - expected[0]) <= 1 \
+            and abs(got[1] - expected[1]) <= 1, (ds.keys[i], (h, w), got, expected)
     assert set(ds.manifest.encoding["formats"]) == {"jpeg"}
     raw_bytes = fastdata.open_dataset(summary.output, output="bytes")[0][0]
     assert raw_bytes[:3] == b"\xff\xd8\xff"
