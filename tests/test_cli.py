@@ -662,15 +662,19 @@ def test_interrupted_pack_keeps_its_state_for_resume(slow_tree, tmp_path, sig):
          "--verify-decode", "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     try:
-        # Wait until the pack is writing (its temporary output exists), then a bit more.
+        # Wait until the pack is writing (its temporary output and its resume plan
+        # exist), then stop it there, so that however fast the machine, the signal
+        # arrives mid-pack.
+        plan = workdir / ".out.lmdb.pack-state" / "plan.json"
         deadline = time.monotonic() + 60
-        while not list_partials(workdir):
+        while not (list_partials(workdir) and plan.exists()):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "pack never started writing"
             time.sleep(0.005)
-        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGSTOP)
         assert proc.poll() is None, "pack finished before it could be interrupted"
-        proc.send_signal(sig)
+        proc.send_signal(sig)               # pending until it runs again
+        os.kill(proc.pid, signal.SIGCONT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
