@@ -241,13 +241,19 @@ def _runnable(line: str) -> str:
     return " && ".join(p for p in parts if "pip install" not in p and "pytest" not in p)
 
 
+def _caches(workdir: Path) -> dict:
+    """Caches inside the test's folder: the blocks write nothing to the user's home."""
+    return {"FASTDATA_CACHE_DIR": str(workdir / ".cache" / "fastdata"),
+            "HF_HOME": str(workdir / ".cache" / "huggingface")}
+
+
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
 def test_block_runs_as_written(block, workdir, request):
     reason = _needs(block)
     if reason:
         pytest.skip(reason)
     if block.lang == "python":
-        env = {**_env(), **_s3_for(block, request)}
+        env = {**_env(), **_caches(workdir), **_s3_for(block, request)}
         result = subprocess.run([sys.executable, "-c", block.code], cwd=workdir, env=env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
@@ -260,7 +266,7 @@ def test_block_runs_as_written(block, workdir, request):
         if shutil.which("fastdata", path=_env()["PATH"]) is None and line.startswith("fastdata"):
             pytest.skip("the fastdata command is not installed (pip install -e .)")
         result = subprocess.run(["bash", "-c", line], cwd=workdir,
-                                env={**_env(), **_s3_for(block, request)},
+                                env={**_env(), **_caches(workdir), **_s3_for(block, request)},
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
             f"{block.where}: `{line}` exited {result.returncode}\n"
