@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from fastdata.loaders.buffers import FloatBuffers
+from fastdata.loaders.loop_position import LoopPosition
 
 _warned_no_cuda = False
 
@@ -85,6 +86,8 @@ class CUDAPrefetcher:
             raise ValueError(f"background must be 0 or more, not {background}")
         self.background = int(background)
         self._batches = loader
+        # The loop's point in the order: counted here, where batches reach the loop.
+        self._position = LoopPosition(loader)
         if self.background:
             from fastdata.loaders.background import BackgroundBatches
 
@@ -180,7 +183,7 @@ class CUDAPrefetcher:
         number of ranks and workers. Only for a loader that fastdata orders
         (``fastdata.loader()`` over a fastdata dataset); TypeError otherwise.
         See :mod:`fastdata.loaders.loop_position`."""
-        return self._loop_position().state_dict()
+        return self._position.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a :meth:`state_dict`, or a dataset's or
@@ -189,17 +192,10 @@ class CUDAPrefetcher:
         Raises:
             ValueError: the state belongs to another dataset or order.
         """
-        self._loop_position().load_state_dict(state)
-
-    def _loop_position(self):
-        if getattr(self, "_position", None) is None:
-            from fastdata.loaders.loop_position import LoopPosition
-
-            self._position = LoopPosition(self.loader)
-        return self._position
+        self._position.load_state_dict(state)
 
     def __iter__(self) -> Iterator[Any]:
-        position = self._loop_position()
+        position = self._position
         position.begin()
         yield from self._passes(position.took)
         position.ended()
