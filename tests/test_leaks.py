@@ -38,8 +38,18 @@ def datasets(tmp_path):
     return out
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _held(folder: str) -> list[str]:
+    """The files under ``folder`` this process has open, once per descriptor
+    (the targets of /proc/self/fd, sorted)."""
+    held = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed since the listing (the listing's own descriptor)
+            continue
+        if target.startswith(folder + os.sep):
+            held.append(target)
+    return sorted(held)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
@@ -51,8 +61,10 @@ def test_dropped_datasets_give_back_their_descriptors(datasets, fmt, cache, roun
     code = """
         import json, os, resource, sys
         import fastdata
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-        path, cache, rounds = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None), int(sys.argv[3])
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        path, cache, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        cache = None if cache == "-" else cache
         counts = []
         for i in range(rounds):
             ds = fastdata.open_dataset(path, output="bytes", cache=cache)
@@ -70,17 +82,27 @@ def test_dropped_datasets_give_back_their_descriptors(datasets, fmt, cache, roun
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_with_and_close_give_back_descriptors(datasets):
-    before = _open_fds()
+    """A dataset holds one descriptor for each shard it has read and, closed,
+    none of its files: judged by the files the descriptors name, not by their
+    number, which a descriptor of another library or of pytest would change."""
+    folder = os.path.dirname(os.path.realpath(datasets["tar"]))
+    assert _held(folder) == []
     with fastdata.open_dataset(datasets["tar"], output="bytes") as ds:
-        ds[0], ds[len(ds) - 1]
-        assert _open_fds() == before + 2
-    assert _open_fds() == before
+        shards = sorted(os.path.realpath(p) for p in ds.reader.shard_paths)
+        ds[0], ds[len(ds) - 1]  # a record of each of its 2 shards
+        assert len(shards) == 2 and _held(folder) == shards
+    assert _held(folder) == []
+    folder = os.path.dirname(os.path.realpath(datasets["tfrecord"]))
     ds = fastdata.open_dataset(datasets["tfrecord"], output="bytes")
+    first = os.path.realpath(ds.reader.shard_paths[0])
     ds[0]
+    assert _held(folder) == [first]
     ds.close()
-    assert _open_fds() == before
+    assert _held(folder) == []
     assert ds[1][0]  # reopened on use
+    assert _held(folder) == [first]
     ds.close()
+    assert _held(folder) == []
 
 
 @pytest.mark.parametrize("fmt,on_error", [("tar", "raise"), ("tfrecord", "skip")])
