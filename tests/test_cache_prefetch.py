@@ -124,14 +124,34 @@ def test_prefetcher_handles_dicts_and_needs_both_mean_and_std():
         fastdata.CUDAPrefetcher(batches, device="cpu", mean=(0.5,))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_prefetcher_on_cuda(packed):
-    ds = fastdata.open_dataset(packed)
-    pf = fastdata.loader(ds, batch_size=16, num_workers=2, device="cuda",
-                         mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+def _normalised(images: torch.Tensor, mean, std) -> torch.Tensor:
+    """(x / 255 - mean) / std per channel, in float64 on the CPU."""
+    m = torch.tensor(mean, dtype=torch.float64).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float64).view(1, -1, 1, 1)
+    return (images.cpu().double() / 255 - m) / s
+
+
+_CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                      reason="needs CUDA"))
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+def test_prefetcher_normalises_every_batch_on_its_device(packed, device):
+    # The CPU is the prefetcher's own path without a GPU (the same loader call):
+    # both must give (x / 255 - mean) / std of the batch the dataset holds.
+    ds = fastdata.open_dataset(packed, order=fastdata.Order(batch_size=16))  # stored order
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    pf = fastdata.loader(ds, num_workers=2, device=device, mean=mean, std=std)
     n = 0
     for images, labels in pf:
-        assert images.is_cuda and images.dtype == torch.float32
+        assert images.device.type == device and images.dtype == torch.float32
+        assert images.shape == (len(labels), 3, 64, 64)
+        raw = torch.stack([ds[i][0] for i in range(n, n + len(labels))])
+        assert labels.cpu().tolist() == [ds[i][1] for i in range(n, n + len(labels))]
+        # float32 arithmetic on values within about +-2.7 is off by a few 1e-7;
+        # a wrong channel, mean or scale is off by more than 0.01.
+        error = float((images.cpu().double() - _normalised(raw, mean, std)).abs().max())
+        assert error < 1e-5, (n, error)
         n += len(labels)
     assert n == len(ds)
 
