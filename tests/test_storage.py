@@ -107,9 +107,8 @@ def test_missing_object_and_bucket(s3_object):
     assert not storage.exists("s3://bkt/data/nope.tar")
 
 
-def test_wrong_endpoint_fails_fast_with_one_line(s3_env, monkeypatch):
-    from conftest import free_port
-    endpoint = f"http://127.0.0.1:{free_port()}"
+def test_wrong_endpoint_fails_fast_with_one_line(s3_env, monkeypatch, refused_port):
+    endpoint = f"http://127.0.0.1:{refused_port}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     with no_hang(60), pytest.raises(StorageError) as err:
         storage.open_remote("s3://bkt/x.tar").read()
@@ -130,11 +129,10 @@ def test_denied_credentials(s3_server_auth, monkeypatch):
     assert "access denied" in str(err.value) and secret not in str(err.value)
 
 
-def test_secrets_never_appear_in_error_text(s3_env, monkeypatch):
-    from conftest import free_port
+def test_secrets_never_appear_in_error_text(s3_env, monkeypatch, refused_port):
     secret = "topsecret-value-123456"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    options = {"endpoint": f"http://127.0.0.1:{free_port()}", "secret_access_key": secret,
+    options = {"endpoint": f"http://127.0.0.1:{refused_port}", "secret_access_key": secret,
                "session_token": "tok-abcdef-987", "max_retries": 0}
     with pytest.raises(StorageError) as err:
         storage.open_remote("s3://bkt/x.tar?X-Amz-Signature=deadbeef", options).read()
@@ -229,9 +227,13 @@ def test_cache_evicts_least_recently_used_within_its_limit(s3_env, tmp_path):
     cache = ShardCacheNoHold(str(tmp_path), limit="250kB")
     a = cache.local(urls[0])
     b = cache.local(urls[1])
-    time.sleep(0.02)
+    # The cache orders its copies by mtime, which local() sets to now on every
+    # use. Times set far apart and far in the past (a before b) make the order
+    # independent of the clock's and the file system's resolution.
+    os.utime(a, (1_000_000, 1_000_000))
+    os.utime(b, (2_000_000, 2_000_000))
     assert cache.local(urls[0]) == a           # a used again: b is now the oldest
-    time.sleep(0.02)
+    assert os.stat(a).st_mtime > 2_000_000     # the use touched a
     cache.local(urls[2])
     assert os.path.exists(a) and not os.path.exists(b)
     assert _cached_bytes(tmp_path) <= 250_000
