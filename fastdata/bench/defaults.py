@@ -83,7 +83,7 @@ def defaults_rows(target: Target, options: BenchOptions, best_workers: int, cach
                 payload_bytes=target.payload_bytes, expected_samples=len(ds),
                 check=lambda b: check_batch(b, sample_shape=(3, options.size, options.size),
                                             dtype=torch.float32, batch_size=batch),
-                on_epoch=on_epoch)
+                cold=cache == "cold", on_epoch=on_epoch)
             chosen = factory.choice
             rows.append(Result(
                 status="ok", error=None, workers=chosen.num_workers,
