@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,59 @@ def test_stream_transform_target_transform_and_verify_off(tiny, tmp_path):
     assert len(unchecked) == 24
     start, stop = int(first["offset"]), int(first["offset"]) + int(first["size"])
     assert bytes(data[start:stop]) in {bytes(b) for b, _ in unchecked}
+
+
+def _page_cache_drops() -> int | None:
+    """How many times this machine's page cache was dropped (/proc/vmstat), or None."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == "drop_pagecache":
+                    return int(value)
+    except OSError:
+        pass
+    return None
+
+
+def test_bench_cold_drops_the_page_cache_before_every_measured_epoch(tiny, tmp_path):
+    # Whether this machine lets a process drop the page cache (root on Linux,
+    # /proc/sys writable), asked without dropping it.
+    can_drop = sys.platform.startswith("linux") and os.access("/proc/sys/vm/drop_caches",
+                                                              os.W_OK)
+    epochs = 2
+
+    def bench(*flags):
+        report = tmp_path / f"bench{len(flags)}.json"
+        result = CliRunner().invoke(main, [
+            "bench", str(tiny / "src"), "--formats", "lmdb", "--workers", "0",
+            "--epochs", str(epochs), "--size", "8", "--json", str(report), "--no-progress",
+            *flags], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        data = json.loads(report.read_text())
+        assert data["rows"] and all(r["status"] == "ok" for r in data["rows"]), data["rows"]
+        return result.output, data
+
+    warm_output, warm = bench()
+    assert warm["cache"] == "warm" and warm["cache_note"] is None
+    assert {r["cache"] for r in warm["rows"]} == {"warm"} and "--cold" not in warm_output
+    before = _page_cache_drops()
+    cold_output, cold = bench("--cold")
+    after = _page_cache_drops()
+    rows = cold["rows"]     # the baseline, lmdb, and lmdb as loader() reads it by default
+    assert len(rows) >= 3, [r["name"] for r in rows]
+    if not can_drop:
+        # Said, once, and every row measured (and labelled) warm.
+        assert cold["cache"] == "warm" and {r["cache"] for r in rows} == {"warm"}
+        assert cold["cache_note"].startswith("--cold: cannot drop the page cache")
+        assert cold["cache_note"].endswith("; running warm")
+        assert "warning: --cold: cannot drop the page cache" in cold_output
+        return
+    assert cold["cache"] == "cold"
+    assert cold["cache_note"] == "page cache dropped before every measured epoch"
+    assert {r["cache"] for r in rows} == {"cold"}, [(r["name"], r["cache"]) for r in rows]
+    assert cold_output.count("(cold)") == len(rows) and "--cold" not in cold_output
+    if before is not None and after is not None:
+        # Once to see that it can, then before every measured epoch of every row,
+        # the rows of loader()'s defaults included (other processes may drop it too).
+        assert after - before >= 1 + epochs * len(rows), (after - before, len(rows))
