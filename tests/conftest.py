@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import zlib
@@ -393,26 +394,31 @@ def run_python(code: str, *args: str, timeout: float = 120,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def free_port() -> int:
+@pytest.fixture
+def refused_port():
+    """A port of 127.0.0.1 where every connection is refused, for the whole test:
+    it is bound here (so nothing else can take it) but not listening."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def run_ranks(script: str, world: int, args, tmp_path, *, timeout: float = 90,
               name: str = "rank") -> list[dict]:
     """Run ``script`` as ``world`` torch.distributed ranks, one real process each.
 
-    Every rank gets ``PORT RANK WORLD OUT *args`` (a free port on 127.0.0.1 for
-    a gloo ``tcp://`` init) and writes a JSON result to OUT, which is returned,
-    in rank order. A rank that fails fails the test with its output; ranks
-    that are still running after ``timeout`` seconds (a hang, e.g. a collective
-    that one rank never joins) are killed with their DataLoader workers and
-    fail the test instead of blocking the suite.
+    Every rank gets ``INIT RANK WORLD OUT *args`` (a gloo ``init_method``: a
+    ``file://`` rendezvous in ``tmp_path``, so no port is picked) and writes a
+    JSON result to OUT, which is returned, in rank order. A rank that fails
+    fails the test with its output; ranks that are still running after
+    ``timeout`` seconds (a hang, e.g. a collective that one rank never joins)
+    are killed with their DataLoader workers and fail the test instead of
+    blocking the suite.
     """
     import fastdata
 
-    port = free_port()
+    # A new file each run: a killed run leaves its store behind.
+    init = Path(tempfile.mkdtemp(prefix=f"{name}-init-", dir=tmp_path), "store").as_uri()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(fastdata.__file__))),
          os.environ.get("PYTHONPATH", "")]))
@@ -424,7 +430,7 @@ def run_ranks(script: str, world: int, args, tmp_path, *, timeout: float = 90,
             with open(logs[r], "w") as log:  # a file: a chatty rank never fills a pipe
                 # A session of its own: a hang is killed with the rank's workers.
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-c", textwrap.dedent(script), str(port), str(r),
+                    [sys.executable, "-c", textwrap.dedent(script), init, str(r),
                      str(world), str(outs[r]), *map(str, args)],
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         deadline = time.monotonic() + timeout

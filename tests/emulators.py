@@ -1,5 +1,5 @@
 """Cloud storage emulators for the gs:// and az:// tests, each a subprocess on a
-free port of 127.0.0.1, killed at teardown; the fixtures are re-exported by
+port of 127.0.0.1 it binds itself, killed at teardown; the fixtures are re-exported by
 conftest.py. Each skips its tests when its emulator is not installed.
 
 * ``gcs_server`` (session): gcp-storage-emulator, in memory; ``gcs_env`` points
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 from ci_needs import missing
-from servers import _free_port, wait_until_answering
+from servers import wait_until_listening
 
 #: Azurite's built-in account and key (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -43,18 +43,19 @@ AZURITE_NPM_BIN = "/opt/azurite/node_modules/.bin/azurite-blob"
 
 
 class EmulatorProcess:
-    """``command()`` serving on a free port of 127.0.0.1, run in a temporary
-    folder that also holds its output (``log_path``)."""
+    """``command()`` serving on a port of 127.0.0.1 it binds itself (``port``
+    0 until it listens), run in a temporary folder that also holds its output
+    (``log_path``)."""
 
     what = "emulator"
 
     def __init__(self) -> None:
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.port = 0
         self.workdir = tempfile.mkdtemp(prefix=f"{self.what}-")
         self.log_path = Path(self.workdir, "server.log")
         self.proc: subprocess.Popen | None = None
         self.start()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -63,8 +64,8 @@ class EmulatorProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.workdir)
-        wait_until_answering(self.proc, self.port, self.what, self.log_path,
-                             on_failure=self.stop)
+        self.port = wait_until_listening(self.proc, self.what, self.log_path,
+                                         on_failure=self.stop)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

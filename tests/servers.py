@@ -28,23 +28,45 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
                "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def wait_until_listening(proc: subprocess.Popen, what: str, log_path: Path,
+                         on_failure=None) -> int:
+    """The port ``proc`` listens on once it does (30 s at most); else raise with its log.
 
-
-def wait_until_answering(proc: subprocess.Popen, port: int, what: str, log_path: Path,
-                         on_failure=None) -> None:
-    """Wait (30 s at most) until ``proc`` answers on ``port``; else raise with its log."""
+    Servers are started on port 0 and bind a free port themselves, so no port
+    is picked here, closed and then taken by something else before they bind
+    it; the port is read back from the process's own listening socket.
+    """
     deadline = time.monotonic() + 30
-    while not _answers(port):
+    while True:
+        port = _listening_port(proc.pid)
+        if port is not None and _answers(port):
+            return port
         if proc.poll() is not None or time.monotonic() > deadline:
             output = log_path.read_text(errors="replace")
             if on_failure is not None:
                 on_failure()
             raise RuntimeError(f"{what} did not start: {output}")
         time.sleep(0.05)
+
+
+def _listening_port(pid: int) -> int | None:
+    """The TCP port process ``pid`` listens on (Linux: /proc), or None yet."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
+                  for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None                  # gone, or a descriptor closed while listed
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()    # local_address rem_address st ... inode
+            if fields[3] == "0A" and fields[9] in inodes:          # 0A: LISTEN
+                return int(fields[1].rsplit(":", 1)[1], 16)
+    return None
 
 
 def _answers(port: int) -> bool:
@@ -56,39 +78,34 @@ def _answers(port: int) -> bool:
 
 
 class MotoServer:
-    """``moto_server`` on a free port of 127.0.0.1; its access log in ``log_path``."""
+    """``moto_server`` on a port of 127.0.0.1 it picks; its access log in ``log_path``."""
 
     def __init__(self, *, check_auth: bool = False) -> None:
         if shutil.which("moto_server") is None:
             pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.env = {"AWS_ENDPOINT_URL": self.endpoint, **CREDENTIALS}
         self.check_auth = check_auth
         self.log_path = Path(tempfile.mkstemp(prefix="moto-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
         self.start()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, **CREDENTIALS}
 
     def start(self) -> None:
+        """Start moto on port 0: it binds a free port, which ``port`` then holds."""
         env = dict(os.environ)
         if self.check_auth:     # moto then checks every request's keys against its IAM
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
+        self.proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", "0"],
                                      stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        wait_until_answering(self.proc, self.port, "moto_server", self.log_path)
+        self.port = wait_until_listening(self.proc, "moto_server", self.log_path)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
-
-    def restart(self) -> None:
-        """Stop and start again on the same port (moto forgets its buckets)."""
-        self.stop()
-        self.start()
 
     def client(self):
         import boto3

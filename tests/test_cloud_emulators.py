@@ -17,7 +17,7 @@ import os
 from collections import Counter
 
 import pytest
-from conftest import build_tree, free_port, no_hang, uniform_spec
+from conftest import build_tree, no_hang, uniform_spec
 from torch.utils.data import DataLoader
 
 import fastdata
@@ -142,8 +142,9 @@ def test_gcs_base_url_by_option_or_environment_reaches_the_emulator(gcs_env, mon
 
 @pytest.mark.parametrize("given_as", ["key", "file"])
 def test_gcs_endpoint_of_the_service_account_key_is_named_in_errors(gcs_env, monkeypatch,
-                                                                     tmp_path, given_as):
-    endpoint = f"http://127.0.0.1:{free_port()}"     # nothing listens there
+                                                                     tmp_path, given_as,
+                                                                     refused_port):
+    endpoint = f"http://127.0.0.1:{refused_port}"
     key = json.dumps({**gcs_env.service_account_key(), "gcs_base_url": endpoint})
     monkeypatch.delenv("GOOGLE_SERVICE_ACCOUNT_KEY")
     if given_as == "key":

@@ -40,9 +40,9 @@ SPLIT_SCRIPT = """
     from torch.utils.data import DataLoader
     import fastdata
 
-    port, rank, world, out, manifest, batch, order = sys.argv[1:8]
+    init, rank, world, out, manifest, batch, order = sys.argv[1:8]
     rank, world, batch, order = int(rank), int(world), int(batch), json.loads(order)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)
 
     def digests(samples):  # a sample's identity: its payload's digest and its label
@@ -88,9 +88,9 @@ TRAIN_SCRIPT = """
     from torch.utils.data import DataLoader
     import fastdata
 
-    port, rank, world, out, manifest, batch = sys.argv[1:7]
+    init, rank, world, out, manifest, batch = sys.argv[1:7]
     rank, world, batch = int(rank), int(world), int(batch)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)
     try:
         torch.manual_seed(rank)  # DDP broadcasts rank 0's weights: they must agree after
@@ -229,8 +229,8 @@ def test_a_rank_that_hangs_fails_the_test(tmp_path):
     script = """
         import sys, time
         import torch.distributed as dist
-        port, rank, world = sys.argv[1:4]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+        init, rank, world = sys.argv[1:4]
+        dist.init_process_group("gloo", init_method=init,
                                 rank=int(rank), world_size=int(world))
         if rank == "0":
             dist.barrier()

@@ -21,9 +21,9 @@ RANK_SCRIPT = textwrap.dedent("""
     from torch.utils.data import DataLoader
     import fastdata
 
-    port, rank, world, out, manifest, context, epochs = sys.argv[1:8]
+    init, rank, world, out, manifest, context, epochs = sys.argv[1:8]
     rank, world, epochs = int(rank), int(world), int(epochs)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)
     try:
         results = {}

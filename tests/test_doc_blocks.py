@@ -170,21 +170,14 @@ def _env() -> dict:
     # interpreter, the checkout importable even without an editable install.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    # What torchrun sets, for the blocks that start a (one-rank) process group.
+    # What torchrun sets, for the blocks that start a (one-rank) process group;
+    # port 0: the one rank's store binds a free port itself.
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT="0")
     # The README shows the current API: a deprecated name in its code (the
     # warning is attributed to the block, module __main__) fails the block.
     env["PYTHONWARNINGS"] = "error::DeprecationWarning:__main__"
     return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # What a block's code says it needs: (pattern, module, what to say when missing).

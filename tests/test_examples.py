@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS_DIR, free_port
+from conftest import TESTS_DIR
 
 ROOT = Path(TESTS_DIR).parent
 EXAMPLES = ROOT / "examples"
@@ -91,9 +91,9 @@ def _kill_job(proc: subprocess.Popen) -> None:
 
 
 def _start(work: Path, name: str, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-           f"--nproc_per_node={RANKS}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(TRAIN), "train.lmdb", *TRAIN_ARGS, *args]
+    # --standalone: the rendezvous store binds a free port itself.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={RANKS}", str(TRAIN), "train.lmdb", *TRAIN_ARGS, *args]
     log = open(work / f"{name}.out", "w")  # a file: a chatty job never fills a pipe
     return subprocess.Popen(cmd, cwd=work, env=_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

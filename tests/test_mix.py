@@ -242,8 +242,8 @@ DDP_SCRIPT = """
     from torch.utils.data import DataLoader
     import fastdata
 
-    port, rank, world, out, pets, zoo = sys.argv[1:7]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank),
+    init, rank, world, out, pets, zoo = sys.argv[1:7]
+    dist.init_process_group("gloo", init_method=init, rank=int(rank),
                             world_size=int(world))
     try:
         ds = fastdata.mix({"pets": {"path": pets, "weight": 1}, "zoo": {"path": zoo, "weight": 2}},
