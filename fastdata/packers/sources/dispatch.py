@@ -86,7 +86,8 @@ def open_source(path: str | os.PathLike, *, path_column: str | None = None,
         from fastdata.packers.sources.parquet import IMAGE_COLUMN, ParquetSource
 
         return ParquetSource(path, image_column=path_column or IMAGE_COLUMN,
-                             label_column=label_column, allow_outside=allow_outside)
+                             label_column=label_column, allow_outside=allow_outside,
+                             _column_option="path_column")
     from fastdata.packers.sources.listed import PATH_COLUMN
 
     if kind == "jsonl":

@@ -76,14 +76,17 @@ class ParquetSource:
     kind = "parquet"
 
     def __init__(self, path: str | os.PathLike, *, image_column: str = IMAGE_COLUMN,
-                 label_column: str | None = None, allow_outside: bool = False) -> None:
+                 label_column: str | None = None, allow_outside: bool = False,
+                 _column_option: str = "image_column") -> None:
+        # _column_option: what the caller calls image_column, for messages
+        # (open_source and pack take it as path_column=).
         pq = import_parquet()
         self.path = os.path.abspath(os.fspath(path))
         self.allow_outside = allow_outside
         self.tables = parquet_files(self.path)
         self.image_column = image_column
         schema = self._schema(pq)
-        self._layout = image_layout(schema, image_column, self.path)
+        self._layout = image_layout(schema, image_column, self.path, _column_option)
         if self._layout == STRUCT:
             self._has_bytes, self._has_path = struct_fields(schema, image_column)
         else:

@@ -33,13 +33,14 @@ def import_parquet():
     return pq
 
 
-def image_layout(schema, column: str, path: str) -> str:
-    """How ``column`` holds images: STRUCT (``bytes`` and/or ``path``), BYTES, PATHS."""
+def image_layout(schema, column: str, path: str, option: str = "image_column") -> str:
+    """How ``column`` holds images: STRUCT (``bytes`` and/or ``path``), BYTES, PATHS.
+    ``option`` is the caller's name for the option that chose ``column``."""
     import pyarrow as pa
 
     if column not in schema.names:
         raise SourceError(f"no image column {column!r}; the table has "
-                          f"{', '.join(map(repr, schema.names))} (path_column=NAME names another)",
+                          f"{', '.join(map(repr, schema.names))} ({option}=NAME names another)",
                           path=path)
     kind = schema.field(column).type
     if pa.types.is_struct(kind):
