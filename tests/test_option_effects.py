@@ -169,3 +169,71 @@ def test_bench_cold_drops_the_page_cache_before_every_measured_epoch(tiny, tmp_p
         # Once to see that it can, then before every measured epoch of every row,
         # the rows of loader()'s defaults included (other processes may drop it too).
         assert after - before >= 1 + epochs * len(rows), (after - before, len(rows))
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_parquet_image_column_packs_that_column_and_names_a_missing_one(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from fastdata.errors import SourceError
+
+    rng = np.random.default_rng(5)
+    n = 6
+    photos = [rng.integers(0, 256, (9 + i, 12, 3), dtype=np.uint8) for i in range(n)]
+    decoys = [np.full((7, 7, 3), 40 * i, np.uint8) for i in range(n)]
+    photo_bytes, decoy_bytes = [_png(p) for p in photos], [_png(d) for d in decoys]
+    table = pa.table({
+        "photo": pa.array(photo_bytes, pa.binary()),
+        # A decoy under the default name, in the Hugging Face layout.
+        "image": pa.array([{"bytes": b, "path": f"decoy-{i}.png"}
+                           for i, b in enumerate(decoy_bytes)],
+                          pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        "caption": [f"photo {i}" for i in range(n)],
+        "label": [i % 2 for i in range(n)],
+    })
+    path = tmp_path / "photos.parquet"
+    pq.write_table(table, path)
+
+    source = fastdata.ParquetSource(path, image_column="photo")
+    assert len(source) == n and source.describe()["image_column"] == "photo"
+    assert source.metadata_columns == ["caption"]          # the decoy bytes are no metadata
+    assert any("'image'" in w for w in source.warnings())
+    summary = fastdata.pack(source, tmp_path / "photo.lmdb", progress=False)
+    stored = fastdata.open_dataset(summary.output, output="bytes")
+    pixels = fastdata.open_dataset(summary.output, output="numpy")
+    assert len(stored) == n
+    assert [bytes(stored[i][0]) for i in range(n)] == photo_bytes   # the bytes, as they were
+    assert all(np.array_equal(pixels[i][0], photos[i]) for i in range(n))
+    assert [stored[i][1] for i in range(n)] == [i % 2 for i in range(n)]
+    assert stored.keys == [f"photos/{i:08d}" for i in range(n)]  # no path: table and row
+    # Without the option the default column, the decoys, is what is packed.
+    default = fastdata.open_dataset(
+        fastdata.pack(fastdata.ParquetSource(path), tmp_path / "default.lmdb",
+                      progress=False).output, output="bytes")
+    assert [bytes(default[i][0]) for i in range(n)] == decoy_bytes
+    assert default.keys == [f"decoy-{i}.png" for i in range(n)]
+
+    # A missing column: named, with the table's columns and the option that
+    # names another as the caller spells it.
+    with pytest.raises(SourceError) as info:
+        fastdata.ParquetSource(path, image_column="pixels")
+    message = str(info.value)
+    assert "no image column 'pixels'" in message and str(path) in message
+    assert "the table has 'photo', 'image', 'caption', 'label'" in message
+    assert "(image_column=NAME names another)" in message and "path_column" not in message
+    with pytest.raises(SourceError, match=r"no image column 'pixels'.*\(path_column=NAME names"):
+        fastdata.open_source(path, path_column="pixels")
+    result = CliRunner().invoke(main, ["pack", str(path), str(tmp_path / "cli.lmdb"),
+                                       "--path-column", "pixels"])
+    assert result.exit_code == 1 and "no image column 'pixels'" in result.output
+    assert "(--path-column NAME names another)" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "cli.lmdb").exists()
