@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from conftest import pixel_digest, run_python
 from PIL import Image, ImageDraw, ImageFilter
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
+from worker_pids import CollatedIn, assert_workers_did_it
 
 import fastdata
 from fastdata.errors import DecodeError
@@ -417,13 +418,15 @@ def test_a_dataset_refuses_images_over_max_pixels_on_the_fused_path(tmp_path):
 # -- workers ---------------------------------------------------------------------------
 
 
-def _digests(ds, workers: int) -> list[str]:
-    loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=60 if workers else 0)
+def _digests(ds, workers: int, log) -> list[str]:
+    """``log``: a file to record the process collating each batch in."""
+    loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=60 if workers else 0,
+                        collate_fn=CollatedIn(log, default_collate))
     return [pixel_digest(image.permute(1, 2, 0).numpy()) for images, _ in loader
             for image in images]
 
 
-def test_fused_crops_do_not_depend_on_workers(photo_pack):
+def test_fused_crops_do_not_depend_on_workers(photo_pack, tmp_path):
     crop = fastdata.RandomResizedCrop(REDUCED)
     ds = fastdata.open_dataset(photo_pack, crop=crop, seed=SEED)
     ds.set_epoch(1)
@@ -437,7 +440,9 @@ def test_fused_crops_do_not_depend_on_workers(photo_pack):
     for workers in (0, 1, 2):
         again = fastdata.open_dataset(photo_pack, crop=crop, seed=SEED)
         again.set_epoch(1)
-        assert _digests(again, workers) == expected, workers
+        log = tmp_path / f"collated-{workers}.pids"
+        assert _digests(again, workers, log) == expected, workers
+        assert_workers_did_it(log, workers)
 
 
 # -- finding the library ---------------------------------------------------------------

@@ -13,7 +13,8 @@ import simplejpeg
 from click.testing import CliRunner
 from conftest import build_tree, uniform_spec
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
+from worker_pids import CollatedIn, assert_workers_did_it
 
 import fastdata
 from fastdata.cli import main
@@ -182,7 +183,8 @@ def test_add_index_refuses_a_jpeg_without_restart_markers():
 def random_boxes(width: int, height: int, rng: np.random.Generator, n: int):
     """Random boxes, plus the whole image, its corners and boxes on its right and bottom edges."""
     boxes = [(0, 0, width, height), (width - 1, height - 1, 1, 1), (0, 0, 1, 1),
-             (width // 2, 0, width - width // 2, height), (0, height // 2, width, height - height // 2)]
+             (width // 2, 0, width - width // 2, height),
+             (0, height // 2, width, height - height // 2)]
     for _ in range(n):
         w, h = int(rng.integers(1, width + 1)), int(rng.integers(1, height + 1))
         left, top = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
@@ -438,16 +440,20 @@ def test_re_encoding_preprocess_writes_restarts_without_libjpeg_turbo_3_1():
     assert "restarts" not in Preprocess(encoding="jpeg").to_dict()
 
 
-def crops(path, fused: bool, workers: int) -> list[np.ndarray]:
+def crops(path, fused: bool, workers: int, log=None) -> list[np.ndarray]:
+    """``log``: a file to record the process collating each batch in."""
     crop = fastdata.RandomResizedCrop(64, fused=fused)
     ds = fastdata.open_dataset(path, crop=crop, seed=9)
     ds.set_epoch(2)
-    loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=60 if workers else 0)
+    loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=60 if workers else 0,
+                        collate_fn=default_collate if log is None
+                        else CollatedIn(log, default_collate))
     return [image.numpy() for images, _ in loader for image in images]
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
-def test_packed_restart_crops_equal_unfused_crops_with_any_workers(restart_packs, fmt):
+def test_packed_restart_crops_equal_unfused_crops_with_any_workers(restart_packs, fmt,
+                                                                    tmp_path):
     path = restart_packs[fmt]
     # 96x80 images and 64x64 crops: every crop decodes at full DCT scale, exactly.
     crop = fastdata.RandomResizedCrop(64)
@@ -455,7 +461,9 @@ def test_packed_restart_crops_equal_unfused_crops_with_any_workers(restart_packs
     expected = crops(path, fused=False, workers=0)
     assert len(expected) == 12
     for workers in (0, 2):
-        got = crops(path, fused=True, workers=workers)
+        log = tmp_path / f"collated-{workers}.pids"
+        got = crops(path, fused=True, workers=workers, log=log)
+        assert_workers_did_it(log, workers)
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             assert np.array_equal(a, b)

@@ -11,6 +11,7 @@ import torch
 import fastdata
 from fastdata.demo import synthesize
 from fastdata.loaders.choice import choose_loading
+from worker_pids import CollatedIn, StartedIn, assert_other_processes
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_python_per_sample_gets_worker_processes(packs):
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog):
+def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog, tmp_path):
     path = packs[1] if streaming else packs[0]
 
     def batches(**kw):
@@ -67,7 +68,14 @@ def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog):
 
     with caplog.at_level(logging.DEBUG, logger="fastdata"):
         chosen, got = batches()
-    assert got == batches(num_workers=2)[1] == batches(num_workers=0)[1]
+    # The worker processes recorded: the one collating each batch or, for a
+    # stream (which loader() reads in batches only with its own collate), each
+    # worker as it starts.
+    log = tmp_path / "workers.pids"
+    recorded = {"worker_init_fn": StartedIn(log)} if streaming else {
+        "collate_fn": CollatedIn(log, fastdata.collate)}
+    assert got == batches(num_workers=2, **recorded)[1] == batches(num_workers=0)[1]
+    assert_other_processes(log, count=2)
     assert "worker process" in repr(chosen) and str(chosen.choice) in repr(chosen)
     assert any("fastdata.loader(" in r.getMessage() and str(chosen.choice) in r.getMessage()
                for r in caplog.records)

@@ -125,11 +125,12 @@ def test_cluster_pack_writes_the_local_pack(dd, cluster, source, local_packs, tm
                                 scheduler=cluster)
     assert summary.records == 35 and [s.key for s in summary.skipped] == [BAD]
     assert_same_pack(tmp_path, local_packs(fmt, variant))
-    # One task per piece (a shard of 3 entries), each run by a worker process.
+    # One task per piece (a shard of 3 entries), each run by a worker process,
+    # and both worker processes ran some.
     ran = [t for t in stream.data if "fastdata-pack" in str(t["key"])]
     assert len(ran) == 12
     pids = _worker_pids(cluster)
-    assert {pids[t["worker"]] for t in ran} <= set(pids.values())
+    assert {pids[t["worker"]] for t in ran} == set(pids.values()) and len(pids) == 2
     assert os.getpid() not in pids.values()
 
 

@@ -22,6 +22,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.packers.plan import ResumeRefused
 from conftest import build_tree, list_partials, uniform_spec
+from worker_pids import PreparedIn, assert_other_processes, assert_this_process
 
 FORMATS = {"tar": ("out-%06d.tar", "out.tar.fastdata.json"),
            "tfrecord": ("out-%05d.tfrecord", "out.tfrecord.fastdata.json"),
@@ -349,8 +350,11 @@ def test_hdf5_pieces_with_worker_processes(tmp_path, monkeypatch):
     outputs = {}
     for workers in (1, 2):  # 48 images: 2 worker processes
         out = tmp_path / f"w{workers}.h5"
+        log = tmp_path / f"prepared-{workers}.pids"  # the processes preparing the images
         fastdata.pack(tree.root, out, options=fastdata.PackOptions(
-            workers=workers, writer_options={"chunk_bytes": 4096, "flush_bytes": 4096}),
-            progress=False)
+            workers=workers, writer_options={"chunk_bytes": 4096, "flush_bytes": 4096},
+            preprocess=PreparedIn(log=str(log), meet=workers)), progress=False)
         outputs[workers] = _records(out)
+    assert_this_process(tmp_path / "prepared-1.pids")
+    assert_other_processes(tmp_path / "prepared-2.pids", count=2)
     assert outputs[1] == outputs[2]

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from conftest import build_tree, uniform_spec
 from test_golden import _hdf5_digest, _lmdb_digest, _manifest_digest
 from torch.utils.data import IterableDataset
+from worker_pids import PreparedIn, assert_other_processes, assert_this_process
 
 import fastdata
 from fastdata.cli import main
@@ -96,8 +97,13 @@ def test_records_follow_the_permutation_with_their_labels_and_keys(tree, tmp_pat
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_same_seed_same_files_whatever_the_workers(tree, tmp_path, fmt):
-    one = _pack(tree, tmp_path / "w1", fmt, shuffle=3, workers=1)
-    three = _pack(tree, tmp_path / "w3", fmt, shuffle=3, workers=3)
+    logs = {n: str(tmp_path / f"prepared-{n}.pids") for n in (1, 3)}
+    one = _pack(tree, tmp_path / "w1", fmt, shuffle=3, workers=1,
+                preprocess=PreparedIn(log=logs[1]))
+    three = _pack(tree, tmp_path / "w3", fmt, shuffle=3, workers=3,
+                  preprocess=PreparedIn(log=logs[3], meet=3))
+    assert_this_process(logs[1])              # 1 worker: the images prepared here
+    assert_other_processes(logs[3], count=3)  # 3: by 3 worker processes, none here
     assert _digest(one) == _digest(three)
     other = _pack(tree, tmp_path / "s4", fmt, shuffle=4, workers=3)
     keys = [k for k, _, _ in _records(other)]

@@ -6,12 +6,14 @@ stored: its own file, LMDB's ``data.mdb``, the ``.h5``) and LMDB's lock file
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import pytest
 from conftest import build_tree, uniform_spec
+from worker_pids import PreparedIn, assert_other_processes, assert_this_process
 
 import fastdata
 from fastdata.formats import FORMATS
@@ -31,8 +33,9 @@ CASES = [(name, variant) for name in sorted(FORMATS) for variant in sorted(VARIA
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory) -> dict:
-    """{(format, variant, workers): (output, skipped report)}: every case packed
-    with 1 worker, then, a second later (so that created_at differs), with 3."""
+    """{(format, variant, workers): (output, skipped report, log of the processes
+    that prepared the images)}: every case packed with 1 worker, then, a second
+    later (so that created_at differs), with 3."""
     base = tmp_path_factory.mktemp("workers")
     # 60 images and a bad file: pack() runs min(N, files // 16) workers, so 3 run.
     tree = build_tree(base / "src", uniform_spec(("cat", "dog", "eel"), per_class=20))
@@ -49,15 +52,22 @@ def packs(tmp_path_factory) -> dict:
 
 
 def _pack(source: Path, folder: Path, spec, workers: int, options: dict):
-    """(output path, the report of skipped files as JSON)."""
+    """(output path, the report of skipped files as JSON, the log of the
+    processes that prepared the images, kept beside ``folder``)."""
     folder.mkdir(parents=True)
     out = folder / (f"out-%06d{spec.extensions[0]}" if spec.sharded else
                     f"out{spec.extensions[0]}")
+    log = f"{folder}.pids"
+    pre = options.get("preprocess", Preprocess())
+    # The variant's preprocess, recording the process preparing each image;
+    # every worker takes some of the images.
+    recorded = PreparedIn(**{f.name: getattr(pre, f.name) for f in dataclasses.fields(pre)},
+                          log=log, meet=workers)
     opts = fastdata.PackOptions(workers=workers, shard_size=16 if spec.sharded else None,
-                                **options)
+                                **{**options, "preprocess": recorded})
     summary = fastdata.pack(source, out, options=opts, progress=False)
     assert [s.key for s in summary.skipped] == ["dog/zz_bad.jpg"]
-    return out, json.loads(Path(summary.report).read_text())
+    return out, json.loads(Path(summary.report).read_text()), log
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -73,6 +83,9 @@ def _without_created_at(data: bytes, created_at: str) -> bytes:
 @pytest.mark.parametrize("name,variant", CASES)
 def test_output_is_the_same_whatever_the_workers(packs, name, variant):
     spec = FORMATS[name]
+    # The images were prepared here with 1 worker, by 3 worker processes with 3.
+    assert_this_process(packs[name, variant, 1][2])
+    assert_other_processes(packs[name, variant, 3][2], count=3)
     outs = {n: packs[name, variant, n][0] for n in (1, 3)}
     manifests = {n: fastdata.formats.read_manifest(out) for n, out in outs.items()}
     dicts = {n: json.loads(m.to_json()) for n, m in manifests.items()}

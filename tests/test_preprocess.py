@@ -108,10 +108,17 @@ def test_encoding_png_is_lossless_and_jpeg_quality_applies(tmp_path):
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_two_workers_give_identical_output(tmp_path, fmt):
+    from worker_pids import PreparedIn, assert_other_processes, assert_this_process
+
     src = _tree(str(tmp_path / "src"), per_class=20)
-    pre = Preprocess(resize=16, encoding="jpeg")
-    one = _pack(src, _out(tmp_path, fmt, "one"), workers=1, preprocess=pre)
-    two = _pack(src, _out(tmp_path, fmt, "two"), workers=2, preprocess=pre)
+    logs = {n: str(tmp_path / f"prepared-{n}.pids") for n in (1, 2)}
+    # Preprocess(resize=16, encoding="jpeg"), recording the process preparing each image.
+    one = _pack(src, _out(tmp_path, fmt, "one"), workers=1,
+                preprocess=PreparedIn(resize=16, encoding="jpeg", log=logs[1]))
+    two = _pack(src, _out(tmp_path, fmt, "two"), workers=2,
+                preprocess=PreparedIn(resize=16, encoding="jpeg", log=logs[2], meet=2))
+    assert_this_process(logs[1])            # one worker: the images prepared here
+    assert_other_processes(logs[2], count=2)  # two: by two worker processes, none here
     m1, m2 = fastdata.formats.read_manifest(one.output), fastdata.formats.read_manifest(two.output)
     assert m1.checksums["payload_sha256"] == m2.checksums["payload_sha256"]
     r1, r2 = fastdata.formats.open_reader(one.output), fastdata.formats.open_reader(two.output)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from conftest import pixel_digest
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
+from worker_pids import CollatedIn, assert_workers_did_it
 
 import fastdata
 from fastdata.decoding.record_rng import RecordRNG
@@ -224,9 +225,12 @@ def test_epochs_and_seeds_change_the_crops_and_a_new_dataset_repeats_them(packs)
     assert [pixel_digest(a) for a in _images(other)] != first
 
 
-def _loader_digests(ds, workers: int, epochs=(0, 1)) -> list[list[str]]:
+def _loader_digests(ds, workers: int, epochs=(0, 1), log=None) -> list[list[str]]:
+    """``log``: a file to record the process collating each batch in."""
     loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=120 if workers else 0,
-                        persistent_workers=workers > 0)
+                        persistent_workers=workers > 0,
+                        collate_fn=default_collate if log is None
+                        else CollatedIn(log, default_collate))
     runs = []
     for epoch in epochs:
         ds.set_epoch(epoch)
@@ -235,7 +239,7 @@ def _loader_digests(ds, workers: int, epochs=(0, 1)) -> list[list[str]]:
     return runs
 
 
-def test_map_style_crops_do_not_depend_on_workers(packs):
+def test_map_style_crops_do_not_depend_on_workers(packs, tmp_path):
     ds = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED)
     expected = []
     for epoch in (0, 1):
@@ -244,8 +248,11 @@ def test_map_style_crops_do_not_depend_on_workers(packs):
                          for i in range(len(ds))])
     for workers in (0, 1, 2):
         # Persistent workers see set_epoch() made after they started.
-        got = _loader_digests(fastdata.open_dataset(packs[0], crop=CROP, seed=SEED), workers)
+        log = tmp_path / f"collated-{workers}.pids"
+        got = _loader_digests(fastdata.open_dataset(packs[0], crop=CROP, seed=SEED), workers,
+                              log=log)
         assert got == expected, workers
+        assert_workers_did_it(log, workers)
 
 
 def _stream(tar, **kwargs):
@@ -253,7 +260,7 @@ def _stream(tar, **kwargs):
                                            shuffle_window=6, batch_size=4, **kwargs)
 
 
-def test_streaming_crops_match_map_style_and_do_not_depend_on_workers(packs):
+def test_streaming_crops_match_map_style_and_do_not_depend_on_workers(packs, tmp_path):
     tar = packs[1]
     mapped = fastdata.open_dataset(tar, crop=CROP, seed=SEED)
     for epoch in (0, 2):
@@ -263,8 +270,10 @@ def test_streaming_crops_match_map_style_and_do_not_depend_on_workers(packs):
         for workers in (0, 1, 2):
             ds = _stream(tar)
             ds.set_epoch(epoch)
-            order = _loader_digests(ds, workers, epochs=(epoch,))[0]
+            log = tmp_path / f"collated-{epoch}-{workers}.pids"
+            order = _loader_digests(ds, workers, epochs=(epoch,), log=log)[0]
             assert Counter(order) == expected, (epoch, workers)
+            assert_workers_did_it(log, workers)
             orders.append(order)
         assert orders[0] == orders[1] == orders[2]
 

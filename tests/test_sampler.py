@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 import fastdata
 from fastdata import Order
 from conftest import build_tree, uniform_spec
+from worker_pids import CollatedIn, assert_workers_did_it
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
@@ -118,14 +119,17 @@ def test_a_state_of_another_order_or_dataset_is_refused(packed, tmp_path):
         fastdata.EpochBatches(20, order(1)).load_state_dict(state)
 
 
-def test_the_loader_reads_in_the_engines_batches(packed):
+def test_the_loader_reads_in_the_engines_batches(packed, tmp_path):
     tree, path = packed
     ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(12, 12)),
                                order=fastdata.Order(shuffle=True, batch_size=BATCH, seed=3))
     orders = []
     for workers in (0, 2):
         fork = {"multiprocessing_context": "fork"} if workers else {}
-        loader = fastdata.loader(ds, num_workers=workers, device="cpu", **fork)
+        log = tmp_path / f"collated-{workers}.pids"  # the process collating each batch
+        loader = fastdata.loader(ds, num_workers=workers, device="cpu",
+                                 collate_fn=CollatedIn(log, fastdata.collate), **fork)
         assert isinstance(loader.loader.batch_sampler, fastdata.EpochBatches)
         orders.append([labels.tolist() for _, labels in loader])
+        assert_workers_did_it(log, workers)
     assert orders[0] == orders[1]  # one order whatever the workers

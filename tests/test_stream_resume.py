@@ -24,6 +24,7 @@ from fastdata.errors import CorruptDataError
 from fastdata.order.epochs import Shuffle, epoch_order
 
 from conftest import UNEVEN_COUNTS, build_tree, uneven_spec
+from worker_pids import CollatedIn, assert_workers_did_it
 
 # In the test extra; the plain-DataLoader resume needs no torchdata, but most tests do.
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
@@ -75,8 +76,10 @@ def _stateful(ds, tree, workers: int) -> StatefulDataLoader:
                               multiprocessing_context="fork" if workers else None)
 
 
-def _plain(ds, tree, workers: int) -> DataLoader:
-    return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=Numbers(tree),
+def _plain(ds, tree, workers: int, log=None) -> DataLoader:
+    """``log``: a file to record the process collating each batch in."""
+    collate = Numbers(tree) if log is None else CollatedIn(log, Numbers(tree))
+    return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate,
                       multiprocessing_context="fork" if workers else None)
 
 
@@ -87,10 +90,11 @@ def _take(loader, k: int) -> tuple[list, dict]:
     return batches, loader.state_dict()
 
 
-def _epoch(manifest, tree, epoch: int = 0, workers: int = 0, **options) -> list[list[int]]:
+def _epoch(manifest, tree, epoch: int = 0, workers: int = 0, log=None,
+           **options) -> list[list[int]]:
     ds = _stream(manifest, **options)
     ds.set_epoch(epoch)
-    return list(_plain(ds, tree, workers))
+    return list(_plain(ds, tree, workers, log))
 
 
 def _flat(batches) -> list[int]:
@@ -262,9 +266,13 @@ def test_resume_point_counts_the_steps_of_all_ranks(packed_stream):
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_same_order_for_any_number_of_workers(packed_stream, shuffle):
+def test_same_order_for_any_number_of_workers(packed_stream, shuffle, tmp_path):
     tree, manifest = packed_stream
-    runs = [_epoch(manifest, tree, 1, workers, shuffle=shuffle) for workers in (0, 1, 2, 3)]
+    logs = {workers: tmp_path / f"collated-{workers}.pids" for workers in (0, 1, 2, 3)}
+    runs = [_epoch(manifest, tree, 1, workers, logs[workers], shuffle=shuffle)
+            for workers in (0, 1, 2, 3)]
+    for workers, log in logs.items():  # each of the workers made some of the batches
+        assert_workers_did_it(log, workers)
     assert all(run == runs[0] for run in runs[1:])  # batch by batch
     expected = epoch_order(RECORDS, Shuffle(shuffle, ORDER["seed"], ORDER["shuffle_block"],
                                             ORDER["shuffle_window"]), 1).tolist()
