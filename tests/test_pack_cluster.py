@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import build_tree, free_port, list_partials, run_python, uniform_spec
+from conftest import build_tree, list_partials, run_python, uniform_spec
 
 import fastdata
 from fastdata.errors import BadImageError, FastDataError, UnsafeNameError
@@ -243,19 +243,21 @@ class _Scheduler:
     worker's), as separate processes."""
 
     def __init__(self, dd, folder: Path) -> None:
-        self.address = f"tcp://127.0.0.1:{free_port()}"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get(
             "PYTHONPATH", "")]))
         common = dict(cwd=folder, env=env, stdout=subprocess.DEVNULL,
                       stderr=subprocess.DEVNULL)
+        # Port 0: the scheduler binds a free port and writes its address to the file.
+        info = folder / "scheduler.json"
         self.scheduler = subprocess.Popen(
-            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
-             self.address.rsplit(":", 1)[1], "--no-dashboard"], **common)
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--scheduler-file", str(info), "--no-dashboard"], **common)
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "dask", "worker", self.address, "--no-nanny",
-             "--nthreads", "1", "--no-dashboard"], **common)
-        with dd.Client(self.address, timeout=30) as client:
+            [sys.executable, "-m", "dask", "worker", "--scheduler-file", str(info),
+             "--no-nanny", "--nthreads", "1", "--no-dashboard"], **common)
+        with dd.Client(scheduler_file=str(info), timeout=30) as client:
             client.wait_for_workers(1, timeout=30)
+            self.address = json.loads(info.read_text())["address"]
 
     def close(self) -> None:
         for proc in (self.worker, self.scheduler):
@@ -302,8 +304,8 @@ def test_a_lost_scheduler_keeps_the_finished_pieces(dd, cluster, source, local_p
     assert_same_pack(folder, local_packs("tar", "keep"))
 
 
-def test_cli_scheduler_that_does_not_answer_is_one_error_line(source, tmp_path):
-    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+def test_cli_scheduler_that_does_not_answer_is_one_error_line(source, tmp_path, refused_port):
+    address = f"tcp://127.0.0.1:{refused_port}"
     try:  # the pack gives up on its own; the timeout only guards against a hang
         proc = subprocess.run(
             [sys.executable, "-m", "fastdata.cli", "pack", str(source), str(tmp_path / "x.tar"),
