@@ -9,7 +9,9 @@ test.
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 
 import pytest
 
@@ -23,3 +25,46 @@ def missing(reason: str) -> None:
     if in_ci():
         pytest.fail(f"{reason}; .ci/run (FASTDATA_CI=1) must provide it")
     pytest.skip(f"{reason} (.ci/run provides it)")
+
+
+#: An interpreter with timm and torchvision, where the suite's own has neither.
+VISION_PYTHON = "FASTDATA_VISION_PYTHON"
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.cache
+def _imports_vision(python: str) -> str | None:
+    """Why ``python`` cannot import timm and torchvision beside this checkout's
+    fastdata, or None. Tried in a child: a torchvision built for another torch
+    is found but fails to import."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
+    try:
+        result = subprocess.run([python, "-c", "import timm, torchvision, fastdata"], env=env,
+                                capture_output=True, text=True, timeout=300)
+    except OSError as err:
+        return f"{python}: {err}"
+    if result.returncode:
+        lines = result.stderr.strip().splitlines() or ["(no output)"]
+        return f"{python}: {lines[-1]}"
+    return None
+
+
+def vision_python() -> str:
+    """An interpreter that imports timm and torchvision: this one, or
+    ``$FASTDATA_VISION_PYTHON`` (``.ci/run`` builds a virtual environment for
+    them: PyPI's torchvision imports only beside the torch build it was made
+    for). Skips by hand, fails in CI, when neither does."""
+    import sys
+
+    why = _imports_vision(sys.executable)
+    if why is None:
+        return sys.executable
+    other = os.environ.get(VISION_PYTHON)
+    if other:
+        why_other = _imports_vision(other)
+        if why_other is None:
+            return other
+        why = f"{why}; {VISION_PYTHON}={why_other}"
+    missing(f"timm and torchvision do not import ({why}); set {VISION_PYTHON} to a Python "
+            "that has them")
+    raise AssertionError("unreachable")

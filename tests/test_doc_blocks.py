@@ -10,8 +10,9 @@ test provides are what a reader brings: a folder of their own images
 the checkout's ``examples/``. ``pip install`` lines are not run; the test
 checks that they name extras that exist and that .ci/run runs the README's
 test command as written. A block that needs a package the test environment
-lacks (DALI, timm, torchvision, Lightning, Hugging Face datasets) is skipped
-with the reason.
+lacks (DALI, Lightning, Hugging Face datasets) is skipped with the reason;
+blocks using timm or torchvision run in an interpreter that has them (this
+one, or $FASTDATA_VISION_PYTHON; see tests/ci_needs.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_needs import vision_python
 from conftest import TESTS_DIR
 
 ROOT = Path(TESTS_DIR).parent
@@ -164,11 +166,11 @@ def _write_foreign_tfrecord(path: Path, images: Path) -> None:
     writer.close()
 
 
-def _env() -> dict:
+def _env(python: str = sys.executable) -> dict:
     env = dict(os.environ)
-    # The commands run as a reader runs them: the `fastdata` script next to this
+    # The commands run as a reader runs them: the `fastdata` script next to the
     # interpreter, the checkout importable even without an editable install.
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     # What torchrun sets, for the blocks that start a (one-rank) process group;
     # port 0: the one rank's store binds a free port itself.
@@ -185,9 +187,6 @@ NEEDS = [
     (r"torchdata", "torchdata", "torchdata is not installed (the test extra)"),
     (r"fastdata\.dali|nvidia\.dali", "nvidia.dali",
      "NVIDIA DALI is not installed (the dali extra)"),
-    (r"\b(import|from) timm\b|examples/timm", "timm", "timm is not installed"),
-    (r"\b(import|from) torchvision\b|examples/torchvision", "torchvision",
-     "torchvision is not installed"),
     (r"\b(import|from) (lightning|pytorch_lightning)\b|examples/lightning", "lightning",
      "PyTorch Lightning is not installed"),
     (r"\b(import|from) datasets\b|examples/hf_", "datasets",
@@ -202,6 +201,15 @@ def _has(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ImportError:  # a parent package (nvidia) missing
         return False
+
+
+# Blocks using timm or torchvision run in an interpreter that has them, maybe
+# not this one (ci_needs.vision_python).
+VISION = r"\b(import|from) (timm|torchvision)\b|examples/(timm|torchvision)"
+
+
+def _python(block: Block) -> str:
+    return vision_python() if re.search(VISION, block.code) else sys.executable
 
 
 def _needs(block: Block) -> str | None:
@@ -245,9 +253,10 @@ def test_block_runs_as_written(block, workdir, request):
     reason = _needs(block)
     if reason:
         pytest.skip(reason)
+    python = _python(block)
     if block.lang == "python":
-        env = {**_env(), **_caches(workdir), **_s3_for(block, request)}
-        result = subprocess.run([sys.executable, "-c", block.code], cwd=workdir, env=env,
+        env = {**_env(python), **_caches(workdir), **_s3_for(block, request)}
+        result = subprocess.run([python, "-c", block.code], cwd=workdir, env=env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
             f"{block.where}: python block failed\n{result.stderr[-3000:]}")
@@ -256,10 +265,12 @@ def test_block_runs_as_written(block, workdir, request):
     for line in map(_runnable, command_lines(block.code)):
         if not line:
             continue
-        if shutil.which("fastdata", path=_env()["PATH"]) is None and line.startswith("fastdata"):
+        if shutil.which("fastdata", path=_env(python)["PATH"]) is None \
+                and line.startswith("fastdata"):
             pytest.skip("the fastdata command is not installed (pip install -e .)")
         result = subprocess.run(["bash", "-c", line], cwd=workdir,
-                                env={**_env(), **_caches(workdir), **_s3_for(block, request)},
+                                env={**_env(python), **_caches(workdir),
+                                     **_s3_for(block, request)},
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (
             f"{block.where}: `{line}` exited {result.returncode}\n"

@@ -5,8 +5,9 @@ the CPU) under ``python -m torch.distributed.run``: both ranks train, each on
 its own equal share of every epoch, and a job killed with SIGKILL after a
 mid-epoch checkpoint resumes to the very batches, crops, losses and weights of
 a job that was never interrupted. The short examples run where their library
-is installed (timm, torchvision, Lightning, Hugging Face datasets) and are
-skipped with the reason where it is not.
+is installed (timm, torchvision, Lightning, Hugging Face datasets; timm and
+torchvision maybe in an interpreter of their own, $FASTDATA_VISION_PYTHON) and
+are skipped with the reason where it is not.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_needs import vision_python
 from conftest import TESTS_DIR
 
 ROOT = Path(TESTS_DIR).parent
@@ -239,17 +241,15 @@ def test_a_job_killed_after_a_checkpoint_resumes_exactly(data, uninterrupted):
 # -- the short examples -----------------------------------------------------------
 
 
-def _missing(module: str) -> str | None:
-    """Why ``module`` cannot be used here, or None. torchvision and timm are tried
-    in a fresh interpreter: a build for another torch is found but fails to import."""
-    if importlib.util.find_spec(module) is None:
-        return f"{module} is not installed"
+def _python_for(module: str) -> str:
+    """The interpreter that runs an example needing ``module``, or a skip.
+    timm and torchvision may live in an interpreter of their own
+    (``ci_needs.vision_python``)."""
     if module in ("torchvision", "timm"):
-        result = subprocess.run([sys.executable, "-c", f"import {module}"], env=_env(),
-                                capture_output=True, text=True, timeout=120)
-        if result.returncode:
-            return f"{module} does not import here: {result.stderr.strip().splitlines()[-1]}"
-    return None
+        return vision_python()
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+    return sys.executable
 
 
 SHORT = {
@@ -272,12 +272,10 @@ SHORT = {
 @pytest.mark.parametrize("script", sorted(SHORT))
 def test_short_example_runs(script, data, tmp_path):
     module, args, expected = SHORT[script]
-    reason = _missing(module)
-    if reason:
-        pytest.skip(reason)
+    python = _python_for(module)
     # Hugging Face's cache in this test's folder, not the user's.
     env = {**_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=data, env=env,
+    result = subprocess.run([python, str(EXAMPLES / script), *args], cwd=data, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for text in expected:

@@ -6,8 +6,9 @@ the shards; and that file's upkeep (several splits in one folder, overwrite,
 convert, a pack to a URL, two packs at once).
 
 The source is ImageNet-like: JPEGs named ``.JPEG``, several classes and shards.
-timm needs torchvision, which is not installed beside every torch build: its
-tests skip where timm does not import.
+timm needs torchvision, which imports only beside the torch build it was made
+for: its tests run in an interpreter that has both (this one, or
+$FASTDATA_VISION_PYTHON, which .ci/run provides).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import io
 import json
 import multiprocessing
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_needs import vision_python
 from click.testing import CliRunner
 from PIL import Image
 
@@ -32,8 +35,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:.*shardshuffle.*:UserWarning")]
 
-TIMM_SKIP = ("timm needs torchvision, whose PyPI wheels import only beside the torch "
-             "release they were built for")
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def pack(src, out, **options):
@@ -141,35 +143,72 @@ def test_huggingface_datasets_reads_every_sample_and_the_manifest_names_the_clas
 # -- timm -----------------------------------------------------------------------------------
 
 
-def test_timm_create_dataset_reads_each_split_from_info_json(photos):
-    timm_data = pytest.importorskip("timm.data", reason=TIMM_SKIP)
+# timm runs in an interpreter that has it (maybe not this one: ci_needs.vision_python);
+# what it read comes back as arrays in an .npz file (no pickle).
+TIMM_READ = """
+import sys
+import numpy as np
+from timm.data import create_dataset
 
-    for split in ("train", "val"):
-        ds = timm_data.create_dataset("wds/photos", root=str(photos["folder"]), split=split)
-        want = expected(photos, split)
-        got = list(ds)
-        assert len(ds) == len(got) == len(want)
-        assert [target for _, target in got] == [label for _, _, label in want]
-        for (image, _), (_, data, _) in zip(got, want):
-            assert np.array_equal(pixels(image), decoded(data))
-    # In training mode (shuffled) the sample count comes from _info.json too.
-    ds = timm_data.create_dataset("wds/photos", root=str(photos["folder"]), split="val",
-                                  is_training=True, batch_size=4)
-    targets = sorted(target for _, target in ds)
-    assert targets == sorted(label for _, _, label in expected(photos, "val"))
+folder, out = sys.argv[1:3]
+arrays = {}
+for split in ("train", "val"):
+    ds = create_dataset("wds/photos", root=folder, split=split)
+    got = list(ds)
+    arrays[f"{split}_len"] = np.array([len(ds)])
+    arrays[f"{split}_targets"] = np.array([int(t) for _, t in got])
+    for i, (image, _) in enumerate(got):
+        arrays[f"{split}_{i}"] = np.asarray(image.convert("RGB"))
+# In training mode (shuffled) the sample count comes from _info.json too.
+ds = create_dataset("wds/photos", root=folder, split="val", is_training=True, batch_size=4)
+arrays["val_training_targets"] = np.array([int(t) for _, t in ds])
+np.savez(out, **arrays)
+"""
+
+TIMM_TRANSFORMS = """
+import sys
+import json
+import torch
+import fastdata
+from timm.data import create_transform
+
+shards, out = sys.argv[1:3]
+seen = []
+for training in (False, True):
+    ds = fastdata.open_dataset(shards, decode=fastdata.Decode(output="pil"),
+                               transform=create_transform(224, is_training=training))
+    image, label = ds[3]
+    seen.append([str(image.dtype), list(image.shape), int(label)])
+with open(out, "w") as f:
+    json.dump(seen, f)
+"""
 
 
-def test_timm_transforms_on_fastdata_samples(photos):
-    timm_data = pytest.importorskip("timm.data", reason=TIMM_SKIP)
-    import torch
+def run_in_timm(code: str, *args) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([vision_python(), "-c", code, *map(str, args)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
 
-    for training in (False, True):
-        transform = timm_data.create_transform(224, is_training=training)
-        ds = fastdata.open_dataset(photos["train"].output, decode=fastdata.Decode(output="pil"),
-                                   transform=transform)
-        image, label = ds[3]
-        assert image.dtype == torch.float32 and tuple(image.shape) == (3, 224, 224)
-        assert label == expected(photos)[3][2]
+
+def test_timm_create_dataset_reads_each_split_from_info_json(photos, tmp_path):
+    run_in_timm(TIMM_READ, photos["folder"], tmp_path / "timm.npz")
+    with np.load(tmp_path / "timm.npz", allow_pickle=False) as got:
+        for split in ("train", "val"):
+            want = expected(photos, split)
+            assert int(got[f"{split}_len"][0]) == len(want)
+            assert got[f"{split}_targets"].tolist() == [label for _, _, label in want]
+            for i, (_, data, _) in enumerate(want):
+                assert np.array_equal(got[f"{split}_{i}"], decoded(data)), (split, i)
+        assert sorted(got["val_training_targets"].tolist()) == sorted(
+            label for _, _, label in expected(photos, "val"))
+
+
+def test_timm_transforms_on_fastdata_samples(photos, tmp_path):
+    run_in_timm(TIMM_TRANSFORMS, photos["train"].output, tmp_path / "seen.json")
+    label = expected(photos)[3][2]
+    assert json.loads((tmp_path / "seen.json").read_text()) == [
+        ["torch.float32", [3, 224, 224], label]] * 2
 
 
 # -- _info.json -------------------------------------------------------------------------------
