@@ -32,14 +32,21 @@ VISION_PYTHON = "FASTDATA_VISION_PYTHON"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def checkout_env() -> dict:
+    """This process's environment with the checkout first on PYTHONPATH: another
+    interpreter imports this fastdata even where it has none installed."""
+    return dict(os.environ,
+                PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
+
+
 @functools.cache
 def _imports_vision(python: str) -> str | None:
     """Why ``python`` cannot import timm and torchvision beside this checkout's
     fastdata, or None. Tried in a child: a torchvision built for another torch
     is found but fails to import."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
     try:
-        result = subprocess.run([python, "-c", "import timm, torchvision, fastdata"], env=env,
+        result = subprocess.run([python, "-c", "import timm, torchvision, fastdata"],
+                                env=checkout_env(),
                                 capture_output=True, text=True, timeout=300)
     except OSError as err:
         return f"{python}: {err}"

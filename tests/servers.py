@@ -52,11 +52,10 @@ def wait_until_listening(proc: subprocess.Popen, what: str, log_path: Path,
 def _listening_port(pid: int) -> int | None:
     """The TCP port process ``pid`` listens on (Linux: /proc), or None yet."""
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
-                  for fd in os.listdir(f"/proc/{pid}/fd")
-                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None                  # gone, or a descriptor closed while listed
+    inodes = {t[len("socket:["):-1] for t in targets if t.startswith("socket:[")}
     for table in ("tcp", "tcp6"):
         try:
             lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ci_needs import vision_python
+from ci_needs import checkout_env, vision_python
 from click.testing import CliRunner
 from PIL import Image
 
@@ -34,9 +34,6 @@ from fastdata.formats.tar.info import INFO_NAME, update_info
 pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:.*shardshuffle.*:UserWarning")]
-
-ROOT = str(Path(__file__).resolve().parent.parent)
-
 
 def pack(src, out, **options):
     return fastdata.pack(src, out, options=fastdata.PackOptions(workers=1, **options),
@@ -185,8 +182,7 @@ with open(out, "w") as f:
 
 
 def run_in_timm(code: str, *args) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([vision_python(), "-c", code, *map(str, args)], env=env,
+    result = subprocess.run([vision_python(), "-c", code, *map(str, args)], env=checkout_env(),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 

@@ -446,8 +446,7 @@ def crops(path, fused: bool, workers: int, log=None) -> list[np.ndarray]:
     ds = fastdata.open_dataset(path, crop=crop, seed=9)
     ds.set_epoch(2)
     loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=60 if workers else 0,
-                        collate_fn=default_collate if log is None
-                        else CollatedIn(log, default_collate))
+                        collate_fn=CollatedIn(log, default_collate))
     return [image.numpy() for images, _ in loader for image in images]
 
 

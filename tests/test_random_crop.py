@@ -229,8 +229,7 @@ def _loader_digests(ds, workers: int, epochs=(0, 1), log=None) -> list[list[str]
     """``log``: a file to record the process collating each batch in."""
     loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=120 if workers else 0,
                         persistent_workers=workers > 0,
-                        collate_fn=default_collate if log is None
-                        else CollatedIn(log, default_collate))
+                        collate_fn=CollatedIn(log, default_collate))
     runs = []
     for epoch in epochs:
         ds.set_epoch(epoch)

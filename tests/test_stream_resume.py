@@ -78,8 +78,8 @@ def _stateful(ds, tree, workers: int) -> StatefulDataLoader:
 
 def _plain(ds, tree, workers: int, log=None) -> DataLoader:
     """``log``: a file to record the process collating each batch in."""
-    collate = Numbers(tree) if log is None else CollatedIn(log, Numbers(tree))
-    return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate,
+    return DataLoader(ds, batch_size=BATCH, num_workers=workers,
+                      collate_fn=CollatedIn(log, Numbers(tree)),
                       multiprocessing_context="fork" if workers else None)
 
 

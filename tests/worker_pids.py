@@ -118,13 +118,15 @@ class PreparedIn(Preprocess):
 
 
 class CollatedIn:
-    """``collate_fn``: records the process, then collates with ``collate``."""
+    """``collate_fn``: records the process in ``log`` (None: records nothing),
+    then collates with ``collate``."""
 
     def __init__(self, log, collate) -> None:
-        self.log, self.collate = str(log), collate
+        self.log, self.collate = (None if log is None else str(log)), collate
 
     def __call__(self, batch):
-        note(self.log)
+        if self.log is not None:
+            note(self.log)
         return self.collate(batch)
 
 
