@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 
 import pytest
@@ -75,3 +76,50 @@ def vision_python() -> str:
     missing(f"timm and torchvision do not import ({why}); set {VISION_PYTHON} to a Python "
             "that has them")
     raise AssertionError("unreachable")
+
+
+#: A line opening a block whose lines run conditionally (or not at all: a function).
+_OPENS = re.compile(r"^(if|while|until|for|case|select)\b|\{$")
+_CLOSES = re.compile(r"^(fi|done|esac|\})(\s|;|$)")
+#: The same block closed on its opening line: ``if x; then y; fi``.
+_CLOSED_ON_ITS_LINE = re.compile(r"[;&|]\s*(fi|done|esac|\})(\s|;|$)")
+
+
+def top_level_commands(script: str) -> list[str]:
+    """The lines a bash script runs unconditionally, in order: continuations
+    joined, comments, blank lines and heredoc bodies left out, and nothing from
+    inside an ``if``/``while``/``for``/``case`` block, a ``{ ... }`` group or a
+    function body. Stops at the first top-level ``exit``: the rest never runs.
+    A whole block on one line (``if x; then y; fi``) is conditional: left out."""
+    kept, depth, heredoc = [], 0, None
+    for raw in re.sub(r"[ \t]*\\\n\s*", " ", script).splitlines():
+        line = raw.strip()
+        if heredoc is not None:
+            heredoc = None if line == heredoc else heredoc
+            continue
+        if not line or line.startswith("#"):
+            continue
+        body = re.search(r"(?<!<)<<-?\s*['\"]?(\w+)", line)    # not <<< (a string)
+        heredoc = body.group(1) if body else None
+        if _OPENS.search(line):
+            depth += 0 if _CLOSED_ON_ITS_LINE.search(line) else 1
+        elif _CLOSES.match(line):
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            if re.match(r"exit\b", line):
+                break
+            kept.append(line)
+    return kept
+
+
+def ci_spelling(command: str) -> str:
+    """A README command line as .ci/run spells it: each ``python ...`` step run
+    by ``"$PY"``, each ``pip ...`` step by ``"$PY" -m pip``."""
+    steps = []
+    for step in (s.strip() for s in command.split("&&")):
+        if step.startswith("python "):
+            step = '"$PY" ' + step.removeprefix("python ")
+        elif step.startswith("pip "):
+            step = '"$PY" -m ' + step
+        steps.append(step)
+    return " && ".join(steps)

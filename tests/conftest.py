@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import allowed_skips
 import numpy as np
 import pytest
 import toyformat
@@ -470,6 +471,32 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: slower tests (spawned DataLoader workers, subprocesses); "
                    "deselect with -m 'not slow'")
+
+
+# Under FASTDATA_CI=1 a skip that tests/allowed_skips.py does not allow fails the
+# run: a broken install must not quietly drop the tests of what it lacks.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    allowed_skips.enforce(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_make_collect_report(collector):
+    report = yield     # a module skipped whole: pytest.importorskip at its top
+    allowed_skips.enforce(report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = allowed_skips.summary_lines(terminalreporter.stats.get("skipped", []))
+    if lines:
+        title = ("skips FASTDATA_CI=1 allows (tests/allowed_skips.py)"
+                 if allowed_skips.in_ci() else "skips by reason")
+        terminalreporter.write_sep("-", title)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci_needs import missing
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
@@ -81,7 +82,7 @@ class MotoServer:
 
     def __init__(self, *, check_auth: bool = False) -> None:
         if shutil.which("moto_server") is None:
-            pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+            missing("moto_server is not on PATH (pip install 'moto[server]')")
         self.check_auth = check_auth
         self.log_path = Path(tempfile.mkstemp(prefix="moto-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
