@@ -152,7 +152,7 @@ def test_unknown_decoder_is_a_clear_error():
 
 
 def test_missing_decoder_names_the_package(monkeypatch):
-    monkeypatch.setitem(D._available_cache, "jpeg4py", False)
+    monkeypatch.setitem(D._unusable, "jpeg4py", "not installed")
     with pytest.raises(FastDataError, match="pip install jpeg4py"):
         D.DecoderChain("jpeg4py")
 

@@ -14,6 +14,7 @@ import torch
 from fastdata import __version__
 from fastdata.bench.results import BenchReport
 from fastdata.bench.train import train_lines
+from fastdata.decoding.decode import decoder_status, decoder_status_line
 from fastdata.machine import meminfo, usable_cores
 
 #: Other processes' CPU use (cores) above which a measurement is flagged as disturbed.
@@ -58,7 +59,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU, cores, memory, OS, Python and library versions of this machine."""
+    """CPU, cores, memory, OS, Python, library versions and decoders of this machine."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -73,8 +74,16 @@ def machine_info() -> dict[str, Any]:
         "load_average_at_start": load,
         "torch_threads": torch.get_num_threads(),
         "versions": _versions(),
+        "decoders": decoders_info(),
         "fastdata_version": __version__,
     }
+
+
+def decoders_info() -> dict[str, Any]:
+    """The decoders offered here, and why each other registered one is not."""
+    status = decoder_status()
+    return {"offered": [n for n, why in status.items() if why is None],
+            "not_offered": {n: why for n, why in status.items() if why is not None}}
 
 
 def machine_line(machine: dict[str, Any]) -> str:
@@ -84,6 +93,13 @@ def machine_line(machine: dict[str, Any]) -> str:
     return (f"{machine.get('cpu_model')}, {machine.get('usable_cores')} cores{mem_text}, "
             f"Python {str(machine.get('python', '')).split()[-1]}, "
             f"torch {machine.get('versions', {}).get('torch')}")
+
+
+def decoders_line(decoders: dict[str, Any]) -> str:
+    """``simplejpeg, opencv, pil; not offered: jpeg4py (REASON)``."""
+    status: dict[str, str | None] = dict.fromkeys(decoders.get("offered") or [])
+    status.update(decoders.get("not_offered") or {})
+    return decoder_status_line(status)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -130,8 +146,11 @@ def format_table(report: BenchReport) -> str:
     if opts.get("train"):
         header += (f"\ntraining rows: RandomResizedCrop({opts.get('size')}) with flips, "
                    f"seed {opts.get('seed')}, new crops every epoch (set_epoch)")
-    lines = [header, f"machine: {machine_line(report.machine)}",
-             "", line(_COLUMNS), line(["-" * w for w in widths])]
+    lines = [header, f"machine: {machine_line(report.machine)}"]
+    decoders = report.machine.get("decoders")
+    if isinstance(decoders, dict):  # reports written before it was recorded have none
+        lines.append(f"decoders: {decoders_line(decoders)}")
+    lines += ["", line(_COLUMNS), line(["-" * w for w in widths])]
     lines += [line(row) for row in rows]
     lines.append("")
     lines += summary_lines(report)

@@ -21,7 +21,8 @@ from fastdata.machine import human_bytes
 def info(path, as_json, allow_outside):
     """Show the manifest of the packed dataset PATH, or what the mixture file
     PATH (a JSON or YAML file of sources and weights) mixes, with each epoch's
-    shares."""
+    shares. The last line lists the decoders offered on this machine and why
+    any other is not (--json prints the manifest alone)."""
     from fastdata.formats import read_manifest
     from fastdata.mixture_file import is_mixture_file
 
@@ -38,9 +39,14 @@ def info(path, as_json, allow_outside):
     from fastdata.formats.remote_files import absolute
     from fastdata.redaction import redact
 
+    from fastdata.decoding.decode import decoder_status, decoder_status_line
+
     echo(redact(absolute(path)))
     for name, value in _manifest_rows(m):
         echo(f"  {name:<10} {value}")
+    # This machine's, not the manifest's: which decoders can read it here, and
+    # why the others are not offered (not installed, or a failed trial decode).
+    echo(f"  {'decoders':<10} {decoder_status_line(decoder_status())}")
 
 
 def _manifest_rows(m) -> list[tuple[str, str]]:

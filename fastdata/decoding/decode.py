@@ -6,7 +6,7 @@ Decoding a payload with the decoders listed in ``decoder_registry`` (classes in
 ======================  ==========================  ==============================
 name                    decodes                     needs
 ======================  ==========================  ==============================
-``simplejpeg``          JPEG                        ``pip install simplejpeg`` (bundles libjpeg-turbo)
+``simplejpeg``          JPEG                        simplejpeg (a dependency; bundles libjpeg-turbo)
 ``jpeg4py``             JPEG                        ``pip install jpeg4py`` + system libturbojpeg
 ``opencv``              JPEG PNG BMP WebP TIFF PPM  opencv-python-headless (a dependency)
 ``pil``                 everything Pillow reads     Pillow (a dependency)
@@ -15,6 +15,9 @@ name                    decodes                     needs
 ``decoder="auto"`` takes, for each record's encoding, the fastest installed
 decoder that handles it (order measured on this project's benchmark) and falls
 back to Pillow when that decoder refuses the image (for example a CMYK JPEG).
+A decoder is offered only when its library imports and passes a trial use
+(``Decoder.probe``, once per process, printing nothing); :func:`decoder_status`
+says why each other one is not.
 
 Every decoder gives the same output contract:
 
@@ -128,20 +131,41 @@ def finish(array: np.ndarray, keep_gray: bool, hw: tuple[int, int] | None) -> np
     return array
 
 
-_available_cache: dict[str, bool] = {}
+#: name -> why that decoder is not offered here (None: it is), probed once per process.
+_unusable: dict[str, str | None] = {}
 _cache_lock = threading.Lock()
 
 
-def is_available(name: str) -> bool:
+def unusable_reason(name: str) -> str | None:
+    """Why the decoder ``name`` is not offered here ("not installed", or what
+    failed when it was tried), or None when it is. Probed once per process."""
     with _cache_lock:
-        if name not in _available_cache:
-            _available_cache[name] = decoder_class(name).available()
-        return _available_cache[name]
+        if name not in _unusable:
+            _unusable[name] = decoder_class(name).probe()
+        return _unusable[name]
+
+
+def is_available(name: str) -> bool:
+    """Whether the decoder ``name`` is installed and works here."""
+    return unusable_reason(name) is None
 
 
 def available_decoders() -> list[str]:
-    """Names of the decoders installed here."""
+    """Names of the decoders installed and working here."""
     return [name for name in DECODERS if is_available(name)]
+
+
+def decoder_status() -> dict[str, str | None]:
+    """Every registered decoder: None when offered, else why not (for ``fastdata
+    info`` and ``fastdata bench``)."""
+    return {name: unusable_reason(name) for name in DECODERS}
+
+
+def decoder_status_line(status: dict[str, str | None]) -> str:
+    """``simplejpeg, opencv, pil; not offered: jpeg4py (REASON)``: one line."""
+    offered = ", ".join(n for n, why in status.items() if why is None) or "none"
+    missing = "; ".join(f"{n} ({why})" for n, why in status.items() if why is not None)
+    return offered + (f"; not offered: {missing}" if missing else "")
 
 
 def decoder_class(name: str):
@@ -150,18 +174,24 @@ def decoder_class(name: str):
 
 
 def check_decoder(name: str) -> str:
-    """Validate a decoder name ("auto" or one of DECODERS) and that it is installed.
+    """Validate a decoder name ("auto" or one of DECODERS) and that it is usable here.
 
     Raises:
-        FastDataError: unknown name, or not installed (says what to install).
+        FastDataError: unknown name, not installed, or installed but unusable
+            (says why, and what to install).
     """
     if name == "auto":
         return name
     if name not in DECODERS:
         raise FastDataError(f"unknown decoder {name!r}; choose auto or one of "
                             f"{', '.join(DECODERS)}")
-    if not is_available(name):
-        raise FastDataError(f"decoder {name!r} is not installed: {decoder_class(name).install_hint}")
+    reason = unusable_reason(name)
+    if reason == "not installed":
+        raise FastDataError(f"decoder {name!r} is not installed: "
+                            f"{decoder_class(name).install_hint}")
+    if reason is not None:
+        raise FastDataError(f"decoder {name!r} is installed but cannot be used here: {reason}; "
+                            f"it needs {decoder_class(name).install_hint}")
     return name
 
 

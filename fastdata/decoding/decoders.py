@@ -7,11 +7,13 @@ one entry there.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 
 import numpy as np
 
 from fastdata.decoding.decode import Size, finish, target_size
+from fastdata.decoding.probe import Unusable, run_probe
 from fastdata.encodings import sniff_encoding
 from fastdata.image_header import image_size
 
@@ -28,13 +30,38 @@ class Decoder:
 
     @classmethod
     def available(cls) -> bool:
-        if not cls.module:
-            return True
-        try:
-            importlib.import_module(cls.module)
-        except (ImportError, OSError):  # OSError: a wrapper whose native library is missing
-            return False
-        return True
+        """Whether this decoder can be used here (see :meth:`probe`)."""
+        return cls.probe() is None
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """Why this decoder cannot be used here, or None when it can.
+
+        "not installed" when its module is absent; otherwise a short reason
+        (the module does not import, or :meth:`_check` failed). Prints nothing,
+        also when the failed library's objects are collected later.
+        """
+        if cls.module:
+            try:
+                if importlib.util.find_spec(cls.module) is None:
+                    return "not installed"
+            except (ImportError, ValueError) as exc:  # a module without a usable spec
+                return f"{cls.module} cannot be located: {type(exc).__name__}: {exc}"
+        return run_probe(cls._import_and_check)
+
+    @classmethod
+    def _import_and_check(cls) -> None:
+        if cls.module:
+            try:
+                importlib.import_module(cls.module)
+            except (ImportError, OSError) as exc:  # OSError: its native library is missing
+                raise Unusable(f"{cls.module} is installed but does not import: "
+                               f"{type(exc).__name__}: {exc}") from None
+        cls._check()
+
+    @classmethod
+    def _check(cls) -> None:
+        """Use the imported library once; raise when it cannot decode here."""
 
     def handles(self, encoding: str | None) -> bool:
         return self.encodings is None or encoding in self.encodings
@@ -161,20 +188,24 @@ class JPEG4PyDecoder(Decoder):
     encodings = frozenset({"jpeg"})
     install_hint = ("pip install jpeg4py, and the libturbojpeg system library "
                     "(Debian/Ubuntu: apt-get install libturbojpeg0)")
+    module = "jpeg4py"
 
     @classmethod
-    def available(cls) -> bool:
-        # jpeg4py imports without libturbojpeg and fails on first use: try one decode.
-        try:
-            import jpeg4py
-            from PIL import Image
+    def _check(cls) -> None:
+        # jpeg4py imports without libturbojpeg and fails on first use. Load the
+        # library first: a JPEG built without it fails in __init__, and its
+        # __del__ then raises AttributeError whenever it is collected.
+        import jpeg4py
+        from PIL import Image
 
-            buf = io.BytesIO()
-            Image.new("RGB", (8, 8)).save(buf, "JPEG")
-            jpeg4py.JPEG(np.frombuffer(buf.getvalue(), dtype=np.uint8)).decode()
-        except Exception:  # ImportError, OSError, or the wrapper's own errors
-            return False
-        return True
+        try:
+            jpeg4py.initialize()
+        except OSError as exc:
+            raise Unusable(f"jpeg4py imports but libturbojpeg cannot be loaded: {exc}") \
+                from None
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, "JPEG")
+        jpeg4py.JPEG(np.frombuffer(buf.getvalue(), dtype=np.uint8)).decode()
 
     def _decode(self, data, *, size, keep_gray, encoding):
         import jpeg4py
