@@ -178,7 +178,9 @@ def test_equal_batches_on_every_rank_and_one_job_order(uneven, tmp_path, world, 
             assert all(label == tree.labels[number[d]] for b in p["batches"] for d, label in b)
 
         # The same samples and the same number of batches on every rank.
-        per = RECORDS // world if drop_last else -(-RECORDS // world)
+        # drop_last: whole batches only (fewer than one sample per rank and
+        # each rank's partial last batch left out).
+        per = RECORDS // world // BATCH * BATCH if drop_last else -(-RECORDS // world)
         assert [p["len"] for p in per_rank] == [per] * world, run
         assert [sum(map(len, b)) for b in ids] == [per] * world, run
         assert [len(b) for b in ids] == [-(-per // BATCH)] * world, run
@@ -187,7 +189,8 @@ def test_equal_batches_on_every_rank_and_one_job_order(uneven, tmp_path, world, 
         seen = Counter(x for b in ids for batch in b for x in batch)
         if drop_last:
             dropped = RECORDS - per * world
-            assert 0 < dropped < world and max(seen.values()) == 1, run
+            assert 0 < dropped < world * BATCH and max(seen.values()) == 1, run
+            assert all(len(batch) == BATCH for b in ids for batch in b), run
             assert len(seen) == RECORDS - dropped, run
         else:
             repeats = per * world - RECORDS

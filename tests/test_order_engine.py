@@ -54,7 +54,10 @@ def test_equal_batches_and_an_epoch_is_the_dataset(n, world, batch, policy, shuf
         assert set(seen) == set(range(n))
         assert sum(seen.values()) - n == plan.repeats < world
     else:
-        assert all(c == 1 for c in seen.values()) and n - len(seen) == plan.dropped < world
+        # Fewer than one sample per rank, and each rank's partial last batch.
+        assert all(c == 1 for c in seen.values()) and n - len(seen) == plan.dropped
+        assert plan.dropped == n - world * (n // world // batch * batch) < world * batch
+        assert all(len(b) == batch for p in per_rank for b in p)  # whole batches only
     assert _job(n, 0, world, batch, policy, order)[:min(n, len(seen))] == \
         order[:min(n, len(seen))].tolist()  # a prefix of the order
 

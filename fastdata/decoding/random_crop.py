@@ -82,6 +82,13 @@ class RandomResizedCrop:
             raise ValueError(f"hflip must be a probability in [0, 1], not {self.hflip}")
         object.__setattr__(self, "hflip", float(self.hflip))
 
+    def describe(self) -> dict:
+        """The settings that draw from a record's randomness (its box and flip),
+        for a resume state: another scale, ratio or flip probability gives
+        other crops of the samples not yet read. The output size and ``fused``
+        change no draw."""
+        return {"scale": list(self.scale), "ratio": list(self.ratio), "hflip": self.hflip}
+
     def box(self, width: int, height: int, seed: int, epoch: int, index: int
             ) -> tuple[int, int, int, int, bool]:
         """``(left, top, crop_w, crop_h, flip)`` for record ``index`` of an

@@ -13,7 +13,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -28,10 +27,11 @@ from fastdata.loaders.sizes import stacked_by_caller
 from fastdata.loaders.stream_batches import (StreamBatches, TakenPoint, stream_batches,
                                              take_group)
 from fastdata.machine import rank_and_world
-from fastdata.order.epochs import Shuffle, epoch_order
+from fastdata.order.epochs import Shuffle, epoch_order, shard_starts
 from fastdata.order.options import Order
 from fastdata.order.slices import Slice
-from fastdata.order.state import StreamPoint, WorkerPosition, parse_state, worker_positions
+from fastdata.order.state import (StreamPoint, WorkerPosition, order_description, parse_state,
+                                  worker_positions)
 from fastdata.redaction import redact
 
 
@@ -87,8 +87,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             of workers and a resume may change the number of ranks or
             workers; None: single samples in turn, and equal work and exact
             resume with the same workers still hold), ``drop_last`` (drop the
-            last samples of the order, fewer than one per rank, instead of
-            padding with repeats), ``rank``/``world_size`` (default:
+            last samples of the order, fewer than one per rank, and a partial
+            last batch, instead of padding with repeats), ``rank``/``world_size`` (default:
             torch.distributed's), and the shuffle mode ``block``/``window``
             (records in blocks of 16 consecutive ones, 8192 records mixed at
             once; ``block="shard"``: each shard is a block, so a window spans
@@ -175,6 +175,13 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     def shuffle_mode(self) -> Shuffle:
         """The order engine's shuffle (mode, seed, block, window) of this stream."""
         return self.order.shuffle_of(len(self.reader), stream=True)
+
+    def describe_order(self, epoch: int) -> dict:
+        """What fixes the samples of epoch ``epoch``, for a resume state: the
+        order, the shards' bounds of ``block="shard"``, a random crop
+        (:func:`fastdata.order.state.order_description`)."""
+        return order_description(self.shuffle_mode, epoch, shaping=self.shaping(),
+                                 starts=shard_starts(self.shuffle_mode, self.reader))
 
     # The order's fields, read where the stream's code and its users look for them.
     shuffle = property(lambda self: self.order.shuffle)
@@ -272,7 +279,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         Raises:
             ValueError: the state belongs to another dataset, order or layout.
         """
-        self._resume = parse_state(state, records=len(self.reader), order=self.shuffle_mode)
+        self._resume = parse_state(state, records=len(self.reader),
+                                   describe=self.describe_order)
         if isinstance(self._resume, StreamPoint):
             self.epoch = self._resume.epoch
         # A worker's position carries its epoch: torchdata loads it when it
@@ -291,10 +299,10 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             raise ValueError("pass a StatefulDataLoader state_dict() or batches=, not both")
         if loader_state is not None:
             return parse_state(loader_state, records=len(self.reader),
-                               order=self.shuffle_mode).to_dict()
+                               describe=self.describe_order).to_dict()
         plan = self.plan()
         return StreamPoint(self.epoch, plan.consumed_after(int(batches)), len(self.reader),
-                           self.shuffle_mode.describe()).to_dict()
+                           self.describe_order(self.epoch)).to_dict()
 
     # -- iteration --------------------------------------------------------------
 
@@ -329,9 +337,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         plan = position.slice()
         # Crops follow the epoch read, which a loaded worker state carries.
         self._drawing_epoch = position.epoch
-        starts = np.asarray([first for first, _ in self.reader.shard_ranges()],
-                            dtype=np.int64) if self.shuffle_block == "shard" else None
-        order = epoch_order(plan.n, self.shuffle_mode, position.epoch, starts)
+        order = epoch_order(plan.n, self.shuffle_mode, position.epoch,
+                            shard_starts(self.shuffle_mode, self.reader))
         if batched:
             yield from stream_batches(self, self._records(plan, order, position), position,
                                       self.batch_size, self.drop_last)
@@ -379,7 +386,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             return WorkerPosition(**{**vars(resume)})
         plan = self.plan()
         return WorkerPosition(epoch=self.epoch, start=plan.start, records=plan.n,
-                              order=self.shuffle_mode.describe(), world=world, rank=rank,
+                              order=self.describe_order(self.epoch), world=world, rank=rank,
                               workers=workers, worker=worker, batch_size=self.batch_size or 0,
                               drop_last=self.drop_last, taken=0)
 

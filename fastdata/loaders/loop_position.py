@@ -67,7 +67,7 @@ class LoopPosition:
         else:
             consumed = plan.consumed_after(handed)
         return StreamPoint(epoch, consumed, _records(source),
-                           source.shuffle_mode.describe()).to_dict()
+                           source.describe_order(epoch)).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self._need().load_state_dict(state)

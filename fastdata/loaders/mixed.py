@@ -98,6 +98,10 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
     order = Order() if order is None else order
     if not isinstance(order, Order):
         raise TypeError(f"order must be a fastdata.Order, not {order!r}")
+    if order.block == "shard":
+        raise ValueError("mix() reads its sources by record, so Order(block='shard') has no "
+                         "shards to keep together: give block= a record count (or leave it "
+                         "None for a permutation of every source)")
     if not isinstance(sources, Mapping) or not sources:
         raise ValueError("sources must be a non-empty mapping of name -> "
                          "{'path': ..., 'weight': ...} (or 'count': ...)")
@@ -120,7 +124,7 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
             raise FastDataError(f"mixture source {name!r}: {exc}") from exc
         opened[name] = ds
         specs.append(MixSource(str(name), len(ds), weight=weight, count=count,
-                               block=1 if order.block in (None, "shard") else order.block,
+                               block=1 if order.block is None else order.block,
                                window=order.window))
     mixture = Mixture(specs, samples_per_epoch=samples_per_epoch, seed=order.seed,
                       shuffle=order.shuffle, schedule=schedule)
@@ -190,6 +194,11 @@ class MixedDataset(Dataset):
                                 f"their batches would not stack: give "
                                 f"decode=fastdata.Decode(size=(h, w)) or a crop")
 
+    def shaping(self) -> dict:
+        """What draws from each sample's randomness besides the order (every
+        source decodes alike): a random crop's settings, for a resume state."""
+        return next(iter(self.sources.values())).shaping()
+
     # -- the epoch ------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -245,7 +254,7 @@ class MixedDataset(Dataset):
             ValueError: the state is not a mixture's, has a weight schedule,
                 or used another seed or shuffle; a source kept changed size.
         """
-        from fastdata.order.state import StreamPoint, saved_point
+        from fastdata.order.state import StreamPoint, order_description, saved_point
 
         point = saved_point(state)
         old = Mixture.described(point.order)
@@ -260,7 +269,9 @@ class MixedDataset(Dataset):
         self.position_order = MixOrder(self.mixture)
         self._entries = None
         self.set_epoch(point.epoch)
-        return StreamPoint(point.epoch, 0, len(self), self.mixture.describe()).to_dict()
+        return StreamPoint(point.epoch, 0, len(self),
+                           order_description(self.position_order, point.epoch,
+                                             shaping=self.shaping())).to_dict()
 
     # -- samples ----------------------------------------------------------------------
 

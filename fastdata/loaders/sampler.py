@@ -20,10 +20,10 @@ from torch.utils.data import Sampler
 
 from fastdata.deprecated import take_read_options
 from fastdata.machine import rank_and_world
-from fastdata.order.epochs import epoch_order
+from fastdata.order.epochs import epoch_order, shard_starts
 from fastdata.order.options import Order
 from fastdata.order.slices import Slice
-from fastdata.order.state import StreamPoint, parse_state
+from fastdata.order.state import StreamPoint, order_description, parse_state
 
 
 class EpochBatches(Sampler[list[int]]):
@@ -66,6 +66,9 @@ class EpochBatches(Sampler[list[int]]):
         # A dataset that orders itself (a mixture) gives the order of its positions.
         self.shuffle_mode = getattr(self.dataset, "position_order", None) \
             or order.shuffle_of(self.records, stream=False)
+        # Whole shards as blocks: the dataset's shard bounds (refused by name
+        # for a dataset without shards, or a bare record count).
+        self._starts = shard_starts(self.shuffle_mode, getattr(self.dataset, "reader", None))
         self.batch_size = order.loader_batch
         self.drop_last = order.drop_last
         self._rank, self._world = order.rank, order.world_size
@@ -93,7 +96,7 @@ class EpochBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         plan = self.plan()
-        order = epoch_order(self.records, self.shuffle_mode, self.epoch)
+        order = epoch_order(self.records, self.shuffle_mode, self.epoch, self._starts)
         self._taken = 0
         if self.dataset is not None and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)  # crops follow the epoch read
@@ -118,12 +121,20 @@ class EpochBatches(Sampler[list[int]]):
                 == self.shuffle_mode and reads.order.policy == self.order.policy:
             reads.follow(self.epoch, plan.start, plan.rank, plan.world, self.batch_size)
 
+    def describe_order(self, epoch: int) -> dict:
+        """What fixes the samples of epoch ``epoch``, for a resume state: the
+        order, the shards' bounds of ``block="shard"``, the dataset's random
+        crop (:func:`fastdata.order.state.order_description`)."""
+        shaping = getattr(self.dataset, "shaping", None)
+        return order_description(self.shuffle_mode, epoch, starts=self._starts,
+                                 shaping=shaping() if shaping is not None else None)
+
     def state_dict(self) -> dict:
         """The point the job has reached: this epoch and the samples of its
         order consumed once every rank has taken the batches this one has."""
         consumed = self.plan().consumed_after(self._taken)
         return StreamPoint(self.epoch, consumed, self.records,
-                           self.shuffle_mode.describe()).to_dict()
+                           self.describe_order(self.epoch)).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (this sampler's, or a ``StatefulDataLoader``'s
@@ -133,7 +144,7 @@ class EpochBatches(Sampler[list[int]]):
         Raises:
             ValueError: the state belongs to another dataset or order.
         """
-        point = parse_state(state, records=self.records, order=self.shuffle_mode)
+        point = parse_state(state, records=self.records, describe=self.describe_order)
         if not isinstance(point, StreamPoint):
             raise ValueError("this is one stream worker's position; load the loader's whole "
                              "state_dict() or a resume point")

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from fastdata.loaders.read_ahead import ReadAhead
-from fastdata.order.epochs import epoch_order
+from fastdata.order.epochs import epoch_order, shard_starts
 from fastdata.order.slices import Slice
 
 #: Batches of a worker fetched ahead of the one it is asked for.
@@ -188,9 +188,9 @@ class SamplerReads:
         self._close_ahead()
         self._key = key
         self._plan = Slice(len(self.reader), start, world, rank, batch_size, self.order.policy)
-        self._epoch_order = epoch_order(len(self.reader),
-                                        self.order.shuffle_of(len(self.reader), stream=False),
-                                        epoch)
+        shuffle = self.order.shuffle_of(len(self.reader), stream=False)
+        self._epoch_order = epoch_order(len(self.reader), shuffle, epoch,
+                                        shard_starts(shuffle, self.reader))
         every = _WorkerBatches(self._plan, self._epoch_order, 0, 1)
         firsts = every.plan.record_indices(
             self._epoch_order, np.asarray([every.plan.batch_positions(t).start

@@ -134,6 +134,14 @@ class SamplePipeline:
         ...), as JSON gives it back; an empty dict when it has none."""
         return self.reader.metadata(index)
 
+    def shaping(self) -> dict:
+        """What draws from each sample's randomness besides the order, for a
+        resume state (:func:`fastdata.order.state.order_description`): a
+        random crop's settings and seed; empty without one."""
+        if self.crop is None or isinstance(self.crop, CenterCrop):
+            return {}
+        return {"crop": {**self.crop.describe(), "seed": int(self.seed)}}
+
     # -- payload -> sample ------------------------------------------------------
 
     def _convert(self, data, index: int):

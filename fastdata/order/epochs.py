@@ -48,7 +48,8 @@ class Shuffle:
     block: int | str = DEFAULT_BLOCK  # records, or "shard": each shard is one block
     window: int = DEFAULT_WINDOW
 
-    def describe(self) -> dict:
+    def describe(self, epoch: int | None = None) -> dict:
+        """What fixes the order, for a resume state (the same in every epoch)."""
         block = self.block if self.block == "shard" else int(self.block)
         return {"shuffle": self.enabled, "seed": int(self.seed), "block": block,
                 "window": int(self.window)}
@@ -66,9 +67,13 @@ def epoch_order(n: int, shuffle: Shuffle, epoch: int,
     """Record indices in the order the job reads epoch ``epoch`` (int64, length n).
 
     ``block_starts`` (the first record of each block, from 0, ascending) gives
-    blocks of their own lengths, such as whole shards (``block="shard"``)."""
+    blocks of their own lengths: whole shards, which ``block="shard"`` needs
+    (:func:`shard_starts`)."""
     if not shuffle.enabled or n <= 1:
         return np.arange(n, dtype=np.int64)
+    if shuffle.block == "shard" and block_starts is None:
+        raise ValueError("Order(block='shard') shuffles whole shards, and no shard bounds "
+                         "were given: read a sharded dataset, or give block= a record count")
     seed = stable_seed("order", shuffle.seed, epoch)
     if shuffle.block == 1 and int(shuffle.window) >= n:  # every record on its own
         return permutation(n, seed)
@@ -86,6 +91,23 @@ def epoch_order(n: int, shuffle: Shuffle, epoch: int,
     per_window = max(1, int(shuffle.window) // block) * block
     window_of = np.arange(n, dtype=np.int64) // per_window
     return order[np.lexsort((rng.random(n), window_of))]
+
+
+def shard_starts(shuffle: Shuffle, reader) -> np.ndarray | None:
+    """The first record of each of ``reader``'s shards when ``shuffle`` takes
+    whole shards as blocks (``block="shard"``), else None.
+
+    Raises:
+        ValueError: ``block="shard"`` and the dataset is not sharded.
+    """
+    if shuffle.block != "shard":
+        return None
+    ranges = getattr(reader, "shard_ranges", None)
+    if ranges is None:
+        raise ValueError(f"Order(block='shard') shuffles whole shards, and "
+                         f"{getattr(reader, 'path', 'this dataset')} is not sharded (LMDB and "
+                         f"HDF5 are one file): give block= a record count")
+    return np.asarray([first for first, _ in ranges()], dtype=np.int64)
 
 
 def _order_of_blocks(n: int, firsts: np.ndarray, window: int, rng) -> np.ndarray:

@@ -63,6 +63,20 @@ class MixSource:
         if self.count is not None and (isinstance(self.count, bool) or int(self.count) < 0):
             raise ValueError(f"mixture source {self.name!r}: count must be 0 or more, not "
                              f"{self.count!r}")
+        if isinstance(self.block, (str, bool)) or int(self.block) < 1:
+            raise ValueError(f"mixture source {self.name!r}: block must be a record count of "
+                             f"at least 1, not {self.block!r} (a mixture reads its sources "
+                             f"by record, so whole shards are not blocks)")
+        if self.window is not None and (isinstance(self.window, bool) or int(self.window) < 1):
+            raise ValueError(f"mixture source {self.name!r}: window must be at least 1, not "
+                             f"{self.window!r}")
+
+    def describe(self) -> dict:
+        """What fixes this source's part of the order (the window as used: None
+        is the whole source)."""
+        return {"name": self.name, "size": self.size, "count": self.count,
+                "weight": self.weight, "block": int(self.block),
+                "window": self.size if self.window is None else int(self.window)}
 
 
 Weights = Callable[[int], Mapping[str, float]]
@@ -206,7 +220,8 @@ class Mixture:
             raise ValueError("this state's mixture had a weight schedule, which a state "
                              "cannot hold: continue it with the same schedule instead")
         sources = [MixSource(s["name"], int(s["size"]), weight=s.get("weight"),
-                             count=s.get("count")) for s in description["mixture"]]
+                             count=s.get("count"), block=int(s.get("block", 1)),
+                             window=s.get("window")) for s in description["mixture"]]
         return cls(sources, samples_per_epoch=int(description["samples_per_epoch"]),
                    seed=int(description["seed"]), shuffle=bool(description["shuffle"]),
                    start=description.get("start"),
@@ -255,25 +270,33 @@ class Mixture:
             k += take
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
-    def describe(self) -> dict:
-        """What fixes the mixture's order, for a resume state."""
-        sources = [{"name": s.name, "size": s.size, "count": s.count, "weight": s.weight}
-                   for s in self.sources]
-        out = {"mixture": sources, "samples_per_epoch": self.samples_per_epoch,
+    def describe(self, epoch: int | None = None) -> dict:
+        """What fixes the mixture's order up to epoch ``epoch`` (default: its
+        first), for a resume state: the sources (sizes, shares, block and
+        window), the epoch size, seed and shuffle, and a weight schedule's
+        counts of every epoch from the first through ``epoch`` (a digest):
+        the epochs before a point and the point's own fix which records
+        come next, so a state is taken for the same mixture only where they
+        agree. A schedule that differs only in later epochs takes effect there.
+        """
+        epoch = self.first_epoch if epoch is None else int(epoch)
+        out = {"mixture": [s.describe() for s in self.sources],
+               "samples_per_epoch": self.samples_per_epoch,
                "seed": self.seed, "shuffle": self.shuffle,
-               "schedule": None if self.schedule is None else self._schedule_digest()}
+               "schedule": None if self.schedule is None else self._schedule_digest(epoch)}
         if self.first_epoch or any(self.start.values()):  # continued from another
             out.update(start=dict(self.start), first_epoch=self.first_epoch)
         return out
 
-    #: Epochs of a weight schedule a resume state pins (by their counts).
-    PINNED_EPOCHS = 100
-
-    def _schedule_digest(self) -> str:
+    def _schedule_digest(self, epoch: int) -> dict:
+        """The weight schedule's counts of epochs first_epoch..epoch, as a digest.
+        Costs one row of counts per epoch, kept (as the counts are anyway)."""
         import hashlib
 
-        counts = np.stack([self.counts(self.first_epoch + e) for e in range(self.PINNED_EPOCHS)])
-        return hashlib.blake2b(counts.tobytes(), digest_size=8).hexdigest()
+        last = max(self.first_epoch, epoch)
+        counts = np.stack([self.counts(e) for e in range(self.first_epoch, last + 1)])
+        digest = hashlib.blake2b(counts.astype("<i8").tobytes(), digest_size=16).hexdigest()
+        return {"epochs": [self.first_epoch, last], "counts": digest}
 
 
 @dataclass(frozen=True)
@@ -292,5 +315,5 @@ class MixOrder:
     def window(self) -> int:
         return self.mixture.samples_per_epoch
 
-    def describe(self) -> dict:
-        return self.mixture.describe()
+    def describe(self, epoch: int | None = None) -> dict:
+        return self.mixture.describe(epoch)

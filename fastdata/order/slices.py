@@ -4,8 +4,9 @@ The slices are cut so that
 
 - every rank gets the same number of samples M (padding with repeats of the
   sequence's first samples, fewer than one per rank, or dropping the last
-  ones), hence the same number of batches: DistributedDataParallel never
-  waits for a rank that ran out;
+  ones: fewer than one per rank and a partial last batch), hence the same
+  number of batches: DistributedDataParallel never waits for a rank that
+  ran out;
 - the job consumes the sequence as a prefix: global batch round t is rank 0's
   t-th batch, then rank 1's, ...; after every rank has taken t batches the
   first ``W x t x B`` samples are done, whatever W. A checkpoint is then one
@@ -52,10 +53,11 @@ class Slice:
 
     @property
     def per_rank(self) -> int:
-        """M: samples every rank yields this epoch (from ``start`` on)."""
+        """M: samples every rank yields this epoch (from ``start`` on); under
+        "drop", whole batches only (a partial last batch is left out too)."""
         left = self.remaining
         if self.policy == "drop":
-            return left // self.world
+            return left // self.world // self.batch_size * self.batch_size
         return -(-left // self.world)
 
     @property

@@ -14,11 +14,12 @@ Two kinds of state, both plain JSON-able dicts tagged ``"fastdata_stream"``:
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-
-from fastdata.order.epochs import Shuffle
 from fastdata.order.slices import Slice, batches_delivered, worker_batches
 
 TAG = "fastdata_stream"
@@ -120,9 +121,33 @@ def _load(entry: dict):
         raise ValueError(f"not a fastdata stream state: {exc}") from None
 
 
-def parse_state(state: dict, *, records: int, order: Shuffle) -> StreamPoint | WorkerPosition:
+def order_description(order, epoch: int, *, shaping: Mapping | None = None,
+                      starts: np.ndarray | None = None) -> dict:
+    """What a resume state records of the order it was taken in, at epoch
+    ``epoch``: the order's own description (a ``Shuffle``'s mode, seed, block
+    and window, or a mixture's sources, shares and schedule), the shards'
+    bounds when whole shards are the blocks (``starts``, as a digest), and
+    what else draws from the sample's randomness (``shaping``: a random crop's
+    settings). A state whose description differs in any field is refused.
+    """
+    out = dict(order.describe(epoch))
+    if starts is not None:
+        digest = hashlib.blake2b(np.asarray(starts, dtype="<i8").tobytes(), digest_size=16)
+        out["shards"] = {"count": len(starts), "digest": digest.hexdigest()}
+    out.update(shaping or {})
+    return out
+
+
+def parse_state(state: dict, *, records: int, describe: Callable[[int], dict]
+                ) -> StreamPoint | WorkerPosition:
     """A worker position (given back to one worker) or a resume point (from a
     point, or from a loader's whole state).
+
+    Args:
+        state: the state dict.
+        records: the reader's records (or a mixture's samples per epoch).
+        describe: the reader's order description at an epoch
+            (:func:`order_description`), compared with the state's.
 
     Raises:
         ValueError: the state is of another dataset or order, incomplete, or
@@ -135,7 +160,7 @@ def parse_state(state: dict, *, records: int, order: Shuffle) -> StreamPoint | W
         raise ValueError("no fastdata stream state found in this state dict: was it saved "
                          "from a ShardedIterableDataset or its DataLoader?")
     for entry in entries:
-        _check_dataset(entry, records, order)
+        _check_dataset(entry, records, describe)
     if TAG in state:
         return entries[0]
     return _point_of(entries, records)
@@ -158,15 +183,45 @@ def saved_point(state: dict) -> StreamPoint:
     return points[0]
 
 
-def _check_dataset(entry, records: int, order: Shuffle) -> None:
+def _check_dataset(entry, records: int, describe: Callable[[int], dict]) -> None:
     if entry.records and entry.records != records:
         raise ValueError(f"this state was saved for a dataset of {entry.records} records; "
                          f"this one has {records}")
-    if entry.order and entry.order != order.describe():
-        saved, now = entry.order, order.describe()
-        diff = ", ".join(f"{k} {saved.get(k)} now {now[k]}" for k in now if saved.get(k) != now[k])
+    if not entry.order:
+        return
+    # As JSON has them (a state may have been through JSON: tuples become lists).
+    saved, now = (json.loads(json.dumps(d)) for d in (entry.order, describe(entry.epoch)))
+    if saved != now:
+        diff = "; ".join(f"{name} {_shown(a)} now {_shown(b)}"
+                         for name, a, b in _differences(saved, now))
         raise ValueError(f"this state was saved with another order ({diff}): the rest of the "
                          f"epoch would not be the samples not yet read; use the same options")
+
+
+_ABSENT = object()
+
+
+def _differences(saved, now, name: str = "") -> list[tuple[str, object, object]]:
+    """(field, saved, now) of every field that differs, by its dotted name;
+    a mixture's sources named by their names."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for key in [*now, *(k for k in saved if k not in now)]:
+            out += _differences(saved.get(key, _ABSENT), now.get(key, _ABSENT),
+                                f"{name}.{key}" if name else str(key))
+        return out
+    if isinstance(saved, list) and isinstance(now, list) and len(saved) == len(now) \
+            and all(isinstance(x, dict) and "name" in x for x in saved + now):
+        out = []
+        for a, b in zip(saved, now):
+            label = repr(a["name"]) if a["name"] == b["name"] else f"{a['name']!r}/{b['name']!r}"
+            out += _differences(a, b, f"{name}[{label}]")
+        return out
+    return [] if saved == now else [(name, saved, now)]
+
+
+def _shown(value) -> str:
+    return "(none)" if value is _ABSENT else repr(value)
 
 
 def _point_of(entries: list, records: int) -> StreamPoint:
