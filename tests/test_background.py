@@ -209,19 +209,34 @@ def test_an_interrupted_wait_is_raised_even_when_the_loader_hangs(monkeypatch):
 
 
 def test_a_stream_run_ahead_still_has_the_position_of_what_the_loop_took(tmp_path):
-    tree = build_tree(tmp_path / "src", uniform_spec(classes=("a", "b"), per_class=8))
+    # 16 classes of one image each: a sample's label names its record.
+    tree = build_tree(tmp_path / "src",
+                      uniform_spec(classes=tuple(f"c{k:02d}" for k in range(16)), per_class=1))
     fastdata.pack(tree.root, tmp_path / "s.tar", options=fastdata.PackOptions(shard_size=4),
                   progress=False)
-    ds = fastdata.ShardedIterableDataset(tmp_path / "s.tar.fastdata.json", size=(16, 16))
-    loader = fastdata.loader(ds, batch_size=4, num_workers=0, device="cpu")
+
+    def stream():
+        return fastdata.ShardedIterableDataset(
+            tmp_path / "s.tar.fastdata.json", decode=fastdata.Decode(size=(16, 16)),
+            order=fastdata.Order(shuffle=True, seed=2, batch_size=4, block=1))
+
+    def records(loader) -> list[list[int]]:
+        return [labels.tolist() for _, labels in loader]
+
+    ds = stream()
+    assert ds.targets == list(range(16))
+    whole = records(fastdata.loader(stream(), num_workers=0, device="cpu"))
+    assert len(whole) == 4 and sorted(sum(whole, [])) == list(range(16))
+    loader = fastdata.loader(ds, num_workers=0, device="cpu")
     assert loader.background == 2   # batches made ahead on a thread, a batch at a time
     it = iter(loader)
-    next(it)
+    taken = next(it)[1].tolist()
     state = ds.state_dict()  # after the one batch the loop took, not later ones
-    again = fastdata.ShardedIterableDataset(tmp_path / "s.tar.fastdata.json", size=(16, 16))
+    again = stream()
     again.load_state_dict(state)
-    rest = fastdata.loader(again, batch_size=4, num_workers=0, device="cpu")
-    assert sum(len(labels) for _, labels in rest) == len(ds) - 4 == 12
+    rest = records(fastdata.loader(again, num_workers=0, device="cpu"))
+    # The uninterrupted pass's records after the first batch, in its order.
+    assert taken == whole[0] and rest == whole[1:] and len(sum(rest, [])) == 12
 
 
 def test_a_loader_that_keeps_a_resume_state_is_refused(lmdb_photos):

@@ -157,15 +157,23 @@ def test_prefetcher_normalises_every_batch_on_its_device(packed, device):
 
 
 def test_loader_defaults(packed):
-    ds = fastdata.open_dataset(packed)
-    dl = fastdata.loader(ds, batch_size=8, num_workers=0, device="cpu")
+    ds = fastdata.open_dataset(packed, order=fastdata.Order(shuffle=True, seed=3, batch_size=8))
+    dl = fastdata.loader(ds, num_workers=0, device="cpu")
     assert isinstance(dl, fastdata.CUDAPrefetcher)
     assert isinstance(dl.loader, torch.utils.data.DataLoader)
-    a = [b[1].tolist() for b in fastdata.loader(ds, batch_size=8, num_workers=0, seed=3,
-                                                device="cpu")]
-    b = [b[1].tolist() for b in fastdata.loader(ds, batch_size=8, num_workers=2, seed=3,
-                                                device="cpu")]
-    assert a == b  # same seed, same order, whatever the number of workers
+    # Each sample's record, found by its pixels (every noise image differs).
+    number = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    assert len(number) == len(ds) == 120
+
+    def records(workers: int) -> list[list[int]]:
+        return [[number[(x * 255).round().to(torch.uint8).numpy().tobytes()] for x in images]
+                for images, _ in fastdata.loader(ds, num_workers=workers, device="cpu")]
+
+    a, b = records(0), records(2)
+    # Same seed, same records in the same order, whatever the number of workers:
+    # the order engine's batches.
+    assert a == b == [list(batch) for batch in fastdata.EpochBatches(ds)]
+    assert len(a) == 15 and sorted(sum(a, [])) == list(range(120)) != sum(a, [])
 
 
 def _as_list(batch):

@@ -75,8 +75,13 @@ def test_transform_or_other_outputs_keep_per_sample_path(tree, tmp_path):
 def test_dataloader_with_fastdata_collate(tree, tmp_path):
     ds = fastdata.open_dataset(_pack(tree, tmp_path, "dl", resize=(16, 16), encoding="raw"))
     loader = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=fastdata.collate)
-    labels = torch.cat([y for _, y in loader]).tolist()
-    assert labels == ds.targets
+    batches = list(loader)
+    assert [len(y) for _, y in batches] == [6, 6, 6, 2]
+    # Every record, in the stored order: its pixels (every noise image differs)
+    # and its label.
+    assert torch.equal(torch.cat([x for x, _ in batches]),
+                       torch.stack([ds[i][0] for i in range(len(ds))]))
+    assert torch.cat([y for _, y in batches]).tolist() == ds.targets
 
 
 def test_mixed_sizes_get_an_error_that_says_what_to_do(tree, tmp_path):

@@ -239,10 +239,13 @@ def test_drop_last(fmt, datasets, index_dir):
     loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu",
                         drop_last=True)
     assert len(loader) == 4
+    ref, targets = reference(datasets[fmt])
     for _ in range(2):
-        _, labels, sizes = one_epoch(loader)
+        images, labels, sizes = one_epoch(loader)
         assert sizes == [5, 5, 5, 5]
-        assert labels.tolist() == fastdata.open_dataset(datasets[fmt]).targets[:20]
+        # The first 20 records, in the stored order (each found by its pixels).
+        assert nearest(images, ref) == list(range(20))
+        assert labels.tolist() == targets[:20]
 
 
 @needs_dali
@@ -303,6 +306,7 @@ def test_random_resized_crops(fmt, datasets, index_dir):
     assert torch.equal(flipped, first.flip(-1))
     half, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, device="cpu",
                                       crop=fastdata.RandomResizedCrop(16, hflip=0.5)))
+    assert half.shape == first.shape
     mirrored = [torch.equal(h, f.flip(-1)) for h, f in zip(half, first)]
     assert all(m or torch.equal(h, f) for m, h, f in zip(mirrored, half, first))
     assert 0 < sum(mirrored) < N
@@ -394,9 +398,11 @@ def test_tfrecord_without_idx_files_gets_generated_ones(tree, tmp_path, index_di
         idx.unlink()
     loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
     assert loader.plan.reader == "tfrecord"
-    _, labels, sizes = one_epoch(loader)
+    images, labels, sizes = one_epoch(loader)
     assert sizes == [5, 5, 5, 5, 4]
-    assert labels.tolist() == fastdata.open_dataset(path).targets
+    ref, targets = reference(path)
+    assert nearest(images, ref) == list(range(N))  # every record, in the stored order
+    assert labels.tolist() == targets
     assert len(list(index_dir.glob("*.tfrecord.idx"))) == 3
 
 
@@ -436,9 +442,11 @@ def test_default_shard_is_the_distributed_rank(datasets, monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda: 3)
     loader = DALILoader(datasets["lmdb"], batch_size=BATCH, size=SIZE, device="cpu")
     assert (loader.plan.shard_id, loader.plan.num_shards) == (1, 3)
-    _, labels, sizes = one_epoch(loader)
+    images, labels, sizes = one_epoch(loader)
     assert sizes == [5, 3]
-    targets = fastdata.open_dataset(datasets["lmdb"]).targets
+    ref, targets = reference(datasets["lmdb"])
+    # Rank 1's records of the order engine's slices (each found by its pixels).
+    assert nearest(images, ref) == _engine_positions(N, 1, 3)
     assert labels.tolist() == [targets[i] for i in _engine_positions(N, 1, 3)]
 
 

@@ -58,7 +58,12 @@ def test_python_per_sample_gets_worker_processes(packs):
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog, tmp_path):
+def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog, tmp_path,
+                                                   monkeypatch):
+    # The choice is made for 2 usable cores, whatever this machine has.
+    import fastdata.machine
+
+    monkeypatch.setattr(fastdata.machine, "usable_cores", lambda: 2)
     path = packs[1] if streaming else packs[0]
 
     def batches(**kw):
@@ -76,6 +81,10 @@ def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog, tmp
         "collate_fn": CollatedIn(log, fastdata.collate)}
     assert got == batches(num_workers=2, **recorded)[1] == batches(num_workers=0)[1]
     assert_other_processes(log, count=2)
-    assert "worker process" in repr(chosen) and str(chosen.choice) in repr(chosen)
+    assert (chosen.choice.num_workers, chosen.choice.background) == (0, 2)
+    how = ("fastdata decodes the stream on 2 threads in this process, a batch at a time"
+           if streaming else "fastdata decodes on 2 threads in this process with the GIL released")
+    assert repr(chosen) == ("CUDAPrefetcher(device='cpu', no worker processes, "
+                            f"2 batches ahead on a background thread: {how})")
     assert any("fastdata.loader(" in r.getMessage() and str(chosen.choice) in r.getMessage()
                for r in caplog.records)

@@ -4,7 +4,9 @@ A loader made by fastdata.loader() decodes batches ahead of the loop (a
 background thread, worker processes), so what made the batches is ahead of
 the step; the loader's own state counts the batches the loop was handed.
 Resuming from it must give exactly the batches an uninterrupted pass gives
-after that point, for map-style datasets and streams alike.
+after that point, for map-style datasets and streams alike: the same records
+in the same order (every record has a class of its own, so a batch's labels
+are its record indices).
 """
 
 from __future__ import annotations
@@ -23,11 +25,15 @@ ORDER = fastdata.Order(shuffle=True, seed=3, batch_size=8)
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
-    synthesize(tmp / "src", kind="tiny", n=100, classes=4, seed=2)
+    # One image per class: a label names its record (record i has label i).
+    synthesize(tmp / "src", kind="tiny", n=100, classes=100, seed=2)
     lmdb = fastdata.pack(tmp / "src", tmp / "d.lmdb", progress=False).output
     fastdata.pack(tmp / "src", tmp / "d-%06d.tar",
                   options=fastdata.PackOptions(shard_size=30), progress=False)
-    return {"map": str(lmdb), "stream": str(tmp / "d.tar.fastdata.json")}
+    out = {"map": str(lmdb), "stream": str(tmp / "d.tar.fastdata.json")}
+    for kind in out:
+        assert _open(out, kind).targets == list(range(100))
+    return out
 
 
 def _open(packs, kind):
@@ -40,6 +46,7 @@ def _loader(ds, workers):
 
 
 def _batches(loader):
+    """The record indices of each batch (a record's label is its index)."""
     return [labels.tolist() for _, labels in loader]
 
 
@@ -49,6 +56,7 @@ def _batches(loader):
 def test_resume_from_the_loaders_state_gives_the_rest_of_the_pass(packs, kind, workers, stop):
     whole = _batches(_loader(_open(packs, kind), workers))
     assert len(whole) == 13  # 100 records in batches of 8
+    assert sorted(sum(whole, [])) == list(range(100)) != sum(whole, [])  # each once, shuffled
 
     first = _loader(_open(packs, kind), workers)
     taken = []
@@ -64,7 +72,8 @@ def test_resume_from_the_loaders_state_gives_the_rest_of_the_pass(packs, kind, w
 
     again = _loader(_open(packs, kind), workers)
     again.load_state_dict(state)
-    assert taken + _batches(again) == whole
+    rest = _batches(again)
+    assert len(rest) == 13 - stop and taken + rest == whole
 
 
 @pytest.mark.parametrize("kind", ["map", "stream"])
@@ -76,6 +85,8 @@ def test_after_a_whole_pass_the_state_is_the_next_epochs_start(packs, kind):
     after = loader.state_dict()
     assert (after["epoch"], after["consumed"]) == (1, 0)
     second = _batches(loader)  # epoch 1 itself
+
+    assert len(second) == 13 and second != _batches(_loader(_open(packs, kind), 0))
 
     resumed = _loader(_open(packs, kind), 0)
     resumed.load_state_dict(after)
@@ -90,9 +101,11 @@ def test_a_resume_point_loads_with_other_workers(packs):
     state = first.state_dict()
     del it
     whole = _batches(_loader(_open(packs, "map"), 0))
+    assert len(whole) == 13
     again = _loader(_open(packs, "map"), 0)
     again.load_state_dict(state)
-    assert _batches(again) == whole[4:]
+    rest = _batches(again)
+    assert len(rest) == 9 and rest == whole[4:]
 
 
 def test_a_loader_fastdata_does_not_order_says_so(packs):

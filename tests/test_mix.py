@@ -141,24 +141,28 @@ def test_a_resume_continues_the_uninterrupted_sequence(packs, workers):
                                   num_workers=workers, collate_fn=fastdata.collate,
                                   multiprocessing_context="fork" if workers else None)
 
-    def pixels_and_sources(batches):
-        return [(images.sum().item(), [m["source"] for m in metas])
+    def records_and_pixels(batches):
+        """Each batch's (source, record) positions, and its pixels' bytes."""
+        return [([(m["source"], m["index"]) for m in metas], images.numpy().tobytes())
                 for images, _, metas in batches]
 
     full = loader()
-    want = pixels_and_sources([b for _ in range(2) for b in full])  # epochs 0 and 1
+    want = records_and_pixels([b for _ in range(2) for b in full])  # epochs 0 and 1
+    assert len(want) == 12  # 6 batches of 5 an epoch
     first = loader()
     it = iter(first)
-    got = pixels_and_sources([next(it) for _ in range(2)])
+    got = records_and_pixels([next(it) for _ in range(2)])
     state = first.state_dict()
     resumed = loader()
     resumed.load_state_dict(state)
-    got += pixels_and_sources(resumed)          # the rest of epoch 0
+    rest = records_and_pixels(resumed)          # the rest of epoch 0
+    assert len(rest) == 4 and got + rest == want[:6]
     state = resumed.state_dict()
     again = loader()                            # once more, at the end of the epoch
     again.load_state_dict(state)
-    got += pixels_and_sources(again)            # epoch 1, whole
-    assert got == want
+    epoch1 = records_and_pixels(again)          # epoch 1, whole
+    assert len(epoch1) == 6 and epoch1 == want[6:]
+    assert [b for b, _ in want[:6]] != [b for b, _ in want[6:]]  # epoch 1: another order
 
 
 def test_a_resume_with_other_ranks_continues_the_epoch(packs):
@@ -228,12 +232,16 @@ def test_a_source_at_an_s3_url_mixes_with_a_local_one(packs, s3_server, s3_env, 
     _zoo_on_s3(packs, s3_server, "mixzoo")
     remote = fastdata.mix({"pets": {"path": packs["pets"], "weight": 1},
                            "zoo": {"path": "s3://mixzoo/zoo.tar", "weight": 2}},
-                          samples_per_epoch=30, decode=DECODE,
+                          samples_per_epoch=30, decode=DECODE, with_metadata=True,
                           order=Order(shuffle=True, seed=3, batch_size=BATCH))
-    local = _mix(packs)
-    for a, b in zip(fastdata.loader(remote, num_workers=0, device="cpu"),
-                    fastdata.loader(local, num_workers=0, device="cpu")):
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    local = _mix(packs, with_metadata=True)
+    got = list(fastdata.loader(remote, num_workers=0, device="cpu"))
+    want = list(fastdata.loader(local, num_workers=0, device="cpu"))
+    assert len(got) == len(want) == 6  # 30 samples in batches of 5
+    for (images, labels, metas), (want_images, want_labels, want_metas) in zip(got, want):
+        assert [(m["source"], m["index"]) for m in metas] == \
+            [(m["source"], m["index"]) for m in want_metas]
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
 
 
 DDP_SCRIPT = """
@@ -292,17 +300,21 @@ def test_a_mixture_file_opens_with_open_dataset_and_shows_in_info(packs, tmp_pat
             "samples_per_epoch": 30, "classes": "union", "seed": 3}
     path = tmp_path / "mix.json"
     path.write_text(json.dumps(spec))
-    from_file = fastdata.open_dataset(str(path), decode=DECODE,
+    from_file = fastdata.open_dataset(str(path), decode=DECODE, with_metadata=True,
                                       order=Order(shuffle=True, seed=3, batch_size=BATCH))
     assert isinstance(from_file, fastdata.MixedDataset) and from_file.classes == [
         "cat", "dog", "eel"]
     from_mapping = fastdata.open_dataset(
         {"pets": {"path": packs["pets"], "weight": 1}, "zoo": {"path": packs["zoo"], "weight": 2}},
         decode=DECODE, order=Order(shuffle=True, seed=3, batch_size=BATCH),
-        samples_per_epoch=30, classes="union")
-    for a, b in zip(fastdata.loader(from_file, num_workers=0, device="cpu"),
-                    fastdata.loader(from_mapping, num_workers=0, device="cpu")):
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        samples_per_epoch=30, classes="union", with_metadata=True)
+    got = list(fastdata.loader(from_file, num_workers=0, device="cpu"))
+    want = list(fastdata.loader(from_mapping, num_workers=0, device="cpu"))
+    assert len(got) == len(want) == 6  # 30 samples in batches of 5
+    for (images, labels, metas), (want_images, want_labels, want_metas) in zip(got, want):
+        assert [(m["source"], m["index"]) for m in metas] == \
+            [(m["source"], m["index"]) for m in want_metas]
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
     result = CliRunner().invoke(main, ["info", str(path)])
     assert result.exit_code == 0, result.output
     assert "a mixture of 2 sources, 30 samples per epoch" in result.output
@@ -366,9 +378,24 @@ def test_a_changed_mixture_continues_from_the_old_ones_point(packs):
     # once, the rest a new cycle; zoo (21) gave 10 + 15: its first 21, once each.
     assert sorted(pets[:12]) == list(range(12)) and len(set(pets[12:])) == len(pets[12:])
     assert sorted(zoo[:21]) == list(range(21))
-    # The new run's own state resumes it.
+    assert len(after) == 30
+    # The new run's own state resumes it: saved after 2 of its batches, the
+    # rest of them, in order; saved at the end of its pass, its next epoch.
+    part = fastdata.EpochBatches(new)
+    part.load_state_dict(point)
+    it = iter(DataLoader(new, batch_sampler=part, collate_fn=fastdata.collate))
+    head = [(m["source"], m["index"]) for _ in range(2) for m in next(it)[2]]
     again = fastdata.EpochBatches(new)
-    again.load_state_dict(batches.state_dict())
+    again.load_state_dict(part.state_dict())
+    rest = _positions(new, DataLoader(new, batch_sampler=again, collate_fn=fastdata.collate))
+    assert head == after[:2 * BATCH] and rest == after[2 * BATCH:] and len(rest) == 20
+    end = batches.state_dict()
+    following = _positions(new, DataLoader(new, batch_sampler=batches,
+                                           collate_fn=fastdata.collate))
+    again = fastdata.EpochBatches(new)
+    again.load_state_dict(end)
+    resumed = _positions(new, DataLoader(new, batch_sampler=again, collate_fn=fastdata.collate))
+    assert len(following) == 30 and resumed == following
     # A state of a mixture read with another seed is not continued.
     other = fastdata.mix({"pets": {"path": packs["pets"], "weight": 1}}, decode=DECODE,
                          order=Order(shuffle=True, seed=4))
@@ -397,7 +424,9 @@ def test_a_repeated_record_gets_a_new_random_crop_each_time(packs):
                 for image, m in zip(images, metas)]
 
     first, again = epoch(), epoch()
-    assert all(i == j and torch.equal(a, b) for (i, a), (j, b) in zip(first, again))
+    assert len(first) == len(again) == 30
+    assert [i for i, _ in first] == [j for j, _ in again]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(first, again))
     by_record: dict = {}
     for index, image in first:  # 12 records, 30 samples: each 2 or 3 times
         by_record.setdefault(index, []).append(image)

@@ -20,18 +20,23 @@ N = 23
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
-    """23 images of 3 classes (22x30) as LMDB and as tar shards of 5."""
+    """23 images (22x30) as LMDB and as tar shards of 5, each image a class of its
+    own: a sample's label is its record index, so labels compared in order are
+    records compared in order."""
     root = tmp_path_factory.mktemp("read_options")
-    tree = build_tree(root / "src", uniform_spec(("a", "b", "c"), 8)[:N], size=(22, 30))
+    tree = build_tree(root / "src", uniform_spec(tuple(f"c{k:02d}" for k in range(N)), 1),
+                      size=(22, 30))
     out = {}
     for fmt, name, shards in (("lmdb", "ds.lmdb", None), ("tar", "ds.tar", 5)):
         out[fmt] = str(root / name)
         fastdata.pack(tree.root, out[fmt],
                       options=fastdata.PackOptions(workers=1, shard_size=shards), progress=False)
+        assert fastdata.open_dataset(out[fmt]).targets == list(range(N))
     return out
 
 
 def _labels(batches) -> list[int]:
+    """The record indices of the batches' samples, in order (a label is its record)."""
     return [int(x) for _, labels in batches for x in labels]
 
 
@@ -105,8 +110,8 @@ def test_the_loader_reads_in_the_datasets_order(packs):
     batches = list(fastdata.loader(ds, num_workers=0, device="cpu"))
     assert [len(labels) for _, labels in batches] == [5, 5, 5, 5, 3]
     sampler = fastdata.EpochBatches(ds)
-    want = [int(ds.targets[i]) for batch in sampler for i in batch]
-    assert _labels(batches) == want
+    want = [i for batch in sampler for i in batch]
+    assert _labels(batches) == want and len(want) == N
     # The old loader keywords still work, with a warning naming the new place.
     with pytest.warns(DeprecationWarning, match=r"loader\(batch_size=\).*order=fastdata.Order"):
         old = fastdata.loader(ds, batch_size=4, num_workers=0, device="cpu")
@@ -194,19 +199,27 @@ def test_the_loader_moves_a_stream_to_the_next_epoch_after_a_pass(packs):
     assert third.epoch == 0
 
 
-def test_a_stream_decodes_on_threads_and_close_stops_them(packs):
+@pytest.mark.parametrize("cores", [1, 4])
+def test_a_stream_decodes_on_threads_and_close_stops_them(packs, cores, monkeypatch):
+    # The cores the decode pool sizes itself by, whatever this machine has:
+    # one core decodes in the calling thread, more on a pool of threads.
+    from fastdata.loaders import decode_pool
+
+    monkeypatch.setattr(decode_pool, "usable_cores", lambda: cores)
     stream = fastdata.open_dataset(packs["tar"], streaming=True, decode=Decode(size=(8, 8)),
                                    order=Order(shuffle=True, seed=5, batch_size=4))
-    from fastdata.machine import usable_cores
-
     first = [label for _, label in stream]
+    assert sorted(first) == list(range(N)) != first
     executor = stream._decoders._executor
-    if usable_cores() > 1:
+    if cores == 1:
+        assert executor is None and stream._decoders.threads_here() == 1
+        threads = set()
+    else:
         assert executor is not None  # the stream decoded on its pool
         threads = set(executor._threads)
         assert threads and all(t.name.startswith("fastdata-decode") for t in threads)
     stream.close()
     assert stream._decoders._executor is None
-    if usable_cores() > 1:
-        assert not any(t.is_alive() for t in threads)
-    assert [label for _, label in stream] == first  # threads come back, same order
+    assert not any(t.is_alive() for t in threads)
+    assert [label for _, label in stream] == first  # threads come back, same records in order
+    assert (stream._decoders._executor is None) == (cores == 1)

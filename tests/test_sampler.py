@@ -35,6 +35,19 @@ def _numbers(tree):
     return lambda batch: [number[bytes(data)] for data, _ in batch]
 
 
+def _records_of(ds):
+    """The record indices of a batch of ``ds``'s decoded images (uint8, or the
+    floats in [0, 1] fastdata.loader() gives), found by their pixels."""
+    table = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    assert len(table) == len(ds)  # every image differs
+
+    def records(images: torch.Tensor) -> list[int]:
+        if images.dtype != torch.uint8:
+            images = (images * 255).round().to(torch.uint8)
+        return [table[image.numpy().tobytes()] for image in images]
+    return records
+
+
 def test_every_rank_gets_equal_batches_and_the_epoch_is_the_dataset(packed):
     tree, path = packed
     ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
@@ -80,18 +93,24 @@ def test_a_resume_with_other_ranks_reads_the_rest_once(packed):
     numbers = _numbers(tree)
     two = [fastdata.EpochBatches(ds, Order(batch_size=BATCH, shuffle=True, rank=r, world_size=2))
            for r in range(2)]
+    whole = [i for batch in DataLoader(ds, batch_sampler=fastdata.EpochBatches(
+        ds, Order(batch_size=BATCH, shuffle=True)), collate_fn=numbers) for i in batch]
+    assert sorted(whole) == list(range(len(ds))) != whole  # one process's shuffled epoch
     its = [iter(DataLoader(ds, batch_sampler=s, collate_fn=numbers)) for s in two]
     done = [i for _ in range(2) for it in its for i in next(it)]  # 2 steps of both ranks
+    assert done == whole[:16]  # round by round, the epoch's first 16
     state = two[0].state_dict()
     three = [fastdata.EpochBatches(ds, Order(batch_size=BATCH, shuffle=True, rank=r, world_size=3))
              for r in range(3)]
-    rest = []
+    per_rank = []
     for sampler in three:
         sampler.load_state_dict(state)
-        rest += [i for batch in DataLoader(ds, batch_sampler=sampler, collate_fn=numbers)
-                 for i in batch]
-    assert set(done) | set(rest) == set(range(len(ds)))
-    assert not set(done) & set(rest) and len(rest) - len(set(rest)) < 3
+        per_rank.append(list(DataLoader(ds, batch_sampler=sampler, collate_fn=numbers)))
+    # 5 left for 3 ranks: 2 each, in one batch each, the sixth a repeat of the
+    # first of them (the padding); round by round, the rest of the epoch.
+    assert [[len(b) for b in batches] for batches in per_rank] == [[2]] * 3
+    rounds = [i for batches in per_rank for i in batches[0]]
+    assert rounds == whole[16:] + whole[16:17]
 
 
 def test_each_pass_reads_the_next_epoch(packed):
@@ -123,6 +142,7 @@ def test_the_loader_reads_in_the_engines_batches(packed, tmp_path):
     tree, path = packed
     ds = fastdata.open_dataset(path, decode=fastdata.Decode(size=(12, 12)),
                                order=fastdata.Order(shuffle=True, batch_size=BATCH, seed=3))
+    records = _records_of(ds)
     orders = []
     for workers in (0, 2):
         fork = {"multiprocessing_context": "fork"} if workers else {}
@@ -130,6 +150,8 @@ def test_the_loader_reads_in_the_engines_batches(packed, tmp_path):
         loader = fastdata.loader(ds, num_workers=workers, device="cpu",
                                  collate_fn=CollatedIn(log, fastdata.collate), **fork)
         assert isinstance(loader.loader.batch_sampler, fastdata.EpochBatches)
-        orders.append([labels.tolist() for _, labels in loader])
+        orders.append([records(images) for images, _ in loader])
         assert_workers_did_it(log, workers)
-    assert orders[0] == orders[1]  # one order whatever the workers
+    # One order whatever the workers: the engine's batches, record by record.
+    assert orders[0] == orders[1] == [list(b) for b in fastdata.EpochBatches(ds)]
+    assert [len(b) for b in orders[0]] == [BATCH] * 5 + [1]

@@ -252,6 +252,7 @@ def test_jsonl_metadata_keeps_nested_values_as_they_are(listed):
             obj["only_here"] = {"deep": [{"x": [1, [2, [3]]]}]}
         objs.append(obj)
     entries = list(fastdata.open_source(write_jsonl(listed.root / "n.jsonl", objs)))
+    assert len(entries) == len(objs)  # every row, none dropped
     for entry, obj in zip(entries, objs):
         assert entry.metadata == {k: v for k, v in obj.items() if k not in ("path", "label")}
     assert entries[1].metadata["only_here"] == {"deep": [{"x": [1, [2, [3]]]}]}
