@@ -238,6 +238,31 @@ def test_a_job_killed_after_a_checkpoint_resumes_exactly(data, uninterrupted):
                for i, m in enumerate(momenta))
 
 
+@pytest.mark.slow
+def test_a_checkpoint_at_an_epochs_end_resumes_into_the_next_epoch(data, uninterrupted):
+    import torch
+
+    # Job D checkpoints at step 6, the last batch of epoch 0, and stops there.
+    out = _torchrun(data, "d", "--checkpoint", "d.pt", "--checkpoint-every",
+                    str(STEPS_PER_EPOCH), "--max-steps", str(STEPS_PER_EPOCH))
+    assert f"checkpoint saved at step {STEPS_PER_EPOCH}" in out, out
+    saved = torch.load(data / "d.pt", weights_only=True)
+    assert saved["step"] == STEPS_PER_EPOCH
+    assert (saved["data"]["epoch"], saved["data"]["consumed"]) == (0, RECORDS)  # all of it
+    # Job E resumes from it: epoch 1 from its start, the uninterrupted job's steps.
+    end = 2 * STEPS_PER_EPOCH
+    out = _torchrun(data, "e", "--checkpoint", "d.pt", "--max-steps", str(end),
+                    "--log-batches", "e.jsonl")
+    assert f"resumed from d.pt at step {STEPS_PER_EPOCH}, epoch 0" in out, out
+    for rank, log in enumerate(_logs(data, "e")):
+        assert sorted(log) == list(range(STEPS_PER_EPOCH + 1, end + 1))
+        for s, d in log.items():
+            a = uninterrupted[rank][s]
+            assert d["epoch"] == a["epoch"] == 1, (rank, s)
+            assert (d["records"], d["images"], d["loss"]) == \
+                   (a["records"], a["images"], a["loss"]), (rank, s)
+
+
 # -- the short examples -----------------------------------------------------------
 
 

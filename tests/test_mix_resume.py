@@ -122,10 +122,11 @@ def test_a_state_under_another_random_crop_is_refused(packs):
     loader = _loader(_mix(packs, decode=Decode(crop=crop)))
     next(iter(loader))
     state = loader.state_dict()
-    assert state["order"]["crop"] == {"scale": [0.5, 1.0], "ratio": [0.75, 4 / 3],
+    assert state["order"]["samples"]["crop"] == {"scale": [0.5, 1.0], "ratio": [0.75, 4 / 3],
                                       "hflip": 0.5, "seed": 3}
     other = Decode(crop=fastdata.RandomResizedCrop(8, scale=(0.25, 1.0)))
-    with pytest.raises(ValueError, match=re.escape("crop.scale [0.5, 1.0] now [0.25, 1.0]")):
+    with pytest.raises(ValueError,
+                       match=re.escape("samples.crop.scale [0.5, 1.0] now [0.25, 1.0]")):
         _loader(_mix(packs, decode=other)).load_state_dict(state)
     # The output size draws nothing: another one resumes.
     bigger = Decode(crop=fastdata.RandomResizedCrop(10, scale=(0.5, 1.0)))

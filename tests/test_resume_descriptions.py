@@ -95,17 +95,21 @@ def test_a_state_under_another_random_crop_is_refused(packs, streaming):
     first = loader(RandomResizedCrop(8, hflip=0.5))
     next(iter(first))
     state = first.state_dict()
-    assert state["order"]["crop"] == {"scale": [0.08, 1.0], "ratio": [0.75, 4 / 3],
+    assert state["order"]["samples"]["crop"] == {"scale": [0.08, 1.0], "ratio": [0.75, 4 / 3],
                                       "hflip": 0.5, "seed": 2}
-    with pytest.raises(ValueError, match=re.escape("crop.hflip 0.5 now 0.0")):
+    with pytest.raises(ValueError, match=re.escape("samples.crop.hflip 0.5 now 0.0")):
         loader(RandomResizedCrop(8, hflip=0.0)).load_state_dict(state)
-    with pytest.raises(ValueError, match=re.escape("crop.ratio [0.75, 1.3333333333333333] "
-                                                   "now [1.0, 1.0]")):
+    with pytest.raises(ValueError, match=re.escape(
+            "samples.crop.ratio [0.75, 1.3333333333333333] now [1.0, 1.0]")):
         loader(RandomResizedCrop(8, ratio=(1, 1))).load_state_dict(state)
     # Without a crop, or with a centre crop, nothing is drawn: no crop in the state.
     plain = loader(None)
-    assert "crop" not in plain.state_dict()["order"]
-    with pytest.raises(ValueError, match=re.escape("crop {'scale'")):
+    assert "samples" not in plain.state_dict()["order"]
+    with pytest.raises(ValueError, match=re.escape("samples {'crop': {'scale'")):
         plain.load_state_dict(state)
     # The output size draws nothing: the same state resumes at another size.
     loader(RandomResizedCrop(10, hflip=0.5)).load_state_dict(state)
+    if not streaming:  # a sampler of record indices alone draws no crops
+        walk = fastdata.EpochBatches(30, Order(shuffle=True, seed=2, batch_size=4))
+        walk.load_state_dict(state)
+        assert walk.state_dict()["consumed"] == 4

@@ -144,7 +144,9 @@ class EpochBatches(Sampler[list[int]]):
         Raises:
             ValueError: the state belongs to another dataset or order.
         """
-        point = parse_state(state, records=self.records, describe=self.describe_order)
+        # Without a fastdata dataset this sampler gives record indices alone.
+        point = parse_state(state, records=self.records, describe=self.describe_order,
+                            indices_only=getattr(self.dataset, "shaping", None) is None)
         if not isinstance(point, StreamPoint):
             raise ValueError("this is one stream worker's position; load the loader's whole "
                              "state_dict() or a resume point")

@@ -128,18 +128,25 @@ def order_description(order, epoch: int, *, shaping: Mapping | None = None,
     and window, or a mixture's sources, shares and schedule), the shards'
     bounds when whole shards are the blocks (``starts``, as a digest), and
     what else draws from the sample's randomness (``shaping``: a random crop's
-    settings). A state whose description differs in any field is refused.
+    settings, under ``"samples"``). A state whose description differs in any
+    field is refused.
     """
     out = dict(order.describe(epoch))
     if starts is not None:
         digest = hashlib.blake2b(np.asarray(starts, dtype="<i8").tobytes(), digest_size=16)
         out["shards"] = {"count": len(starts), "digest": digest.hexdigest()}
-    out.update(shaping or {})
+    if shaping:
+        out[SAMPLES] = dict(shaping)
     return out
 
 
-def parse_state(state: dict, *, records: int, describe: Callable[[int], dict]
-                ) -> StreamPoint | WorkerPosition:
+#: The description's part that shapes samples, not which records come next
+#: (a reader of record indices alone does not compare it).
+SAMPLES = "samples"
+
+
+def parse_state(state: dict, *, records: int, describe: Callable[[int], dict],
+                indices_only: bool = False) -> StreamPoint | WorkerPosition:
     """A worker position (given back to one worker) or a resume point (from a
     point, or from a loader's whole state).
 
@@ -148,6 +155,8 @@ def parse_state(state: dict, *, records: int, describe: Callable[[int], dict]
         records: the reader's records (or a mixture's samples per epoch).
         describe: the reader's order description at an epoch
             (:func:`order_description`), compared with the state's.
+        indices_only: the reader gives record indices, not samples: what
+            shapes samples (a random crop) is not compared.
 
     Raises:
         ValueError: the state is of another dataset or order, incomplete, or
@@ -160,7 +169,7 @@ def parse_state(state: dict, *, records: int, describe: Callable[[int], dict]
         raise ValueError("no fastdata stream state found in this state dict: was it saved "
                          "from a ShardedIterableDataset or its DataLoader?")
     for entry in entries:
-        _check_dataset(entry, records, describe)
+        _check_dataset(entry, records, describe, indices_only)
     if TAG in state:
         return entries[0]
     return _point_of(entries, records)
@@ -183,7 +192,8 @@ def saved_point(state: dict) -> StreamPoint:
     return points[0]
 
 
-def _check_dataset(entry, records: int, describe: Callable[[int], dict]) -> None:
+def _check_dataset(entry, records: int, describe: Callable[[int], dict],
+                   indices_only: bool) -> None:
     if entry.records and entry.records != records:
         raise ValueError(f"this state was saved for a dataset of {entry.records} records; "
                          f"this one has {records}")
@@ -191,6 +201,8 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict]) -> None
         return
     # As JSON has them (a state may have been through JSON: tuples become lists).
     saved, now = (json.loads(json.dumps(d)) for d in (entry.order, describe(entry.epoch)))
+    if indices_only:
+        saved.pop(SAMPLES, None), now.pop(SAMPLES, None)
     if saved != now:
         diff = "; ".join(f"{name} {_shown(a)} now {_shown(b)}"
                          for name, a, b in _differences(saved, now))
