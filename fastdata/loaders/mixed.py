@@ -62,7 +62,9 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
         order: a :class:`fastdata.Order`: ``shuffle`` shuffles each source's
             records (the sources are interleaved either way), ``seed``,
             ``batch_size``, ``drop_last``, ``rank``/``world_size`` as for any
-            dataset; ``block``/``window`` apply within each source.
+            dataset; ``block``/``window`` apply within each source
+            (a record count: ``block="shard"`` is refused, as a mixture
+            reads its sources by record).
         classes: "own" (the default): each sample keeps its source's label;
             "merge": one class list, which every source must have identically;
             "union": the sorted union of the sources' class names, each label
