@@ -6,7 +6,9 @@ nothing is mocked. The fixtures are re-exported by conftest.py.
   it) / ``s3_server_auth`` (per test, a moto server that checks credentials);
 * ``s3_env`` sets the AWS_* variables for ``s3_server``;
 * ``http_server`` serves ``.root`` at ``.url``; a path under ``/truncate/``
-  sends the full Content-Length but only half the body, then hangs up.
+  sends the full Content-Length but only half the body, then hangs up;
+  ``.cut[path]`` breaks that many whole GETs of a path off half-way, and
+  ``.hold[path] = Hold()`` stops the next one half-way until released.
 """
 
 from __future__ import annotations
@@ -154,6 +156,27 @@ def _bucket_key(url: str) -> tuple[str, str]:
     return bucket, key
 
 
+class Hold:
+    """The next whole GET of a path held half-way (``server.hold[path] =
+    Hold()``): its headers and the first half of its body are sent, then
+    ``reached`` is set and the rest waits for :meth:`release`."""
+
+    #: How long a held answer waits at most: a test that never releases it
+    #: fails on its own assertions, not by hanging.
+    LIMIT_S = 120.0
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self._go = threading.Event()
+
+    def release(self) -> None:
+        self._go.set()
+
+    def wait(self) -> None:
+        self.reached.set()
+        self._go.wait(self.LIMIT_S)
+
+
 class _Listener(http.server.ThreadingHTTPServer):
     # socketserver's default backlog of 5 makes a client's sixth connection at
     # once wait for a SYN retry (a second); readers open more than that.
@@ -166,6 +189,8 @@ class _Listener(http.server.ThreadingHTTPServer):
         self.log: list[tuple[str, str, str | None]] = []
         #: path -> how many more whole GETs of it break off half-way.
         self.cut: dict[str, int] = {}
+        #: path -> the Hold its next whole GET waits at, half-way.
+        self.hold: dict[str, Hold] = {}
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -183,13 +208,15 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     def _send(self, body: bool) -> None:
         rel = self.path.split("?", 1)[0].lstrip("/")
         truncate = rel.startswith("truncate/")
-        server = self.server
+        server, hold = self.server, None
         if isinstance(server, _Listener):  # tests may serve the handler themselves
             with server.lock:
                 server.log.append((self.command, rel, self.headers.get("Range")))
                 if body and not self.headers.get("Range") and server.cut.get(rel, 0) > 0:
                     server.cut[rel] -= 1               # this whole GET breaks off
                     truncate = True
+                if body and not self.headers.get("Range"):
+                    hold = server.hold.pop(rel, None)
         path = Path(self.directory, rel.removeprefix("truncate/"))
         if not path.is_file():
             self.send_error(404)
@@ -221,6 +248,10 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         self.end_headers()
         if body:
+            if hold is not None:
+                self.wfile.write(part[:len(part) // 2])
+                hold.wait()
+                part = part[len(part) // 2:]
             self.wfile.write(part[:len(part) // 2] if truncate else part)
             if truncate:
                 self.close_connection = True
@@ -231,7 +262,7 @@ class HTTPServer:
         self.root = Path(root)
         handler = lambda *a, **k: RangeHandler(*a, directory=str(self.root), **k)  # noqa: E731
         self.server = _Listener(("127.0.0.1", 0), handler)
-        self.log, self.cut = self.server.log, self.server.cut
+        self.log, self.cut, self.hold = self.server.log, self.server.cut, self.server.hold
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

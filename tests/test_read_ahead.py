@@ -1,12 +1,13 @@
 """Order-driven read-ahead of streams at URLs: which shards are downloaded whole,
 in which order, within which budget, and what a broken download does. The
-requests are counted at the test's own HTTP server, over a real socket."""
+requests are counted at the test's own HTTP server, over a real socket; the
+bytes the cache held, at the peak and after, are read from the cache folder's
+own account, which every process downloading into it keeps."""
 
 from __future__ import annotations
 
+import gc
 import os
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from fastdata.demo import synthesize
 from fastdata.errors import FastDataError
 from fastdata.formats.sharded.fetch_plan import plan_fetches
 from fastdata.loaders.read_ahead import READ_CHUNK
+from fastdata.storage import ShardCache
 
 SHARD = 50
 
@@ -108,39 +110,160 @@ def test_default_remote_stream_downloads_each_shard_once_in_order_of_first_use(s
     assert len(ranged) <= 2 * 12
 
 
+def _index_bytes(site) -> int:
+    """The size of the dataset's index, which the cache keeps beside the shards."""
+    return os.path.getsize(os.path.join(os.path.dirname(site.local), "d.tar.fastdata.index.npy"))
+
+
+def _usage():
+    """The account of the cache folder the ``site`` fixture points at."""
+    return ShardCache().usage()
+
+
+def _cached(tmp_path) -> list[str]:
+    """What the cache folder holds besides lock files and the account, by name."""
+    folder = tmp_path / "cache" / "objects"
+    return sorted(n.split("-", 1)[1] if ".partial-" not in n else n
+                  for n in os.listdir(folder) if not n.endswith(".lock"))
+
+
+def _plan_peak(ds, budget: int) -> int:
+    """The most bytes of whole shards the stream's plan holds at once under ``budget``."""
+    records = ds.plan().record_indices(
+        fastdata.order.epochs.epoch_order(600, ds.shuffle_mode, 0), np.arange(600))
+    shards, sizes = ds.reader.placement(records)
+    return plan_fetches(shards, sizes, ds.reader.shard_sizes(), chunk=READ_CHUNK,
+                        budget=budget).peak()
+
+
 def test_the_cache_holds_at_most_its_budget(site, monkeypatch, tmp_path):
-    sizes = _shard_bytes(site.local)
-    budget = 3 * max(sizes)
+    index = _index_bytes(site)
+    ds = fastdata.ShardedIterableDataset(site.manifest, order=ORDER, read_ahead=2)
+    # A budget that the shards alone could fill to within less than the index:
+    # the folder keeps within it only if the index the cache holds counts too.
+    budget = _plan_peak(ds, 3 * max(_shard_bytes(site.local))) + index - 1
     monkeypatch.setenv("FASTDATA_CACHE_LIMIT", str(budget))
-    cache = tmp_path / "cache"
-    peak, stop = [0], threading.Event()
-
-    def watch() -> None:          # the bytes on disk, partial downloads included
-        while not stop.is_set():
-            total = 0
-            for folder, _, names in os.walk(cache):
-                for name in names:
-                    if not name.endswith(".lock"):
-                        try:
-                            total += os.path.getsize(os.path.join(folder, name))
-                        except FileNotFoundError:
-                            pass
-            peak[0] = max(peak[0], total)
-            time.sleep(0.001)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        ds = fastdata.ShardedIterableDataset(site.manifest, order=ORDER, read_ahead=2)
-        got = _samples(ds)
-    finally:
-        stop.set()
-        watcher.join()
+    got = _samples(ds)
     assert got == _samples(fastdata.ShardedIterableDataset(site.local, order=ORDER))
-    assert 0 < peak[0] <= budget
+    usage = _usage()      # every byte the cache held, partial downloads included
+    assert 0 < usage.peak <= budget, (usage, budget)
     assert _whole_gets(site), "nothing was downloaded whole"
-    leftovers = [n for _, _, names in os.walk(cache) for n in names if n.endswith(".tar")]
-    assert leftovers == [], "the epoch's shards stay in the cache after their last use"
+    # The epoch's shards go after their last use; the index stays (cached once).
+    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert usage.held == index
+
+
+def test_workers_keep_within_the_budget_together(site, monkeypatch, tmp_path):
+    import torch
+    from worker_pids import CollatedIn, assert_workers_did_it
+
+    # Each worker's share holds two shards at once; the whole budget, four.
+    budget = 4 * max(_shard_bytes(site.local))
+    monkeypatch.setenv("FASTDATA_CACHE_LIMIT", str(budget))
+    log = tmp_path / "collated"
+    order = ORDER.changed(batch_size=32)
+    loader = torch.utils.data.DataLoader(
+        fastdata.ShardedIterableDataset(site.manifest, order=order),
+        batch_size=32, num_workers=2, collate_fn=CollatedIn(log, fastdata.collate))
+    local = torch.utils.data.DataLoader(
+        fastdata.ShardedIterableDataset(site.local, order=order),
+        batch_size=32, num_workers=2, collate_fn=fastdata.collate)
+    got = [(x.numpy().tobytes(), y.tolist()) for x, y in loader]
+    assert got == [(x.numpy().tobytes(), y.tolist()) for x, y in local]
+    assert_workers_did_it(log, 2)
+    assert _whole_gets(site), "nothing was downloaded whole"
+    # One account for the folder both worker processes download into.
+    usage = _usage()
+    assert 0 < usage.peak <= budget, (usage, budget)
+    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert usage.held == _index_bytes(site)
+
+
+def test_a_budget_smaller_than_a_shard_reads_every_shard_by_range(site, monkeypatch):
+    budget = min(_shard_bytes(site.local)) - 1
+    monkeypatch.setenv("FASTDATA_CACHE_LIMIT", str(budget))
+    ds = fastdata.ShardedIterableDataset(site.manifest, order=ORDER, read_ahead=2)
+    assert _samples(ds) == _samples(fastdata.ShardedIterableDataset(site.local, order=ORDER))
+    # No shard fits: none is downloaded whole, so the cache only ever held the index.
+    assert _whole_gets(site) == []
+    assert [p for m, p, r in site.log if r is not None and p.endswith(".tar")]
+    assert _usage().peak == _index_bytes(site)
+
+
+def test_a_cache_smaller_than_one_shard_holds_one_at_a_time(site, tmp_path):
+    """One object larger than the limit stays while in use; the next download
+    makes room by evicting it before its first byte."""
+    sizes = _shard_bytes(site.local)
+    cache = ShardCache(str(tmp_path / "small"), limit=min(sizes) - 1)
+    remote = fastdata.ShardedIterableDataset(site.manifest).reader
+    local = fastdata.ShardedIterableDataset(site.local).reader
+    for shard, (first, count) in enumerate(remote.shard_ranges()):
+        remote.attach_local(shard, remote.shard_copy(shard, cache))
+        records = list(range(first, first + count))
+        assert remote.read_many(records) == local.read_many(records)
+        assert cache.usage().held == sizes[shard]     # this shard alone
+        remote.detach_local(shard)
+        cache.release()                               # its reader has done with it
+    assert len(_whole_gets(site)) == 12
+    assert cache.usage().peak == max(sizes)
+
+
+def test_a_shard_dropped_while_its_download_runs_is_accounted_back(site, tmp_path):
+    from servers import Hold
+
+    index, sizes = _index_bytes(site), _shard_bytes(site.local)
+    keys = f"{site.url}/d.tar.fastdata.keys.json"
+    keys_bytes = os.path.getsize(os.path.join(os.path.dirname(site.local), keys.rsplit("/")[-1]))
+    # Stored order: shard 0's records are all in chunk 0, which never waits for
+    # a download; its download (the only one: read_ahead=1 downloads one at a
+    # time) is held half-way at the server meanwhile.
+    hold = site.hold["d-000000.tar"] = Hold()
+    ds = fastdata.ShardedIterableDataset(site.manifest, order=fastdata.Order(), read_ahead=1)
+    got, samples = [], iter(ds)   # kept: a failed check releases the hold before it closes
+    try:
+        for x, y in samples:
+            if not got:
+                # Chunk 0 was read by range and let go of shard 0 (its last
+                # use), whose download runs on.
+                assert hold.reached.wait(60), "shard 0 was never downloaded whole"
+                assert len([n for n in _cached(tmp_path) if "d-000000.tar.partial-" in n]) == 1
+                assert _usage().held == index + sizes[0]   # reserved whole from its start
+                # Another cache's download meanwhile counts the one under way whole too.
+                other = ShardCache()
+                copy = other.local(keys)
+                assert other.usage().held == index + sizes[0] + keys_bytes
+                other.discard(copy)
+                hold.release()
+            got.append((int(y), bytes(np.asarray(x).tobytes())))
+    finally:
+        hold.release()
+    assert got == _samples(fastdata.ShardedIterableDataset(site.local, order=fastdata.Order()))
+    assert _whole_gets(site).count("d-000000.tar") == 1
+    # The copy landed after its last use and was dropped: nothing left, all counted back.
+    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert _usage().held == index
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pass_left_early_leaves_only_the_index(site, tmp_path, workers):
+    import torch
+    from worker_pids import CollatedIn, assert_workers_did_it
+
+    log = tmp_path / "collated"
+    # One chunk ahead: each worker stops with most of its pass's shards still to use.
+    ds = fastdata.ShardedIterableDataset(site.manifest, order=ORDER.changed(batch_size=32),
+                                         read_ahead=1)
+    loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=workers,
+                                         collate_fn=CollatedIn(log, fastdata.collate))
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    assert _whole_gets(site), "nothing was downloaded whole"
+    del batches, loader, ds    # the workers stop; each one's pass closes
+    gc.collect()
+    assert_workers_did_it(log, workers)
+    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert _usage().held == _index_bytes(site)
 
 
 def test_a_download_cut_off_is_tried_again(site):

@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -57,15 +58,23 @@ class Chunks:
                 np.arange(len(self.positions), dtype=np.int64) // READ_CHUNK)
 
 
-def cache_budget(cache_dir: str, workers: int = 1) -> int:
-    """Bytes of whole shards one worker may hold: ``FASTDATA_CACHE_LIMIT``, or
-    else a quarter of the cache folder's free space (at most 8 GiB), shared
-    among the rank's ``workers`` (the cache is one folder for them all)."""
-    from fastdata.storage.cache import parse_size
+def cache_budget(cache_dir: str, workers: int = 1, *, own: Iterable[str] = ()) -> int:
+    """Bytes of whole shards one worker may hold, shared among the rank's
+    ``workers`` (the cache is one folder for them all).
+
+    With ``FASTDATA_CACHE_LIMIT``: the limit less what the cache must keep
+    meanwhile (copies in use, such as the dataset's index, and other
+    downloads under way: :meth:`fastdata.storage.ShardCache.pinned`, which
+    leaves out the reader's own shards at the URLs ``own``, counted by the
+    budget itself), so the folder as a whole stays within the limit. Else a
+    quarter of the cache folder's free space, at most 8 GiB.
+    """
+    from fastdata.storage.cache import ShardCache, parse_size
 
     limit = os.environ.get("FASTDATA_CACHE_LIMIT")
     if limit:
-        total = parse_size(limit)
+        cache = ShardCache(cache_dir)
+        total = parse_size(limit) - cache.pinned({cache.path_for(url) for url in own})
     else:
         os.makedirs(cache_dir, exist_ok=True)
         total = min(8 << 30, shutil.disk_usage(cache_dir).free // 4)
@@ -111,7 +120,7 @@ class ReadAhead:
         # never evicted by another process's downloads while in use.
         self.cache = ShardCache(keep_locked=1 << 30)
         if budget is None:
-            budget = cache_budget(self.cache.cache_dir, workers)
+            budget = cache_budget(self.cache.cache_dir, workers, own=reader.shard_paths)
         records, chunk_of = chunks.all_records()
         shards, sizes = reader.placement(records)
         self.fetches = plan_fetches(

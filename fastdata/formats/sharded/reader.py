@@ -253,13 +253,14 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
 
     def shard_copy(self, shard: int, cache=None) -> str:
         """A local file of shard ``shard``: itself, or a download into ``cache``
-        (default: the process's) of at most the bytes the manifest gives it."""
+        (default: the process's) of at most the bytes the manifest gives it,
+        which the cache reserves (and makes room for) before the download."""
         url = self.shard_paths[shard]
         if not is_remote(url):
             return url
         limit = None if self._foreign_keys is not None else \
             self.manifest.shards[shard].get("bytes")
-        return (cache or process_cache()).local(url, limit=limit)
+        return (cache or process_cache()).local(url, size=limit)
 
     def side_path(self, shard: int, suffix: str) -> str:
         """The file beside shard ``shard`` named ``<shard><suffix>`` (a TFRecord
