@@ -12,12 +12,14 @@ It checks fastdata's CRC32s, which DALI's own readers do not.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 
 from fastdata.encodings import sniff_encoding
 from fastdata.order.epochs import Shuffle, epoch_order
+from fastdata.order.options import Order
 from fastdata.order.slices import Slice
 
 #: Encodings DALI's image decoder reads (``fn.decoders.image``); GIF is not one.
@@ -46,42 +48,44 @@ class ExternalBatches:
 
     Args:
         path: the packed dataset.
-        batch_size: records per batch (the last one of an epoch may be smaller).
-        shard_id: this pipeline's part of each epoch's order, of ``num_shards``.
-        num_shards: the parts each epoch's order is dealt in.
-        shuffle: permute the whole dataset each epoch (the order engine's
-            permutation, seeded by ``seed`` and the epoch: every shard sees
+        order: the :class:`fastdata.Order` read: ``batch_size`` records per
+            batch (the last one of an epoch may be smaller unless
+            ``drop_last``), this pipeline's part ``rank`` of ``world_size``
+            (None: 0 of 1), and the order engine's shuffle (``shuffle``,
+            ``seed``, ``block``/``window``; by default a permutation of every
+            record each epoch, as map-style reading has it: every part sees
             the same one).
-        seed: the shuffle seed.
-        block: with ``window``, the order engine's shuffle mode (default: a
-            permutation of every record, as map-style reading has it).
-        window: see ``block``.
-        drop_last: leave out the last batch of a shard when it is partial.
         mode: "encoded" (payload bytes as 1-D uint8 arrays) or "raw" (HWC
             uint8 pixels).
         transcode: with "encoded", turn payloads that DALI cannot decode (GIF)
             into PPM (decoded by fastdata's decoders; PPM costs no compression
             and DALI reads it), so the batch stays one of encoded images.
-        reader_options: passed to ``fastdata.formats.open_reader``.
+        verify: check each record's checksum as it is read.
+        reader_settings: the format reader's own settings, by name.
         reader: an already open reader of ``path`` to use in this process.
     """
 
-    def __init__(self, path: str | list[str], *, batch_size: int, shard_id: int = 0,
-                 num_shards: int = 1, shuffle: bool = False, seed: int = 0,
-                 block: int = 1, window: int | None = None,
-                 drop_last: bool = False, mode: str = "encoded", transcode: bool = False,
-                 reader_options: dict | None = None, reader: Any = None) -> None:
+    def __init__(self, path: str | list[str], *, order: Order | None = None,
+                 mode: Literal["encoded", "raw"] = "encoded", transcode: bool = False,
+                 verify: bool = True, reader_settings: Mapping[str, Any] | None = None,
+                 reader: Any = None) -> None:
+        from fastdata.keywords import check_read_values
+
+        check_read_values(None, order)
+        order = Order() if order is None else order
+        if order.block == "shard":
+            raise ValueError("the external source reads records, not whole shards: give "
+                             "Order(block=) a record count")
         self.path = path
-        self.batch_size = int(batch_size)
-        self.shard_id = int(shard_id)
-        self.num_shards = int(num_shards)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.block, self.window = int(block), window
-        self.drop_last = bool(drop_last)
+        self.order = order
+        self.batch_size = order.loader_batch
+        self.shard_id = 0 if order.rank is None else int(order.rank)
+        self.num_shards = 1 if order.world_size is None else int(order.world_size)
+        self.drop_last = order.drop_last
         self.mode = mode
         self.transcode = bool(transcode)
-        self.reader_options = dict(reader_options or {})
+        self.verify = bool(verify)
+        self.reader_settings = dict(reader_settings or {})
         # An open reader may be handed over: LMDB refuses a second open of one path.
         self._reader = reader
         self.count = len(self.reader)
@@ -92,9 +96,10 @@ class ExternalBatches:
     def reader(self) -> Any:
         """The dataset's reader, opened in this process on first use."""
         if self._reader is None:
-            from fastdata.formats import open_reader
+            from fastdata.formats import detect_format
 
-            self._reader = open_reader(self.path, **self.reader_options)
+            self._reader = detect_format(self.path).load_reader().open(
+                self.path, verify=self.verify, settings=self.reader_settings)
         return self._reader
 
     def _slice(self) -> Slice:
@@ -112,9 +117,11 @@ class ExternalBatches:
     def indices(self, epoch: int) -> np.ndarray:
         """The record indices of this shard in epoch ``epoch``, in order."""
         if self._order is None or self._order[0] != epoch:
-            window = self.count if self.window is None else int(self.window)
-            order = epoch_order(self.count, Shuffle(self.shuffle, self.seed, self.block,
-                                                    max(1, window)), epoch)
+            o = self.order
+            window = self.count if o.window is None else int(o.window)
+            block = 1 if o.block is None else int(o.block)
+            order = epoch_order(self.count, Shuffle(o.shuffle, o.seed, block, max(1, window)),
+                                epoch)
             plan = self._slice()
             positions = np.concatenate(
                 [np.arange(r.start, r.stop) for r in map(plan.batch_positions,
@@ -170,11 +177,11 @@ class ExternalBatches:
 
 
 def external_node(fn: Any, types: Any, source: ExternalBatches, *, py_workers: int,
-                  prefetch: int) -> tuple[Any, Any]:
+                  run_ahead: int) -> tuple[Any, Any]:
     """``fn.external_source`` fed by ``source``, inside a pipeline: (images, labels)
     nodes, images 1-D uint8 (encoded) or HWC uint8 (raw)."""
     parallel = py_workers > 0
-    extra = {"prefetch_queue_depth": max(2, int(prefetch))} if parallel else {}
+    extra = {"prefetch_queue_depth": max(2, int(run_ahead))} if parallel else {}
     raw = source.mode == "raw"
     return fn.external_source(
         source=source, num_outputs=2, batch=True, batch_info=True, parallel=parallel,

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fastdata.dali.device import import_dali
-from fastdata.dali.options import dali_options
+from fastdata.dali.options import DALIReader, Device, Layout, StartMethod, options_from
 from fastdata.dali.pipeline import plan_and_build
 from fastdata.dali.readers import READER_NAME
+from fastdata.decoding.options import Decode
 from fastdata.errors import FastDataError
+from fastdata.keywords import explain_keywords
+from fastdata.order.options import Order
 
 
 class DALILoader:
     """Iterates ``(images, labels)`` torch tensors from a DALI pipeline over a dataset.
 
-    Takes :func:`build_pipeline`'s arguments (``decode=fastdata.Decode(...)``,
-    ``order=fastdata.Order(...)``, ``run_ahead``, DALI's own keywords). Images
+    Takes :func:`build_pipeline`'s arguments, with the same meaning
+    (``decode=fastdata.Decode(...)``, ``order=fastdata.Order(...)``,
+    ``run_ahead``, DALI's own settings). Images
     are ``[B, C, H, W]`` (``layout="CHW"``) uint8, or float32 with
     ``mean``/``std``; labels int64 ``[B]``; both on the GPU for device "gpu",
     else on the CPU. Each epoch holds exactly this shard's records: the last
@@ -32,12 +36,19 @@ class DALILoader:
         plan: how it reads the dataset (:class:`PipelinePlan`).
     """
 
+    @explain_keywords()
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *,
-                 decode: Any = None, order: Any = None, run_ahead: int = 2,
-                 **options: Any) -> None:
+                 decode: Decode | None = None, order: Order | None = None,
+                 run_ahead: int = 2, device: Device = "auto", device_id: int | None = None,
+                 num_threads: int = 2, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, layout: Layout = "CHW",
+                 reader: DALIReader = "auto", py_workers: int = 0,
+                 py_start_method: StartMethod | None = None,
+                 index_dir: str | os.PathLike | None = None, verify: bool = True,
+                 reader_settings: Mapping[str, Any] | None = None) -> None:
         import_dali()  # before the options: without DALI, say how to install it first
-        opts = dali_options(decode, order, run_ahead=run_ahead, **options)
-        drop_last = opts.drop_last
+        opts = options_from(locals())
+        drop_last = opts.order.drop_last
         self.pipeline, self.plan = plan_and_build(path, opts)
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 

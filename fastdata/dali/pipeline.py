@@ -14,19 +14,36 @@ the crop's region) and a resize to the crop's size, or
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastdata.dali.device import import_dali
 from fastdata.dali.external import ExternalBatches, external_node
-from fastdata.dali.options import DALIOptions, dali_options
+from fastdata.dali.options import (
+    DALIOptions,
+    DALIReader,
+    Device,
+    Layout,
+    StartMethod,
+    options_from,
+)
 from fastdata.dali.plan import PipelinePlan, absolute, make_plan, place
+from fastdata.decoding.options import Decode
 from fastdata.decoding.random_crop import TRIES
+from fastdata.keywords import explain_keywords
+from fastdata.order.options import Order
 
 
+@explain_keywords()
 def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
-                   decode: Any = None, order: Any = None, run_ahead: int = 2,
-                   **options: Any) -> Any:
+                   decode: Decode | None = None, order: Order | None = None,
+                   run_ahead: int = 2, device: Device = "auto", device_id: int | None = None,
+                   num_threads: int = 2, mean: Sequence[float] | None = None,
+                   std: Sequence[float] | None = None, layout: Layout = "CHW",
+                   reader: DALIReader = "auto", py_workers: int = 0,
+                   py_start_method: StartMethod | None = None,
+                   index_dir: str | os.PathLike | None = None, verify: bool = True,
+                   reader_settings: Mapping[str, Any] | None = None) -> Any:
     """Build a DALI pipeline that yields ``(images, labels)`` batches of a packed dataset.
 
     Args:
@@ -61,37 +78,33 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
             shard's last record (``pad_last_batch``), which DALILoader (or
             ``DALIGenericIterator(reader_name=READER_NAME)``) trims or drops.
         run_ahead: batches DALI prepares ahead (its prefetch queue depth).
-        **options: DALI's own keywords:
-
-            device: "gpu" (decode with nvJPEG, process on the GPU; needs CUDA),
-                "cpu" (a CPU-only pipeline, ``device_id=None``) or "auto" (GPU
-                when DALI sees one).
-            device_id: the CUDA device for "gpu"; None takes torch's current one.
-            num_threads: DALI's CPU threads.
-            mean, std: per-channel values (0-1 or 0-255 scale); with them the
-                images are normalised on the pipeline's device to float32,
-                otherwise they stay uint8.
-            layout: "CHW" (default) or "HWC".
-            reader: "auto", "dali" (DALI's own reader; tfrecord and tar only)
-                or "external" (fastdata's reader in an external source, any format).
-            py_workers: worker processes running the external source in
-                parallel (DALI's parallel external source); 0 reads in the
-                pipeline's thread.
-            py_start_method: "fork" or "spawn" for those workers; None takes
-                "fork" on the CPU and "spawn" on the GPU (a process that has
-                initialised CUDA must not fork). Under "spawn" the script that
-                builds the pipeline needs an ``if __name__ == "__main__":`` guard.
-            index_dir: where generated DALI index files go (tar shards, and
-                TFRecord shards without ``.idx``); default
-                ``$FASTDATA_CACHE_DIR`` or ``~/.cache/fastdata``, under
-                ``dali-index/``.
-            reader_options: passed to ``fastdata.formats.open_reader`` (for example
-                ``{"verify": False}``).
-
-            For one release the old flat names (``batch_size``, ``size``,
-            ``crop`` as an int, ``shuffle``, ``seed``, ``drop_last``,
-            ``shard_id``, ``num_shards``, ``shuffle_buffer``, ``prefetch``)
-            still work, with a DeprecationWarning naming the new spelling.
+        device: "gpu" (decode with nvJPEG, process on the GPU; needs CUDA),
+            "cpu" (a CPU-only pipeline, ``device_id=None``) or "auto" (GPU
+            when DALI sees one).
+        device_id: the CUDA device for "gpu"; None takes torch's current one.
+        num_threads: DALI's CPU threads.
+        mean: per-channel values (0-1 or 0-255 scale); with ``std`` the
+            images are normalised on the pipeline's device to float32,
+            otherwise they stay uint8.
+        std: per-channel values, on the scale of ``mean``.
+        layout: "CHW" (default) or "HWC".
+        reader: "auto", "dali" (DALI's own reader; tfrecord and tar only)
+            or "external" (fastdata's reader in an external source, any format).
+        py_workers: worker processes running the external source in
+            parallel (DALI's parallel external source); 0 reads in the
+            pipeline's thread.
+        py_start_method: "fork" or "spawn" for those workers; None takes
+            "fork" on the CPU and "spawn" on the GPU (a process that has
+            initialised CUDA must not fork). Under "spawn" the script that
+            builds the pipeline needs an ``if __name__ == "__main__":`` guard.
+        index_dir: where generated DALI index files go (tar shards, and
+            TFRecord shards without ``.idx``); default
+            ``$FASTDATA_CACHE_DIR`` or ``~/.cache/fastdata``, under
+            ``dali-index/``.
+        verify: check each record's checksum where fastdata's reader reads it
+            (the external source).
+        reader_settings: the format reader's own settings, by name (see
+            :class:`fastdata.PackedDataset`).
 
     Returns:
         The ``nvidia.dali.Pipeline``, outputs ``(images, labels)``: images
@@ -105,7 +118,7 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
         ValueError: an option is out of range.
     """
     import_dali()  # before the options: without DALI, say how to install it first
-    opts = dali_options(decode, order, run_ahead=run_ahead, where="build_pipeline", **options)
+    opts = options_from(locals())
     return plan_and_build(path, opts)[0]
 
 
@@ -122,11 +135,12 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
     _, fn, types = import_dali()
     from nvidia.dali.pipeline import Pipeline
 
-    from fastdata.formats import open_reader
+    from fastdata.formats import detect_format
 
     where = place(options)
     path = absolute(path)
-    reader = open_reader(path, **options.reader_options)
+    reader = detect_format(path).load_reader().open(
+        path, verify=options.verify, settings=options.reader_settings)
     try:
         plan, native = make_plan(path, reader, options, where)
         start_method = options.py_start_method
@@ -134,8 +148,8 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
             # Forking a process that has initialised CUDA is unsafe (and DALI refuses it).
             start_method = "spawn" if plan.device == "gpu" else "fork"
         pipe = Pipeline(batch_size=options.batch_size, num_threads=int(options.num_threads),
-                        device_id=plan.device_id, seed=int(options.seed),
-                        prefetch_queue_depth=int(options.prefetch),
+                        device_id=plan.device_id, seed=int(options.order.seed),
+                        prefetch_queue_depth=int(options.run_ahead),
                         py_num_workers=max(1, int(options.py_workers)),
                         py_start_method=start_method)
         with pipe:
@@ -155,21 +169,19 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
 
 def _external(fn: Any, types: Any, plan: PipelinePlan, options: DALIOptions,
               reader: Any) -> tuple[Any, Any]:
-    source = ExternalBatches(plan.path, batch_size=options.batch_size, shard_id=plan.shard_id,
-                             num_shards=plan.num_shards, shuffle=options.shuffle,
-                             seed=options.seed, drop_last=options.drop_last, mode=plan.mode,
-                             block=options.block, window=options.window,
-                             transcode=plan.transcode, reader_options=options.reader_options,
+    order = options.order.changed(rank=plan.shard_id, world_size=plan.num_shards)
+    source = ExternalBatches(plan.path, order=order, mode=plan.mode, transcode=plan.transcode,
+                             verify=options.verify, reader_settings=options.reader_settings,
                              reader=reader)
     return external_node(fn, types, source, py_workers=options.py_workers,
-                         prefetch=options.prefetch)
+                         run_ahead=options.run_ahead)
 
 
 def _decode(fn: Any, types: Any, encoded: Any, plan: PipelinePlan,
             options: DALIOptions) -> Any:
     """HWC uint8 images on the pipeline's device (a random crop's already
     cropped and resized to its size)."""
-    crop = options.random_crop
+    crop = options.decode.random_crop
     if plan.mode == "encoded":
         decoder_device = "mixed" if plan.device == "gpu" else "cpu"
         if crop is None:
@@ -190,14 +202,14 @@ def _decode(fn: Any, types: Any, encoded: Any, plan: PipelinePlan,
 def _process(fn: Any, types: Any, images: Any, options: DALIOptions) -> Any:
     """Resize, then centre crop (or a random crop's flip), layout and
     normalisation, as the options ask."""
-    if options.size is not None:
+    if options.decode.size is not None:
         if options.size_hw is None:
-            images = fn.resize(images, resize_shorter=options.size)
+            images = fn.resize(images, resize_shorter=options.decode.size)
         else:
             height, width = options.size_hw
             images = fn.resize(images, resize_x=width, resize_y=height)
     mean, std = options.mean255, options.std255
-    crop, random = options.centre_crop, options.random_crop
+    crop, random = options.decode.center_crop, options.decode.random_crop
     flip = random is not None and random.hflip > 0.0
     if crop is None and not flip and mean is None and options.layout == "HWC":
         return images  # nothing left to do: skip the operator

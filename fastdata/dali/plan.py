@@ -76,10 +76,12 @@ def place(options: DALIOptions) -> Placement:
         FastDataError: "gpu" asked for and DALI sees no CUDA device.
     """
     rank, world = rank_and_world()
-    shard_id = rank if options.shard_id is None else int(options.shard_id)
-    num_shards = world if options.num_shards is None else int(options.num_shards)
+    order = options.order
+    shard_id = rank if order.rank is None else int(order.rank)
+    num_shards = world if order.world_size is None else int(order.world_size)
     if num_shards < 1 or not 0 <= shard_id < num_shards:
-        raise ValueError(f"shard_id must be in [0, num_shards), got {shard_id} of {num_shards}")
+        raise ValueError(f"Order(rank=) must be in [0, world_size), got {shard_id} of "
+                         f"{num_shards}")
     device, device_id = resolve_device(options.device, options.device_id)
     return Placement(shard_id, num_shards, device, device_id)
 
@@ -165,7 +167,7 @@ def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
 def _batches(shard_size: int, options: DALIOptions, where: Placement,
              path: str | list[str]) -> int:
     size = options.batch_size
-    batches = shard_size // size if options.drop_last else math.ceil(shard_size / size)
+    batches = shard_size // size if options.order.drop_last else math.ceil(shard_size / size)
     if batches == 0:
         raise FastDataError(f"shard {where.shard_id} of {where.num_shards} holds {shard_size} "
                             f"records: no full batch of {size} (drop_last=True)", path=path)

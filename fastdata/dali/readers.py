@@ -117,9 +117,9 @@ def _common(request: NativeRequest) -> dict[str, Any]:
     # pad_last_batch: the last batch repeats the shard's last record; the
     # iterator trims (or drops) it, so an epoch holds each record once.
     return {"name": READER_NAME, "shard_id": request.shard_id,
-            "num_shards": request.num_shards, "random_shuffle": bool(opts.shuffle),
-            "initial_fill": int(opts.shuffle_buffer), "pad_last_batch": True,
-            "seed": int(opts.seed)}
+            "num_shards": request.num_shards, "random_shuffle": bool(opts.order.shuffle),
+            "initial_fill": opts.reader_window, "pad_last_batch": True,
+            "seed": int(opts.order.seed)}
 
 
 # -- TFRecord -------------------------------------------------------------------------
@@ -220,12 +220,5 @@ def register_dali_reader(format_name: str, build) -> None:
 
 
 def dali_reader(spec):
-    """The native-reader builder of format ``spec``: its registered one, else
-    (for one release) the deprecated ``FormatSpec.dali``; None: none."""
-    if spec.name in DALI_READERS:
-        return DALI_READERS[spec.name]
-    if spec.dali is not None:
-        from fastdata.lazy import load
-
-        return load(spec.dali)
-    return None
+    """The native-reader builder of format ``spec``: its registered one; None: none."""
+    return DALI_READERS.get(spec.name)

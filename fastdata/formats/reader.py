@@ -12,11 +12,12 @@ closed) and a fresh one opened.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,32 @@ class Reader:
     #: The format's C library opens a local file itself (LMDB, HDF5): a dataset
     #: at a URL is downloaded into the shared cache on open (see ``_data_url``).
     needs_local_file = False
+
+    @classmethod
+    def settings(cls) -> tuple[str, ...]:
+        """The names of this format's own reader settings (its keyword-only
+        parameters besides ``verify`` and ``allow_outside``)."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY
+                     and p.name not in ("verify", "allow_outside"))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, verify: bool = True,
+             allow_outside: bool = False, settings: Mapping[str, Any] | None = None):
+        """Open ``path`` with this reader; ``settings``: its own settings by
+        name (:meth:`settings`).
+
+        Raises:
+            TypeError: a setting this format's reader does not have, naming
+                those it has.
+        """
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - set(cls.settings()))
+        if unknown:
+            have = ", ".join(cls.settings()) or "none"
+            raise TypeError(f"the {cls.format_name or cls.__name__} reader has no setting "
+                            f"{', '.join(map(repr, unknown))} (its settings: {have})")
+        return cls(path, verify=verify, allow_outside=allow_outside, **settings)
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True,
                  allow_outside: bool = False) -> None:

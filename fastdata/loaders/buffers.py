@@ -1,4 +1,6 @@
-"""Float batch tensors reused on the CPU once nothing else holds them.
+"""Batch tensors: uint8 ones made in shared memory inside a DataLoader worker
+(:func:`batch_tensor`), and float ones reused on the CPU once nothing else
+holds them (:class:`FloatBuffers`).
 
 A float32 batch of 64 224x224 images is 38 MB: above glibc's largest mmap
 threshold, so every fresh one is new pages the kernel must fault in and zero
@@ -14,6 +16,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from torch.utils.data import get_worker_info
 
 #: Buffers kept per shape: the batches in flight, and one.
 KEEP = 4
@@ -53,3 +56,16 @@ class FloatBuffers:
         if len(kept) < KEEP:
             kept.append(made)
         return made
+
+
+def batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty uint8 batch tensor; in a DataLoader worker it is allocated in
+    shared memory, so sending it to the main process copies nothing (what
+    torch's default_collate does for the same reason)."""
+    if get_worker_info() is not None:
+        numel = 1
+        for n in shape:
+            numel *= n
+        storage = torch.UntypedStorage._new_shared(numel)
+        return torch.tensor([], dtype=torch.uint8).set_(storage).view(shape)
+    return torch.empty(shape, dtype=torch.uint8)

@@ -38,14 +38,14 @@ class LoadingChoice:
     with the reason in words."""
 
     num_workers: int
-    background: int
+    run_ahead: int
     reason: str
 
     def __str__(self) -> str:
         how = (f"{self.num_workers} worker process{'es' if self.num_workers != 1 else ''}"
                if self.num_workers else "no worker processes")
-        ahead = f", {self.background} batches ahead on a background thread" \
-            if self.background else ""
+        ahead = f", {self.run_ahead} batches ahead on a background thread" \
+            if self.run_ahead else ""
         return f"{how}{ahead}: {self.reason}"
 
 

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fastdata.decoding.options import Decode
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import FORMATS, detect_format
 from fastdata.formats.reader import Reader
-from fastdata.decoding.options import Decode
-from fastdata.deprecated import take_read_options
+from fastdata.keywords import check_read_values, explain_keywords
+from fastdata.loaders.buffers import batch_tensor
 from fastdata.loaders.decode_pool import DecodePool, decode_threads_for_worker
-from fastdata.loaders.samples import Failed, SamplePipeline, array_to_output
+from fastdata.loaders.samples import Failed, OnError, SamplePipeline, array_to_output
 from fastdata.loaders.sizes import fixed_shape, stacked_by_caller
 from fastdata.order.options import Order
+
+#: A map-style dataset's RAM cache: stored payloads, or decoded pixels.
+Cache = Literal["ram", "decoded"]
 
 
 class PackedDataset(SamplePipeline, Dataset):
@@ -62,9 +66,12 @@ class PackedDataset(SamplePipeline, Dataset):
             Batch them with ``fastdata.collate``, which keeps the dicts as a list.
         decode_threads: threads decoding a batch in ``__getitems__``; None uses
             the usable cores divided by the DataLoader workers.
-        **reader_options: format options passed to the reader (and, for one
-            release, the old flat names of the decode options and ``seed``,
-            with a DeprecationWarning).
+        allow_outside: follow links and sidecar names that lead outside the
+            dataset's folder (see :mod:`fastdata.contained`).
+        reader_settings: settings of the format's reader, by name (LMDB ``readahead``;
+            HDF5 ``rdcc_nbytes``, ``merge_gap``, ``block_bytes``; TFRecord
+            ``feature_keys``, ``chunk_size``); a name the format's reader
+            does not have is refused.
 
     A random crop's box of record i is drawn from ``(seed, epoch, i)``: the
     same in any worker and after a restart; the epoch follows the
@@ -74,6 +81,7 @@ class PackedDataset(SamplePipeline, Dataset):
     #: The reader class; None: the one the dataset's format registers.
     reader_class: type[Reader] | None = None
 
+    @explain_keywords()
     def __init__(
         self,
         path: str | os.PathLike,
@@ -82,29 +90,28 @@ class PackedDataset(SamplePipeline, Dataset):
         order: Order | None = None,
         transform: Callable | None = None,
         target_transform: Callable | None = None,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         verify: bool = True,
-        cache: str | None = None,
+        cache: Cache | None = None,
         progress: bool | None = None,
         with_metadata: bool = False,
         decode_threads: int | None = None,
-        **reader_options: Any,
+        allow_outside: bool = False,
+        reader_settings: Mapping[str, Any] | None = None,
     ) -> None:
-        decode, order = take_read_options(type(self).__name__, reader_options, decode, order,
-                                          order_names={"seed": "seed"})
-        if cache not in (None, "ram", "decoded"):
+        check_read_values(decode, order)
+        if cache is not None and cache not in get_args(Cache):
             raise ValueError(f"cache must be None, 'ram' or 'decoded', not {cache!r}")
         if cache == "decoded" and decode is not None and decode.crop is not None:
             raise ValueError("cache='decoded' stores one fixed size per record and crop= "
                              "draws a new crop each epoch; use cache='ram' with crop=")
         reader_class = self.reader_class or detect_format(path).load_reader()
-        self._init_samples(reader_class(path, verify=verify, **reader_options), decode,
+        self._init_samples(reader_class.open(path, verify=verify, allow_outside=allow_outside,
+                                             settings=reader_settings), decode,
                            transform=transform, target_transform=target_transform,
                            on_error=on_error, with_metadata=with_metadata)
-        #: The order batches are read in (:class:`fastdata.Order`);
-        #: ``order_given``: whether the caller chose it.
+        #: The order batches are read in (:class:`fastdata.Order`).
         self.order = Order() if order is None else order
-        self.order_given = order is not None
         self.seed = self.order.seed
         # With crop=, in shared memory: DataLoader workers, persistent ones
         # included, read the value set_epoch() last wrote in the main process.
@@ -203,7 +210,7 @@ class PackedDataset(SamplePipeline, Dataset):
         if decoded_cache:
             rows = [i % len(self) for i in indices]
             if stack:
-                images = _batch_tensor((len(rows), *self.cache.shape[1:]))
+                images = batch_tensor((len(rows), *self.cache.shape[1:]))
                 np.take(self.cache.pixels, rows, axis=0, out=images.numpy())
                 return self._batch(images, rows, metas)
             images = [array_to_output(self.cache.pixels[i].copy(), self.output) for i in rows]
@@ -213,7 +220,7 @@ class PackedDataset(SamplePipeline, Dataset):
             shape = self.decode.raw_shape
             nbytes = int(np.prod(shape))
             if all(len(p) == nbytes for p in payloads):
-                images = _batch_tensor((len(payloads), *shape))
+                images = batch_tensor((len(payloads), *shape))
                 flat = memoryview(images.numpy()).cast("B")
                 for k, data in enumerate(payloads):
                     flat[k * nbytes:(k + 1) * nbytes] = data
@@ -226,7 +233,7 @@ class PackedDataset(SamplePipeline, Dataset):
             # The decode threads copy each image into the batch as it is done,
             # instead of this thread stacking them all afterwards.
             theirs = into is not None and tuple(into.shape) == (len(indices), *shape)
-            images = None if theirs else _batch_tensor((len(indices), *shape))
+            images = None if theirs else batch_tensor((len(indices), *shape))
             arrays = self._convert_all(indices, payloads, self._pixels,
                                        into=into if theirs else images.numpy(), check=deferred)
             if all(not isinstance(a, Failed) and a.shape == shape for a in arrays):
@@ -235,7 +242,7 @@ class PackedDataset(SamplePipeline, Dataset):
             arrays = self._convert_all(indices, payloads, self._pixels, check=deferred)
         if stack and not any(isinstance(a, Failed) for a in arrays):
             if len({a.shape for a in arrays}) == 1:
-                images = _batch_tensor((len(arrays), *arrays[0].shape))
+                images = batch_tensor((len(arrays), *arrays[0].shape))
                 np.stack(arrays, out=images.numpy())
                 return self._batch(images, indices, metas)
             if warn_sizes:
@@ -299,21 +306,6 @@ class PackedDataset(SamplePipeline, Dataset):
         return False
 
 
-def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
-    """An empty uint8 batch tensor; in a DataLoader worker it is allocated in
-    shared memory, so sending it to the main process copies nothing (what
-    torch's default_collate does for the same reason)."""
-    from torch.utils.data import get_worker_info
-
-    if get_worker_info() is not None:
-        numel = 1
-        for n in shape:
-            numel *= n
-        storage = torch.UntypedStorage._new_shared(numel)
-        return torch.tensor([], dtype=torch.uint8).set_(storage).view(shape)
-    return torch.empty(shape, dtype=torch.uint8)
-
-
 class _LazyReaderClass:
     """Resolves a format's reader class on first use, so importing this module
     does not import lmdb, h5py and every other format library."""
@@ -328,7 +320,8 @@ class _LazyReaderClass:
 class LMDBDataset(PackedDataset):
     """Map-style Dataset over a fastdata LMDB folder.
 
-    Extra option: ``readahead`` (default False, right for shuffled reads).
+    Reader setting: ``reader_settings={"readahead": True}`` suits sequential reads
+    (the default, False, suits shuffled ones).
     """
 
     reader_class = _LazyReaderClass("lmdb")
@@ -370,22 +363,5 @@ def register_dataset(format_name: str, cls: type[PackedDataset]) -> None:
 
 
 def dataset_class(spec) -> type[PackedDataset]:
-    """The Dataset class of format ``spec``: its registered one, else (for one
-    release) the deprecated ``FormatSpec.dataset``, else PackedDataset."""
-    if spec.name in DATASET_CLASSES:
-        return DATASET_CLASSES[spec.name]
-    if spec.dataset is not None:
-        from fastdata.lazy import load
-
-        return load(spec.dataset)
-    return PackedDataset
-
-
-def __getattr__(name: str):
-    # open_dataset lived here before it had a module of its own (which imports
-    # this one: resolved on use, not at import).
-    if name == "open_dataset":
-        from fastdata.loaders.opening import open_dataset
-
-        return open_dataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The Dataset class of format ``spec``: its registered one, else PackedDataset."""
+    return DATASET_CLASSES.get(spec.name, PackedDataset)

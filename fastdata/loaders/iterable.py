@@ -10,30 +10,38 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from fastdata.decoding.options import Decode
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import detect_format, salvage
-from fastdata.decoding.options import Decode
-from fastdata.deprecated import take_read_options
+from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.decode_pool import DecodePool
-from fastdata.loaders.read_ahead import REMOTE_READS, Chunks, ReadAhead
-from fastdata.loaders.samples import SamplePipeline
+from fastdata.loaders.read_ahead import REMOTE_READS, Chunks, ReadAhead, RemoteRead
+from fastdata.loaders.samples import OnError, SamplePipeline
 from fastdata.loaders.sizes import stacked_by_caller
-from fastdata.loaders.stream_batches import (StreamBatches, TakenPoint, stream_batches,
-                                             take_group)
+from fastdata.loaders.stream_batches import (
+    StreamBatches,
+    TakenPoint,
+    stream_batches,
+    take_group,
+)
 from fastdata.machine import rank_and_world
 from fastdata.order.epochs import Shuffle, epoch_order, shard_starts
 from fastdata.order.options import Order
 from fastdata.order.slices import Slice
-from fastdata.order.state import (StreamPoint, WorkerPosition, order_description, parse_state,
-                                  worker_positions)
+from fastdata.order.state import (
+    StreamPoint,
+    WorkerPosition,
+    order_description,
+    parse_state,
+    worker_positions,
+)
 from fastdata.redaction import redact
-
 
 #: Records a stream decodes at a time on its decode threads.
 DECODE_GROUP = 32
@@ -115,15 +123,16 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             to 8 GiB), shared among a rank's workers. "ranges" reads every
             record by range (the least disk); "shards" downloads every shard
             whole that fits.
-        **reader_options: format options passed to the reader (for TFRecord:
-            ``feature_keys``, ``chunk_size``), and for one release the old
-            flat names of the decode and order options (``size=``,
-            ``shuffle=``, ``shuffle_window=``, ...), with a DeprecationWarning.
+        allow_outside: follow links and sidecar names leading outside the
+            dataset's folder (see :mod:`fastdata.contained`).
+        reader_settings: settings of the format's own reader, by name (TFRecord:
+            ``feature_keys``, ``chunk_size``); a name it does not have is refused.
 
     A random crop's box of record i is drawn from ``(seed, epoch, i)``, so it
     does not depend on the ranks, workers or a resume.
     """
 
+    @explain_keywords()
     def __init__(
         self,
         path,
@@ -132,26 +141,26 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         order: Order | None = None,
         transform: Callable | None = None,
         target_transform: Callable | None = None,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         verify: bool = True,
         with_metadata: bool = False,
         read_ahead: int = 4,
-        remote_read: str = "auto",
-        **reader_options: Any,
+        remote_read: RemoteRead = "auto",
+        allow_outside: bool = False,
+        reader_settings: Mapping[str, Any] | None = None,
     ) -> None:
-        decode, order = take_read_options(type(self).__name__, reader_options, decode, order)
+        check_read_values(decode, order)
         spec = detect_format(path)
         if not spec.sharded:
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "
                                 f"a map-style Dataset", path=os.fspath(path) if not
                                 isinstance(path, (list, tuple)) else None)
-        self._init_samples(spec.load_reader()(path, verify=verify, **reader_options), decode,
+        self._init_samples(spec.load_reader().open(path, verify=verify, allow_outside=allow_outside,
+                                                   settings=reader_settings), decode,
                            transform=transform, target_transform=target_transform,
                            on_error=on_error, with_metadata=with_metadata)
-        #: The order the stream is read in (:class:`fastdata.Order`);
-        #: ``order_given``: whether the caller chose it.
+        #: The order the stream is read in (:class:`fastdata.Order`).
         self.order = Order() if order is None else order
-        self.order_given = order is not None
         self.read_ahead = max(0, int(read_ahead))
         self._decoders = DecodePool()
         if remote_read not in REMOTE_READS:

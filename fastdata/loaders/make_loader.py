@@ -4,18 +4,27 @@ the machine, in the dataset's order, wrapped in a :class:`CUDAPrefetcher`."""
 from __future__ import annotations
 
 import logging
-import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
+from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.collate import collate
 from fastdata.loaders.prefetch import CUDAPrefetcher
 from fastdata.loaders.stream_batches import StreamBatches, batchable
+from fastdata.order.options import Order
 
+#: loader()'s keywords that name an order option -> where it is given.
+_ORDER_HOME = "order=fastdata.Order({0}=...) where the dataset is opened (open_dataset(path, order=...))"
+LOADER_HOMES = {**{name: _ORDER_HOME.format(name)
+                   for name in ("batch_size", "shuffle", "seed", "drop_last")},
+                "background": "run_ahead="}
+
+
+@explain_keywords(LOADER_HOMES)
 def loader(
     dataset,
     *,
@@ -26,18 +35,28 @@ def loader(
     dtype: torch.dtype = torch.float32,
     num_workers: int | None = None,
     run_ahead: int = 2,
-    **dataloader_options: Any,
+    order: Order | None = None,
+    sampler: Sampler | Iterable | None = None,
+    batch_sampler: Sampler | Iterable | None = None,
+    collate_fn: Callable | None = None,
+    pin_memory: bool | None = None,
+    persistent_workers: bool | None = None,
+    multiprocessing_context: str | Any | None = None,
+    worker_init_fn: Callable | None = None,
+    timeout: float = 0,
+    generator: torch.Generator | None = None,
 ):
     """A DataLoader with sensible settings for ``dataset``, wrapped in a
     :class:`CUDAPrefetcher` when the batches go to a GPU.
 
     The batches come in the dataset's order (the :class:`fastdata.Order` it
     was opened with: shuffle, seed, batch_size, drop_last, ranks), so the order
-    is given in one place. A map-style dataset is read in the order engine's
-    batches (:class:`fastdata.EpochBatches`): one order per (seed, epoch)
-    whatever the workers, equal batches on every torch.distributed rank, the
-    next epoch after each pass, and a position a ``StatefulDataLoader`` saves
-    and restores. A stream orders itself.
+    is given in one place. A dataset opened without ``order=`` is read in
+    ``Order()``: its own order, not shuffled. A map-style dataset is read in
+    the order engine's batches (:class:`fastdata.EpochBatches`): one order per
+    (seed, epoch) whatever the workers, equal batches on every
+    torch.distributed rank, the next epoch after each pass, and a position a
+    ``StatefulDataLoader`` saves and restores. A stream orders itself.
 
     Args:
         dataset (torch.utils.data.Dataset): a fastdata Dataset (map-style or
@@ -64,10 +83,19 @@ def loader(
             so still gives the loop's position: its ``state_dict()`` counts
             the batches handed to the loop, not those made ahead (a stream
             with a per-sample transform is not run ahead).
-        **dataloader_options: anything else DataLoader takes; overrides ours.
-            For one release the old ``batch_size``, ``shuffle``, ``seed`` and
-            ``drop_last`` (now the dataset's ``order=``) and ``background``
-            (now ``run_ahead``) still work, with a DeprecationWarning.
+        order: for a torch Dataset that fastdata did not open, the order to
+            read it in (None: ``Order()``); a fastdata dataset has its own,
+            given where it is opened (refused here).
+        sampler: DataLoader's, replacing fastdata's order (then ``order``'s
+            batch size and drop_last still make the batches).
+        batch_sampler: DataLoader's, replacing fastdata's batches.
+        collate_fn: DataLoader's; default: :func:`fastdata.collate`.
+        pin_memory: DataLoader's; default: True when the batches go to a GPU.
+        persistent_workers: DataLoader's; default: True with worker processes.
+        multiprocessing_context: DataLoader's.
+        worker_init_fn: DataLoader's.
+        timeout: DataLoader's.
+        generator: DataLoader's.
 
     Returns:
         (CUDAPrefetcher): The DataLoader (``.loader``) in a :class:`CUDAPrefetcher`,
@@ -78,19 +106,13 @@ def loader(
     """
     from torch.utils.data import IterableDataset
 
+    from fastdata.loaders.choice import LoadingChoice, choose_loading
     from fastdata.machine import usable_cores
 
-    from fastdata.deprecated import renamed
-
     iterable = isinstance(dataset, IterableDataset)
-    if "background" in dataloader_options:
-        renamed("loader", "background", "run_ahead=")
-        run_ahead = dataloader_options.pop("background")
     if run_ahead < 0:
         raise ValueError(f"run_ahead must be 0 or more, not {run_ahead}")
-    order = _loader_order(dataset, dataloader_options, iterable)
-    from fastdata.loaders.choice import LoadingChoice, choose_loading
-
+    order = _loader_order(dataset, order)
     if num_workers is None:
         choice = choose_loading(dataset, usable_cores(), run_ahead, iterable)
     else:
@@ -116,55 +138,46 @@ def loader(
     if not iterable or getattr(dataset, "with_metadata", False):
         # Batches stacked once by __getitems__; metadata dicts kept as lists.
         options["collate_fn"] = collate
-    own_sampler = {"sampler", "batch_sampler"} & set(dataloader_options)
+    given = {"sampler": sampler, "batch_sampler": batch_sampler, "collate_fn": collate_fn,
+             "pin_memory": pin_memory, "persistent_workers": persistent_workers,
+             "multiprocessing_context": multiprocessing_context,
+             "worker_init_fn": worker_init_fn, "generator": generator}
+    theirs = {name: value for name, value in given.items() if value is not None}
+    if timeout:
+        theirs["timeout"] = timeout
+    own_sampler = sampler is not None or batch_sampler is not None
     if iterable or own_sampler:
-        if "batch_sampler" not in dataloader_options:
+        if batch_sampler is None:
             options.update(batch_size=order.loader_batch, drop_last=order.drop_last)
-        if not iterable and not own_sampler:
-            options["shuffle"] = order.shuffle
     else:
         from fastdata.loaders.sampler import EpochBatches
 
         # One order for the job (ranks, workers, resume): the engine's batches.
         options["batch_sampler"] = EpochBatches(dataset, order)
-    options.update(dataloader_options)
+    options.update(theirs)
     _match_stream_batches(dataset, options.get("batch_size"))
     data_loader = DataLoader(_stream_in_batches(dataset, options), **options)
     if iterable and not isinstance(data_loader.dataset, StreamBatches):
-        choice = replace(choice, background=0)  # per sample: its position must be the loop's
+        choice = replace(choice, run_ahead=0)  # per sample: its position must be the loop's
     prefetcher = CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                                 channels_last=channels_last, dtype=dtype,
-                                background=choice.background if data_loader.num_workers == 0
+                                run_ahead=choice.run_ahead if data_loader.num_workers == 0
                                 else 0)
     prefetcher.choice = choice
     return prefetcher
 
 
-def _loader_order(dataset, options: dict, iterable: bool):
-    """The order ``loader()`` reads ``dataset`` in: the dataset's, changed by
-    the loader's deprecated order keywords (popped from ``options``)."""
-    from fastdata.deprecated import moved
-    from fastdata.order.options import Order
-
-    old = {k: options.pop(k) for k in ("batch_size", "shuffle", "seed", "drop_last")
-           if k in options}
-    if old.get("seed", 0) is None or old.get("shuffle", False) is None:
-        old = {k: v for k, v in old.items() if v is not None}  # None meant "the default"
+def _loader_order(dataset, order: Order | None) -> Order:
+    """The order ``loader()`` reads ``dataset`` in: the dataset's own, or
+    ``order`` for a dataset fastdata did not open."""
+    check_read_values(None, order)
     mine = getattr(dataset, "order", None)
-    base = mine if isinstance(mine, Order) else Order()
-    given = isinstance(mine, Order) and getattr(dataset, "order_given", True)
-    if old:
-        moved("loader", old, "the dataset's order=fastdata.Order", stacklevel=4)
-        if not given and not iterable and "shuffle" not in old:
-            old["shuffle"] = True  # loader()'s old default for map-style datasets
-        return base.changed(**old)
-    if not given and not iterable:
-        warnings.warn("fastdata.loader() shuffles a map-style dataset opened without order= "
-                      "for one more release; from the next, the dataset's order decides: open "
-                      "it with order=fastdata.Order(shuffle=True) (or shuffle=False)",
-                      DeprecationWarning, stacklevel=3)
-        return base.changed(shuffle=True)
-    return base
+    if isinstance(mine, Order):
+        if order is not None and order != mine:
+            raise ValueError("this dataset was opened with its order: give order= where it is "
+                             "opened (open_dataset(path, order=...)), not to loader()")
+        return mine
+    return Order() if order is None else order
 
 
 def _stream_in_batches(dataset, options: dict):

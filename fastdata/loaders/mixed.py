@@ -21,7 +21,9 @@ from torch.utils.data import Dataset
 from fastdata.decoding.options import Decode
 from fastdata.errors import FastDataError
 from fastdata.loaders.collate import Batch
-from fastdata.loaders.datasets import _batch_tensor
+from fastdata.loaders.samples import OnError
+from fastdata.keywords import explain_keywords
+from fastdata.loaders.buffers import batch_tensor
 from fastdata.order.mixture import Mixture, MixOrder, MixSource
 from fastdata.order.options import Order
 
@@ -36,11 +38,12 @@ class _Rows:
         self.rows[self.places[k]] = image
 
 
+@explain_keywords()
 def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
         samples_per_epoch: int | None = None, decode: Decode | None = None,
         order: Order | None = None, classes: str | Sequence[str] | None = None,
         schedule: Callable | None = None,
-        with_metadata: bool = False, on_error: str = "raise", verify: bool = True,
+        with_metadata: bool = False, on_error: OnError = "raise", verify: bool = True,
         transform: Callable | None = None, target_transform: Callable | None = None,
         ) -> MixedDataset:
     """Mix several packed datasets into one map-style Dataset.
@@ -157,7 +160,6 @@ class MixedDataset(Dataset):
         self.names = list(self.sources)
         self.mixture = mixture
         self.order = order
-        self.order_given = True  # the mixture orders itself; loader() need not shuffle it
         self.position_order = MixOrder(mixture)
         self.transform, self.target_transform = transform, target_transform
         self.with_metadata = bool(with_metadata)
@@ -292,7 +294,7 @@ class MixedDataset(Dataset):
         # the rows of one batch (channels-last memory, as theirs is; in a
         # DataLoader worker, shared memory): no second copy.
         shape = self._shape if stack else None
-        pixels = None if shape is None else _batch_tensor((len(indices), *shape))
+        pixels = None if shape is None else batch_tensor((len(indices), *shape))
         got: list[Any] = [None] * len(indices)
         parts: dict[tuple[int, int], tuple[np.ndarray, Batch]] = {}
         # A random crop draws from the record's cycle: its n-th appearance gets

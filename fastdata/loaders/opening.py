@@ -8,25 +8,36 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastdata.decoding.options import Decode
-from fastdata.deprecated import take_read_options
 from fastdata.formats import detect_format
-from fastdata.loaders.datasets import dataset_class
+from fastdata.keywords import explain_keywords
+from fastdata.loaders.datasets import Cache, dataset_class
+from fastdata.loaders.read_ahead import RemoteRead
+from fastdata.loaders.samples import OnError
 from fastdata.order.options import Order
 
 
+@explain_keywords()
 def open_dataset(
-    path: str | os.PathLike | Sequence[str | os.PathLike],
+    path: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
     *,
     streaming: bool = False,
     decode: Decode | None = None,
     order: Order | None = None,
     transform: Callable | None = None,
     target_transform: Callable | None = None,
-    on_error: str = "raise",
+    on_error: OnError = "raise",
     verify: bool = True,
     with_metadata: bool = False,
-    cache: str | None = None,
-    **reader_options: Any,
+    cache: Cache | None = None,
+    decode_threads: int | None = None,
+    progress: bool | None = None,
+    read_ahead: int | None = None,
+    remote_read: RemoteRead | None = None,
+    allow_outside: bool = False,
+    reader_settings: Mapping[str, Any] | None = None,
+    samples_per_epoch: int | None = None,
+    classes: str | Sequence[str] | None = None,
+    schedule: Callable | None = None,
 ):
     """Open a packed dataset for training, map-style or as a stream.
 
@@ -34,9 +45,7 @@ def open_dataset(
         path: a packed dataset: an ``.lmdb`` folder, an ``.h5`` file, a tar or
             TFRecord manifest (or shard pattern), a local path or a URL. Or
             several, mixed (:func:`fastdata.mix`): a mapping of source name ->
-            ``{"path": ..., "weight": ...}``, or a mixture file; the options
-            ``samples_per_epoch``, ``classes`` and ``schedule`` then go to
-            ``mix``.
+            ``{"path": ..., "weight": ...}``, or a mixture file.
         streaming: False (default): a map-style Dataset (the Dataset class its
             format calls for: ``ds[i]``, random access, ``fastdata.EpochBatches``
             for the order); True: a :class:`fastdata.ShardedIterableDataset`
@@ -47,7 +56,8 @@ def open_dataset(
         order: the order it is read in (:class:`fastdata.Order`: shuffle,
             seed, batch_size, drop_last, rank, world_size, block, window):
             given here once, it is the order ``fastdata.loader`` and
-            ``fastdata.EpochBatches`` read in.
+            ``fastdata.EpochBatches`` read in. None: ``Order()``, the
+            dataset's own order, not shuffled.
         transform: applied to each image.
         target_transform: applied to each label.
         on_error: "raise" (default) or "skip" (a record that cannot be read
@@ -55,40 +65,63 @@ def open_dataset(
         verify: check each record's checksum as it is read.
         with_metadata: samples are ``(image, label, metadata)``.
         cache: map-style only: None, "ram" or "decoded" (see :class:`PackedDataset`).
-        **reader_options: format options passed to the reader, and the
-            options one way of reading has (map-style ``decode_threads``,
-            ``progress``; streaming ``read_ahead``, ``remote_read``).
+        decode_threads: map-style only: threads decoding a batch (see
+            :class:`PackedDataset`).
+        progress: map-style only: a progress bar while a cache fills.
+        read_ahead: a stream only (see :class:`ShardedIterableDataset`); None: 4.
+        remote_read: a stream only: "auto" (None), "ranges" or "shards" (see
+            :class:`ShardedIterableDataset`).
+        allow_outside: follow links and sidecar names leading outside the
+            dataset's folder (see :mod:`fastdata.contained`).
+        reader_settings: settings of the format's own reader, by name (see
+            :class:`PackedDataset`).
+        samples_per_epoch: a mixture only (see :func:`fastdata.mix`).
+        classes: a mixture only (see :func:`fastdata.mix`).
+        schedule: a mixture only (see :func:`fastdata.mix`).
 
     Returns:
         (PackedDataset | ShardedIterableDataset | MixedDataset): A map-style
         Dataset (a :class:`PackedDataset`), a :class:`fastdata.ShardedIterableDataset`
         with ``streaming=True``, or a :class:`fastdata.MixedDataset` for several.
+
+    Raises:
+        ValueError: an option of another way of reading (``cache=`` for a
+            stream, ``read_ahead=`` for a map-style dataset, ...), naming it.
     """
     from fastdata.mixture_file import is_mixture_file
 
+    common = {"decode": decode, "order": order, "transform": transform,
+              "target_transform": target_transform, "on_error": on_error, "verify": verify,
+              "with_metadata": with_metadata}
+    mapped = {"cache": cache, "decode_threads": decode_threads, "progress": progress}
+    streamed = {"read_ahead": read_ahead, "remote_read": remote_read}
+    mixed = {"samples_per_epoch": samples_per_epoch, "classes": classes, "schedule": schedule}
+    per_file = {"allow_outside": allow_outside or None, "reader_settings": reader_settings}
     if isinstance(path, Mapping) or is_mixture_file(path):
-        if streaming or cache is not None:
-            raise ValueError("a mixture is read map-style, by random access into each source: "
-                             "leave streaming= and cache= out")
+        _refuse("a mixture (read map-style, by random access into each source)",
+                streaming=streaming or None, **mapped, **streamed, **per_file)
         from fastdata.loaders.mixed import mix
 
-        return mix(path, decode=decode, order=order, transform=transform,
-                   target_transform=target_transform, on_error=on_error, verify=verify,
-                   with_metadata=with_metadata, **reader_options)
-    # The old flat names, warned about here, where the caller's line is.
-    decode, order = take_read_options("open_dataset", reader_options, decode, order,
-                                      order_names=None if streaming else {"seed": "seed"})
-    common = dict(decode=decode, order=order, transform=transform,
-                  target_transform=target_transform, on_error=on_error, verify=verify,
-                  with_metadata=with_metadata, **reader_options)
+        return mix(path, **common, **mixed)
     if streaming:
-        if cache is not None:
-            raise ValueError("cache= is for map-style reading; a stream reads each shard "
-                             "front to back (open it with streaming=False to cache it)")
+        _refuse("a stream (streaming=True)", **mapped, **mixed)
         from fastdata.loaders.iterable import ShardedIterableDataset
 
-        return ShardedIterableDataset(path, **common)
+        return ShardedIterableDataset(path, **common, allow_outside=allow_outside,
+                                      reader_settings=reader_settings,
+                                      **{k: v for k, v in streamed.items() if v is not None})
+    _refuse("a map-style dataset (streaming=False)", **streamed, **mixed)
     if isinstance(path, (list, tuple)):
         raise ValueError("a list of shard files is read as a stream: pass streaming=True, "
                          "or open the set's manifest")
-    return dataset_class(detect_format(path))(path, cache=cache, **common)
+    return dataset_class(detect_format(path))(path, **common, **mapped,
+                                              allow_outside=allow_outside, reader_settings=reader_settings)
+
+
+def _refuse(what: str, **given) -> None:
+    """Refuse the options ``given`` (not None) that ``what`` does not take."""
+    named = [name for name, value in given.items() if value is not None]
+    if named:
+        raise ValueError(f"{', '.join(n + '=' for n in named)} {'is' if len(named) == 1 else 'are'}"
+                         f" not an option of {what}: leave {'it' if len(named) == 1 else 'them'}"
+                         f" out")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fastdata.keywords import explain_keywords
 from fastdata.loaders.buffers import FloatBuffers
 from fastdata.loaders.loop_position import LoopPosition
 
@@ -50,11 +51,12 @@ class CUDAPrefetcher:
         depth: batches in flight ahead of the consumer.
         image_key: the image entry of dict batches.
         convert: convert uint8 images to float at all (False: copy only).
-        background: make batches this many ahead in a thread
+        run_ahead: make batches this many ahead in a thread
             (:class:`~fastdata.loaders.background.BackgroundBatches`), for a
             loader without worker processes; 0 (default): as the loop asks.
     """
 
+    @explain_keywords({"background": "run_ahead="})
     def __init__(
         self,
         loader,
@@ -67,7 +69,7 @@ class CUDAPrefetcher:
         depth: int = 2,
         image_key: str = "image",
         convert: bool = True,
-        background: int = 0,
+        run_ahead: int = 0,
     ) -> None:
         global _warned_no_cuda
         self.loader = loader
@@ -82,20 +84,20 @@ class CUDAPrefetcher:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, not {depth}")
         self.depth = depth
-        if background < 0:
-            raise ValueError(f"background must be 0 or more, not {background}")
-        self.background = int(background)
+        if run_ahead < 0:
+            raise ValueError(f"run_ahead must be 0 or more, not {run_ahead}")
+        self.run_ahead = int(run_ahead)
         self._batches = loader
         # The loop's point in the order: counted here, where batches reach the loop.
         self._position = LoopPosition(loader)
-        if self.background:
+        if self.run_ahead:
             from fastdata.loaders.background import BackgroundBatches
 
             # Without CUDA the conversion runs in that thread too, beside the
             # training step instead of before it. A loader with a resume state
             # is refused there.
             self._batches = BackgroundBatches(
-                loader, self.background,
+                loader, self.run_ahead,
                 then=None if self.cuda else lambda batch: self._move(batch, [True]))
         self.channels_last = channels_last
         self.dtype = dtype
@@ -116,7 +118,7 @@ class CUDAPrefetcher:
     def __repr__(self) -> str:
         workers = getattr(self.loader, "num_workers", None)
         how = str(self.choice) if self.choice is not None else \
-            f"num_workers={workers}, background={self.background}"
+            f"num_workers={workers}, run_ahead={self.run_ahead}"
         return f"CUDAPrefetcher(device={str(self.device)!r}, {how})"
 
     # -- conversion -------------------------------------------------------------
@@ -215,7 +217,7 @@ class CUDAPrefetcher:
                 stream_took()
         if not self.cuda:
             for batch in self._batches:
-                if not self.background:    # else converted in the background thread
+                if not self.run_ahead:    # else converted in the background thread
                     batch = self._move(batch, [True])
                 took()
                 yield batch

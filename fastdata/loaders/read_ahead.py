@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -33,7 +33,8 @@ DOWNLOAD_TRIES = 3
 #: How each remote stream reads: "auto" plans whole shards and ranges from
 #: the order; "ranges" reads every record by range; "shards" downloads every
 #: shard whole that fits the budget.
-REMOTE_READS = ("auto", "ranges", "shards")
+RemoteRead = Literal["auto", "ranges", "shards"]
+REMOTE_READS = get_args(RemoteRead)
 
 
 class Chunks:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
-from fastdata.deprecated import take_read_options
+from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.machine import rank_and_world
 from fastdata.order.epochs import epoch_order, shard_starts
 from fastdata.order.options import Order
@@ -48,14 +48,9 @@ class EpochBatches(Sampler[list[int]]):
     it, or a ``StatefulDataLoader``'s whole state, and continues there.
     """
 
-    def __init__(self, dataset, order: Order | None = None, **old_names) -> None:
-        _, old = take_read_options("EpochBatches", old_names, None, order, order_names={
-            **{k: k for k in ("batch_size", "shuffle", "seed", "drop_last", "rank",
-                              "world_size", "block", "window")}})
-        if old_names:
-            raise TypeError(f"EpochBatches() got unexpected keyword(s) "
-                            f"{', '.join(sorted(old_names))}")
-        order = order if old is None else old
+    @explain_keywords()
+    def __init__(self, dataset, order: Order | None = None) -> None:
+        check_read_values(None, order)
         self.dataset = None if isinstance(dataset, int) else dataset
         self.records = int(dataset) if isinstance(dataset, int) else len(dataset)
         if order is None:

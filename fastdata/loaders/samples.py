@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -25,7 +26,9 @@ from fastdata.redaction import redact
 
 __all__ = ["OUTPUTS", "SamplePipeline", "convert_payload", "array_to_output", "Failed"]
 
-ON_ERROR = ("raise", "skip")
+#: What a record that cannot be read or decoded does: raise, or be left out.
+OnError = Literal["raise", "skip"]
+ON_ERROR = get_args(OnError)
 
 _DEFAULT_CHAIN = DecoderChain()
 
@@ -75,7 +78,7 @@ class SamplePipeline:
 
     def _init_samples(self, reader: Reader, decoding: Decode | None, *,
                       transform: Callable | None, target_transform: Callable | None,
-                      on_error: str, with_metadata: bool = False) -> None:
+                      on_error: OnError, with_metadata: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         decoding = Decode() if decoding is None else decoding  # its type checked on the way in

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from fastdata.errors import CorruptDataError
+from fastdata.loaders.buffers import batch_tensor
 from fastdata.loaders.collate import Batch
 from fastdata.loaders.sizes import fixed_shape
 
@@ -97,10 +98,6 @@ def batchable(ds) -> bool:
     return ds.output == "tensor" and ds.transform is None and ds.target_transform is None
 
 
-def _new_batch(shape: tuple[int, ...]) -> torch.Tensor:
-    from fastdata.loaders.datasets import _batch_tensor
-
-    return _batch_tensor(shape)
 
 
 def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
@@ -126,7 +123,7 @@ def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
 
 
 def _make(ds, items: list, shape, labels) -> Batch | list | None:
-    into = None if shape is None else _new_batch((len(items), *shape))
+    into = None if shape is None else batch_tensor((len(items), *shape))
     images = ds._convert_all([it[0] for it in items], [it[1] for it in items], ds._pixels,
                              into=None if into is None else into.numpy())
     keep, metas = [], []
@@ -148,7 +145,7 @@ def _make(ds, items: list, shape, labels) -> Batch | list | None:
         pixels = into if len(keep) == len(items) else into[torch.as_tensor(keep)]
         return Batch(pixels.permute(0, 3, 1, 2), batch_labels, metadata)
     if len({a.shape for a in kept}) == 1:
-        stacked = _new_batch((len(kept), *kept[0].shape))
+        stacked = batch_tensor((len(kept), *kept[0].shape))
         np.stack(kept, out=stacked.numpy())
         return Batch(stacked.permute(0, 3, 1, 2), batch_labels, metadata)
     samples = [(torch.from_numpy(a).permute(2, 0, 1), int(y)) for a, y in zip(kept, batch_labels)]
