@@ -24,14 +24,16 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from fastdata.errors import FastDataError
 
 #: How a mixture's labels are combined (besides a list of class names).
-CLASS_MODES = ("own", "merge", "union")
+#: How a mixture labels its samples (besides a list of class names).
+ClassMode = Literal["own", "merge", "union"]
+CLASS_MODES = get_args(ClassMode)
 #: A mixture file's keys besides "sources".
 OPTIONAL = ("samples_per_epoch", "classes", "shuffle", "seed")
 SUFFIXES = (".json", ".yaml", ".yml")
@@ -142,7 +144,7 @@ def mixture_summary(path: str, *, allow_outside: bool = False) -> dict:
     """
     from fastdata.errors import FastDataError
     from fastdata.formats import read_manifest
-    from fastdata.order.mixture import Mixture, MixSource
+    from fastdata.order.mixture import MixSource, Mixture
 
     described = read_mixture_file(path)
     manifests = {}

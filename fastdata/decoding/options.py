@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -24,7 +25,10 @@ from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels
 
 #: What a Dataset's samples hold: a uint8 CHW torch tensor, a uint8 HWC numpy
 #: array, an RGB PIL image, or the stored payload's bytes, undecoded.
-OUTPUTS = ("tensor", "numpy", "pil", "bytes")
+#: What a sample's image is: a uint8 CHW tensor, a uint8 HWC array, an RGB
+#: PIL image, or the stored payload undecoded.
+Output = Literal["tensor", "numpy", "pil", "bytes"]
+OUTPUTS = get_args(Output)
 
 
 def hw_pair(value, name: str) -> tuple[int, int]:
@@ -117,7 +121,7 @@ class Decode:
     decoder: str = "auto"
     keep_gray: bool = False
     max_pixels: int | None = DEFAULT_MAX_PIXELS
-    output: str = "tensor"
+    output: Output = "tensor"
 
     def __post_init__(self) -> None:
         from fastdata.decoding.decode import check_decoder, parse_size

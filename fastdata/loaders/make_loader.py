@@ -18,7 +18,8 @@ from fastdata.loaders.stream_batches import StreamBatches, batchable
 from fastdata.order.options import Order
 
 #: loader()'s keywords that name an order option -> where it is given.
-_ORDER_HOME = "order=fastdata.Order({0}=...) where the dataset is opened (open_dataset(path, order=...))"
+_ORDER_HOME = ("order=fastdata.Order({0}=...) where the dataset is opened "
+               "(open_dataset(path, order=...))")
 LOADER_HOMES = {**{name: _ORDER_HOME.format(name)
                    for name in ("batch_size", "shuffle", "seed", "drop_last")},
                 "background": "run_ahead="}

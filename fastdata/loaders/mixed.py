@@ -20,12 +20,14 @@ from torch.utils.data import Dataset
 
 from fastdata.decoding.options import Decode
 from fastdata.errors import FastDataError
-from fastdata.loaders.collate import Batch
-from fastdata.loaders.samples import OnError
 from fastdata.keywords import explain_keywords
 from fastdata.loaders.buffers import batch_tensor
-from fastdata.order.mixture import Mixture, MixOrder, MixSource
+from fastdata.loaders.collate import Batch
+from fastdata.loaders.samples import OnError
+from fastdata.mixture_file import ClassMode, combine_classes, read_mixture_file
+from fastdata.order.mixture import MixOrder, MixSource, Mixture
 from fastdata.order.options import Order
+
 
 class _Rows:
     """Rows ``places`` of a batch array, as one source's batch to decode into."""
@@ -41,7 +43,7 @@ class _Rows:
 @explain_keywords()
 def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
         samples_per_epoch: int | None = None, decode: Decode | None = None,
-        order: Order | None = None, classes: str | Sequence[str] | None = None,
+        order: Order | None = None, classes: ClassMode | Sequence[str] | None = None,
         schedule: Callable | None = None,
         with_metadata: bool = False, on_error: OnError = "raise", verify: bool = True,
         transform: Callable | None = None, target_transform: Callable | None = None,
@@ -91,7 +93,6 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
     from fastdata.loaders.opening import open_dataset
 
     if isinstance(sources, (str, os.PathLike)):
-        from fastdata.mixture_file import read_mixture_file
 
         described = read_mixture_file(sources)
         sources = described.sources
@@ -153,7 +154,7 @@ class MixedDataset(Dataset):
     """
 
     def __init__(self, sources: Mapping[str, Dataset], mixture: Mixture, order: Order, *,
-                 classes: str | Sequence[str] = "own", transform: Callable | None = None,
+                 classes: ClassMode | Sequence[str] = "own", transform: Callable | None = None,
                  target_transform: Callable | None = None, with_metadata: bool = False,
                  decode: Decode | None = None) -> None:
         self.sources = dict(sources)
@@ -171,7 +172,6 @@ class MixedDataset(Dataset):
     # -- classes ------------------------------------------------------------------
 
     def _combine_classes(self, classes) -> tuple[list[str] | None, list[np.ndarray] | None]:
-        from fastdata.mixture_file import combine_classes
 
         return combine_classes({name: list(ds.classes) for name, ds in self.sources.items()},
                                classes)

@@ -13,6 +13,7 @@ from fastdata.keywords import explain_keywords
 from fastdata.loaders.datasets import Cache, dataset_class
 from fastdata.loaders.read_ahead import RemoteRead
 from fastdata.loaders.samples import OnError
+from fastdata.mixture_file import ClassMode, is_mixture_file
 from fastdata.order.options import Order
 
 
@@ -36,7 +37,7 @@ def open_dataset(
     allow_outside: bool = False,
     reader_settings: Mapping[str, Any] | None = None,
     samples_per_epoch: int | None = None,
-    classes: str | Sequence[str] | None = None,
+    classes: ClassMode | Sequence[str] | None = None,
     schedule: Callable | None = None,
 ):
     """Open a packed dataset for training, map-style or as a stream.
@@ -88,8 +89,6 @@ def open_dataset(
         ValueError: an option of another way of reading (``cache=`` for a
             stream, ``read_ahead=`` for a map-style dataset, ...), naming it.
     """
-    from fastdata.mixture_file import is_mixture_file
-
     common = {"decode": decode, "order": order, "transform": transform,
               "target_transform": target_transform, "on_error": on_error, "verify": verify,
               "with_metadata": with_metadata}
@@ -115,7 +114,8 @@ def open_dataset(
         raise ValueError("a list of shard files is read as a stream: pass streaming=True, "
                          "or open the set's manifest")
     return dataset_class(detect_format(path))(path, **common, **mapped,
-                                              allow_outside=allow_outside, reader_settings=reader_settings)
+                                              allow_outside=allow_outside,
+                                              reader_settings=reader_settings)
 
 
 def _refuse(what: str, **given) -> None:

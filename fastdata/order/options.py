@@ -12,6 +12,7 @@ torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal
 
 from fastdata.order.epochs import DEFAULT_BLOCK, DEFAULT_WINDOW, Shuffle
 
@@ -57,7 +58,7 @@ class Order:
     drop_last: bool = False
     rank: int | None = None
     world_size: int | None = None
-    block: int | str | None = None
+    block: int | Literal["shard"] | None = None
     window: int | None = None
 
     def __post_init__(self) -> None:
