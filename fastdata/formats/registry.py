@@ -15,8 +15,9 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
 from fastdata.formats.remote_files import as_local, is_remote, manifest_bytes
@@ -244,13 +245,15 @@ def _format_from_manifest(path: str) -> FormatSpec:
     return get_format(name)
 
 
-def open_reader(path, **options):
-    """Open the packed dataset at ``path`` with the reader of its format."""
-    return detect_format(path).load_reader()(path, **options)
+def open_reader(path, *, verify: bool = True, allow_outside: bool = False,
+                settings: Mapping[str, Any] | None = None):
+    """Open the packed dataset at ``path`` with the reader of its format
+    (``settings``: that reader's own, by name; see ``Reader.open``)."""
+    return detect_format(path).load_reader().open(path, verify=verify,
+                                                  allow_outside=allow_outside, settings=settings)
 
 
-def read_manifest(path, **options):
-    """The manifest of the packed dataset at ``path`` (``options``: the reader's,
-    such as ``allow_outside=True``)."""
-    with open_reader(path, **options) as reader:
+def read_manifest(path, *, allow_outside: bool = False):
+    """The manifest of the packed dataset at ``path``."""
+    with open_reader(path, allow_outside=allow_outside) as reader:
         return reader.manifest

@@ -4,7 +4,8 @@ pack whose source is the dataset itself."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fastdata.packers.options import PackOptions
 from fastdata.packers.pack import pack
@@ -19,7 +20,7 @@ def convert(
     options: PackOptions | None = None,
     progress: bool | None = None,
     on_event: Callable[[str], None] | None = None,
-    reader_options: dict[str, Any] | None = None,
+    reader_settings: Mapping[str, Any] | None = None,
 ) -> PackSummary:
     """Write the dataset ``source`` again as ``output``, in the format its name
     (or ``options.format``) gives.
@@ -40,7 +41,7 @@ def convert(
         options: pack options (default: records as they are).
         progress: show a progress bar (None: only on a terminal).
         on_event: called with each warning as it happens.
-        reader_options: passed to the source's reader (``feature_keys=`` for a
+        reader_settings: the source reader's own settings (``feature_keys`` for a
             TFRecord of another tool).
 
     Raises:
@@ -50,7 +51,7 @@ def convert(
         FastDataError: as :func:`fastdata.pack`.
     """
     if not isinstance(source, DatasetSource):
-        source = DatasetSource(source, **(reader_options or {}))
+        source = DatasetSource(source, reader_settings=reader_settings)
     return pack(source, output, options=options, progress=progress, on_event=on_event)
 
 

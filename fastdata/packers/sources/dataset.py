@@ -16,7 +16,7 @@ transaction or a few contiguous reads), never the whole dataset at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fastdata.errors import SourceError, UnknownFormatError
@@ -37,8 +37,11 @@ class DatasetSource:
             file, a sharded dataset's ``NAME.fastdata.json``, a shard, a shard pattern
             (``out-%06d.tar``, ``out-{000000..000009}.tar``), or a list of
             shard files written by another tool.
-        **reader_options (Any): passed to the format's reader (``verify=``; for
-            TFRecords of another tool ``feature_keys={"image": ..., "label": ...}``).
+        verify: check each record's checksum as it is read.
+        allow_outside: follow links leading outside the dataset's folder
+            (see :mod:`fastdata.contained`).
+        reader_settings: the format reader's own settings, by name (for
+            TFRecords of another tool ``{"feature_keys": {"image": ..., "label": ...}}``).
 
     Classes are the dataset's (its manifest's). Data written by another tool
     has no manifest: its classes are what the reader knows, the label
@@ -54,15 +57,16 @@ class DatasetSource:
 
     kind = "dataset"
 
-    def __init__(self, path, **reader_options) -> None:
+    def __init__(self, path, *, verify: bool = True, allow_outside: bool = False,
+                 reader_settings: Mapping[str, Any] | None = None) -> None:
         from fastdata.formats.registry import open_reader
 
         self.path = path if isinstance(path, (list, tuple)) else os.fspath(path)
         first = self.path[0] if isinstance(self.path, (list, tuple)) and self.path else self.path
         self.root = absolute(first) if first else ""  # a URL stays a URL
-        self.reader_options = dict(reader_options)
         try:
-            self.reader = open_reader(self.path, **reader_options)
+            self.reader = open_reader(self.path, verify=verify, allow_outside=allow_outside,
+                                      settings=reader_settings)
         except UnknownFormatError as exc:
             if isinstance(first, str) and os.path.isdir(first):
                 raise UnknownFormatError(f"{exc.message}; to pack a folder of images, use "
