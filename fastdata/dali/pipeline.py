@@ -13,6 +13,7 @@ the crop's region) and a resize to the crop's size, or
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -169,7 +170,7 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
 
 def _external(fn: Any, types: Any, plan: PipelinePlan, options: DALIOptions,
               reader: Any) -> tuple[Any, Any]:
-    order = options.order.changed(rank=plan.shard_id, world_size=plan.num_shards)
+    order = dataclasses.replace(options.order, rank=plan.shard_id, world_size=plan.num_shards)
     source = ExternalBatches(plan.path, order=order, mode=plan.mode, transcode=plan.transcode,
                              verify=options.verify, reader_settings=options.reader_settings,
                              reader=reader)

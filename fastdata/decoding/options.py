@@ -111,6 +111,8 @@ class Decode:
             "pil" (RGB PIL image) or "bytes" (the stored payload, undecoded);
             torch Datasets only (DALI gives tensors).
 
+    A copy with a value changed, checked again: ``dataclasses.replace(decode, size=256)``.
+
     Raises:
         ValueError, FastDataError: an option is out of range, two contradict,
             or the decoder named is not installed.
@@ -147,11 +149,6 @@ class Decode:
         """(h, w) of the centre crop after the resize, or None."""
         return self.crop.size if isinstance(self.crop, CenterCrop) else None
 
-    def changed(self, **values) -> Decode:
-        """A copy with ``values`` replaced (checked again)."""
-        mine = {f.name: getattr(self, f.name) for f in fields(self)}
-        return Decode(**{**mine, **values})
 
-
-#: Decode's option names (the flat keywords Datasets took before it).
+#: Decode's option names.
 DECODE_NAMES = tuple(f.name for f in fields(Decode))

@@ -7,6 +7,7 @@ it resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -206,7 +207,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     @batch_size.setter
     def batch_size(self, value: int | None) -> None:
         # fastdata.loader() gives a stream made without one its own batch size.
-        self.order = self.order.changed(batch_size=value)
+        self.order = dataclasses.replace(self.order, batch_size=value)
 
     def _rank_world(self) -> tuple[int, int]:
         return rank_and_world(self._rank, self._world)

@@ -48,6 +48,8 @@ class Order:
             each other. The same values give the same order in every way of
             reading.
 
+    A copy with a value changed, checked again: ``dataclasses.replace(order, seed=1)``.
+
     Raises:
         ValueError: an option out of range.
     """
@@ -110,11 +112,6 @@ class Order:
             block = 1 if self.block is None else self.block
             window = max(1, records) if self.window is None else self.window
         return Shuffle(self.shuffle, self.seed, block, window)
-
-    def changed(self, **values) -> Order:
-        """A copy with ``values`` replaced (checked again)."""
-        mine = {f.name: getattr(self, f.name) for f in fields(self)}
-        return Order(**{**mine, **values})
 
 
 #: Order's option names.
