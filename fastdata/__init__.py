@@ -10,10 +10,13 @@ only when the names that need them are first used.
     for images, labels in fastdata.loader(ds): ...
 
 The top level holds what a training script needs; everything else lives in its
-sub-package: ``fastdata.formats`` (the registry, ``open_reader``,
-``read_manifest``), ``fastdata.records`` (``Manifest``), ``fastdata.packers``,
-``fastdata.loaders``, ``fastdata.bench``, ``fastdata.demo`` (``synthesize``)
-and ``fastdata.dali`` (``DALILoader``).
+sub-package, each an attribute of ``fastdata`` imported on first use:
+``fastdata.formats`` (the registry, ``open_reader``, ``read_manifest``),
+``fastdata.records`` (``Manifest``), ``fastdata.packers``, ``fastdata.loaders``,
+``fastdata.order`` (``Order``), ``fastdata.decoding`` (``Decode``,
+``CenterCrop``, ``RandomResizedCrop``), ``fastdata.storage`` (paths and URLs),
+``fastdata.bench``, ``fastdata.demo`` (``synthesize``) and ``fastdata.dali``
+(``DALILoader``).
 """
 
 from __future__ import annotations
@@ -76,8 +79,8 @@ __all__ = sorted([
 
 
 #: Sub-packages reachable as attributes (``fastdata.formats.read_manifest``).
-_SUBMODULES = ("formats", "records", "errors", "packers", "loaders", "bench", "demo", "dali",
-               "machine", "encodings", "cli")
+_SUBMODULES = ("formats", "records", "errors", "packers", "loaders", "order", "decoding",
+               "storage", "bench", "demo", "dali", "machine", "encodings", "cli")
 
 
 def __getattr__(name: str):

@@ -183,8 +183,8 @@ def test_row_with_wrong_output_is_marked_failed(tiny_folder, monkeypatch):
     baseline = bm.folder_target(tiny_folder)
     cheat = bm.Target(name="cheat", kind="packed", format="lmdb", variant="keep",
                       path="nowhere", count=10, payload_bytes=10)
-    real_make = bm.make_dataset
-    monkeypatch.setattr(bm, "make_dataset", lambda t, o: _WrongSize() if t.name == "cheat"
+    real_make = bm.loading.make_dataset
+    monkeypatch.setattr(bm.loading, "make_dataset", lambda t, o: _WrongSize() if t.name == "cheat"
                         else real_make(t, o))
     report = bm.run_bench([baseline, cheat], bm.BenchOptions(size=8, epochs=1, workers=(0,)),
                           progress=False)
@@ -210,7 +210,7 @@ def test_measure_loader_counts_and_refuses_missing_samples():
 
 
 def test_cold_without_permission_runs_warm_and_says_so(tiny_folder, monkeypatch):
-    monkeypatch.setattr(bm, "drop_page_cache", lambda: "cannot drop the page cache (test)")
+    monkeypatch.setattr(bm.measure, "drop_page_cache", lambda: "cannot drop the page cache (test)")
     lines = []
     report = bm.run_bench([bm.folder_target(tiny_folder)],
                           bm.BenchOptions(size=8, epochs=1, workers=(0,), cold=True),
@@ -260,7 +260,7 @@ def test_no_worker_process_outlives_its_row(tiny_folder, monkeypatch, persistent
             return _FailsInWorker()
         return bm.ImageFolderBaseline(baseline.samples, (8, 8))
 
-    monkeypatch.setattr(bm, "make_dataset", make)
+    monkeypatch.setattr(bm.loading, "make_dataset", make)
     report = bm.run_bench([baseline, broken, after],
                           bm.BenchOptions(size=8, batch_size=8, epochs=1, workers=(2,),
                                           persistent_workers=persistent), progress=False)
@@ -408,7 +408,8 @@ def _train_report(rows) -> bm.BenchReport:
 
 
 def test_train_summary_compares_the_best_fused_with_the_best_unfused_dataset():
-    from fastdata.bench.train import RESTARTS_HINT, best_of_all, train_lines
+    from fastdata.bench.results import best_of_all
+    from fastdata.bench.train import RESTARTS_HINT, train_lines
     from fastdata.decoding.fused_crop import FUSED_CUT, FUSED_REGION
 
     full = "full decode (simplejpeg, jpeg), then crop, resize, flip"

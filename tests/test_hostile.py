@@ -166,7 +166,8 @@ def test_pil_output_and_decode_rgb_check_pixels_too(tmp_path):
     path.write_bytes(bomb_jpeg())
     for call in ("decode_pil(data)", "decode_rgb(data)"):
         result = run_bounded(f"data = open(sys.argv[1], 'rb').read()\n{call}", str(path),
-                             imports="from fastdata.decoding.decode import decode_pil, decode_rgb")
+                             imports="from fastdata.decoding.decode import decode_rgb\n"
+                                     "from fastdata.decoding.decoders import decode_pil")
         assert_refused(result, "DecodeError", "max_pixels")
 
 

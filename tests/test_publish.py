@@ -360,7 +360,7 @@ def small_disk(tmp_path):
 _CHUNKED_H5 = """
     import sys
     import fastdata
-    from fastdata.cli import _handle_errors
+    from fastdata.cli.group import _handle_errors
     from fastdata.packers.pack import PackOptions
 
     # Small chunks and flushes: the payload is written while packing (not all at

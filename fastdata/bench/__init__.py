@@ -75,9 +75,9 @@ from fastdata.bench.report import (
     summary_lines,
     write_json,
 )
-from fastdata.bench.results import BenchReport, Result, describe_result
+from fastdata.bench.results import BenchReport, Result, describe_result, train_summary
 from fastdata.bench.run import run_bench
-from fastdata.bench.train import decode_path, make_crop, train_lines, train_summary, train_targets
+from fastdata.bench.train import decode_path, make_crop, train_lines, train_targets
 from fastdata.bench.targets import (
     Target,
     existing_target,

@@ -1,11 +1,16 @@
-"""What a run found: one :class:`Result` per row and worker count, and the report."""
+"""What a run found: one :class:`Result` per row and worker count, the report,
+and its training rows' summary (fused against unfused: see fastdata.bench.train)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastdata.bench.options import BASELINE_NAME
+from fastdata.bench.options import BASELINE_NAME, TRAIN_FUSED, TRAIN_PIPELINES, TRAIN_UNFUSED
+from fastdata.decoding.fused_crop import FUSED_CUT, FUSED_REGION
+
+#: What a fused row's path says when a fused decode ran.
+FUSED_PATHS = (FUSED_CUT, FUSED_REGION)
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,6 @@ class BenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as ``--json`` writes it."""
-        from fastdata.bench.train import best_of_all, train_summary
-
         fastest = self.fastest()
         data = {
             "kind": "fastdata-bench",
@@ -128,3 +131,57 @@ def describe_result(r: Result) -> str:
     ratio = f", {r.ratio:.2f}x baseline" if r.ratio is not None else ""
     return (f"{head}: {r.samples_per_s:,.0f} samples/s, {r.mb_per_s:.1f} MB/s{ratio}, "
             f"CPU {r.cpu * 100:.0f}%, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms ({r.cache})")
+
+
+def _pairs(report: BenchReport) -> list[tuple[str, Result | None, Result | None]]:
+    """Per dataset (in table order): its best unfused and best fused result."""
+    best = report.best()
+    bases = dict.fromkeys(r.name.removesuffix(f" {r.pipeline}") for r in report.results
+                          if r.pipeline in TRAIN_PIPELINES)
+    return [(base, best.get(f"{base} {TRAIN_UNFUSED}"), best.get(f"{base} {TRAIN_FUSED}"))
+            for base in bases]
+
+
+def _path_of(report: BenchReport, name: str) -> str | None:
+    """What the row ``name`` ran (the first of its results that says)."""
+    return next((r.decode_path for r in report.results
+                 if r.name == name and r.decode_path), None)
+
+
+def train_summary(report: BenchReport) -> list[dict[str, Any]]:
+    """Per dataset: fused against unfused, best against best (``--json``'s ``train``)."""
+    out = []
+    for base, unfused, fused in _pairs(report):
+        ratio = (fused.samples_per_s / unfused.samples_per_s
+                 if fused and unfused and unfused.samples_per_s else None)
+        path = _path_of(report, f"{base} {TRAIN_FUSED}")
+        out.append({
+            "name": base,
+            "unfused": None if unfused is None else {
+                "workers": unfused.workers, "samples_per_s": unfused.samples_per_s},
+            "fused": None if fused is None else {
+                "workers": fused.workers, "samples_per_s": fused.samples_per_s},
+            "ratio_fused_to_unfused": ratio,
+            "fused_path": path,
+            "unfused_path": _path_of(report, f"{base} {TRAIN_UNFUSED}"),
+            "fused_ran": path in FUSED_PATHS,
+        })
+    return out
+
+
+def best_of_all(report: BenchReport) -> dict[str, Any] | None:
+    """The fastest fused row (that ran a fused decode) against the fastest
+    unfused row, over every dataset; None for fewer than two datasets."""
+    pairs = _pairs(report)
+    fused = [(f, base) for base, _, f in pairs
+             if f is not None and _path_of(report, f"{base} {TRAIN_FUSED}") in FUSED_PATHS]
+    unfused = [(u, base) for base, u, _ in pairs if u is not None]
+    if len(pairs) < 2 or not fused or not unfused:
+        return None
+    (f, f_base), (u, u_base) = (max(fused, key=lambda x: x[0].samples_per_s),
+                                max(unfused, key=lambda x: x[0].samples_per_s))
+    if not u.samples_per_s:
+        return None
+    return {"ratio": f.samples_per_s / u.samples_per_s,
+            "fused": f"{f_base} at {f.workers} workers", "fused_rate": f.samples_per_s,
+            "unfused": f"{u_base} at {u.workers} workers", "unfused_rate": u.samples_per_s}

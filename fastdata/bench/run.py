@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+# make_dataset and drop_page_cache are looked up on their modules when used, so
+# a caller (a test) may substitute either there.
+from fastdata.bench import loading, measure
 from fastdata.bench.defaults import defaults_rows
 from fastdata.bench.defaults import measurable as has_defaults
 from fastdata.bench.loading import LoaderFactory, close_dataset, loader_factory
@@ -20,20 +23,11 @@ from fastdata.bench.targets import Target
 from fastdata.bench.train import decode_path
 
 
-def _public(name: str) -> Any:
-    # make_dataset and drop_page_cache are looked up on the package when used:
-    # the package is the bench's public surface, and a caller (a test) may
-    # substitute either there.
-    import fastdata.bench
-
-    return getattr(fastdata.bench, name)
-
-
 def _cache_mode(options: BenchOptions) -> tuple[str, str | None]:
     """"warm" or "cold" for this run, and a note on why when asked for cold."""
     if not options.cold:
         return "warm", None
-    reason = _public("drop_page_cache")()
+    reason = measure.drop_page_cache()
     if reason:
         return "warm", f"--cold: {reason}; running warm"
     return "cold", "page cache dropped before every measured epoch"
@@ -134,7 +128,7 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
     ds = factory = m = None
     error: str | None = None
     try:
-        ds = _public("make_dataset")(target, options)
+        ds = loading.make_dataset(target, options)
         common["decode_path"] = decode_path(ds, target, options)
         n = len(ds)
         expected_b = min(options.batch_size, n)

@@ -29,14 +29,12 @@ from dataclasses import replace
 from typing import Any
 
 from fastdata.bench.options import TRAIN_FUSED, TRAIN_PIPELINES, TRAIN_UNFUSED, BenchOptions
-from fastdata.bench.results import BenchReport, Result
+from fastdata.bench.results import BenchReport, best_of_all, train_summary
 from fastdata.bench.targets import Target
 from fastdata.decoding.fused_crop import FUSED_CUT, FUSED_REGION
 from fastdata.decoding.random_crop import UNFUSED_DECODER, UNFUSED_ENCODING
 from fastdata.errors import FastDataError
 
-#: What a fused row's path says when a fused decode ran.
-FUSED_PATHS = (FUSED_CUT, FUSED_REGION)
 #: After region-decoded rows when no row had restart markers: the faster way.
 RESTARTS_HINT = ("decoding only the crop's bytes needs JPEGs packed with --jpeg-restarts; "
                  "--variants jpeg90,jpeg90+restarts measures it on re-encoded copies")
@@ -107,42 +105,6 @@ def decode_path(ds: Any, target: Target, options: BenchOptions) -> str | None:
     return f"{full}: {_CLI_REASONS.get(reason, reason)}"
 
 
-def _pairs(report: BenchReport) -> list[tuple[str, Result | None, Result | None]]:
-    """Per dataset (in table order): its best unfused and best fused result."""
-    best = report.best()
-    bases = dict.fromkeys(r.name.removesuffix(f" {r.pipeline}") for r in report.results
-                          if r.pipeline in TRAIN_PIPELINES)
-    return [(base, best.get(f"{base} {TRAIN_UNFUSED}"), best.get(f"{base} {TRAIN_FUSED}"))
-            for base in bases]
-
-
-def _path_of(report: BenchReport, name: str) -> str | None:
-    """What the row ``name`` ran (the first of its results that says)."""
-    return next((r.decode_path for r in report.results
-                 if r.name == name and r.decode_path), None)
-
-
-def train_summary(report: BenchReport) -> list[dict[str, Any]]:
-    """Per dataset: fused against unfused, best against best (``--json``'s ``train``)."""
-    out = []
-    for base, unfused, fused in _pairs(report):
-        ratio = (fused.samples_per_s / unfused.samples_per_s
-                 if fused and unfused and unfused.samples_per_s else None)
-        path = _path_of(report, f"{base} {TRAIN_FUSED}")
-        out.append({
-            "name": base,
-            "unfused": None if unfused is None else {
-                "workers": unfused.workers, "samples_per_s": unfused.samples_per_s},
-            "fused": None if fused is None else {
-                "workers": fused.workers, "samples_per_s": fused.samples_per_s},
-            "ratio_fused_to_unfused": ratio,
-            "fused_path": path,
-            "unfused_path": _path_of(report, f"{base} {TRAIN_UNFUSED}"),
-            "fused_ran": path in FUSED_PATHS,
-        })
-    return out
-
-
 def train_lines(report: BenchReport) -> list[str]:
     """The table's summary of the training rows: fused / unfused, best against best,
     and what each really ran."""
@@ -174,21 +136,3 @@ def train_lines(report: BenchReport) -> list[str]:
     if FUSED_REGION in paths and FUSED_CUT not in paths:
         out.append(RESTARTS_HINT)
     return out
-
-
-def best_of_all(report: BenchReport) -> dict[str, Any] | None:
-    """The fastest fused row (that ran a fused decode) against the fastest
-    unfused row, over every dataset; None for fewer than two datasets."""
-    pairs = _pairs(report)
-    fused = [(f, base) for base, _, f in pairs
-             if f is not None and _path_of(report, f"{base} {TRAIN_FUSED}") in FUSED_PATHS]
-    unfused = [(u, base) for base, u, _ in pairs if u is not None]
-    if len(pairs) < 2 or not fused or not unfused:
-        return None
-    (f, f_base), (u, u_base) = (max(fused, key=lambda x: x[0].samples_per_s),
-                                max(unfused, key=lambda x: x[0].samples_per_s))
-    if not u.samples_per_s:
-        return None
-    return {"ratio": f.samples_per_s / u.samples_per_s,
-            "fused": f"{f_base} at {f.workers} workers", "fused_rate": f.samples_per_s,
-            "unfused": f"{u_base} at {u.workers} workers", "unfused_rate": u.samples_per_s}

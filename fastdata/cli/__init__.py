@@ -1,88 +1,13 @@
-"""The ``fastdata`` command line: the group, error handling, and one module per command
-(pack, convert, inspect: info and verify, demo: synth, bench; packing: what pack and
-convert share). Importing it stays light:
-each command imports what it needs when it runs."""
+"""The ``fastdata`` command line: ``main``, the command group (``group``: with the
+error handling and output every command shares), and one module per command
+(pack, convert, inspect: info and verify, mixture_info: info on a mixture file,
+demo: synth, bench; packing: what pack and convert share). Importing it stays
+light: each command imports what it needs when it runs."""
 
 from __future__ import annotations
 
-import functools
-import json
-import re
-import sys
-
-import click
-
-from fastdata import __version__
-from fastdata.errors import FastDataError
-from fastdata.redaction import redact
-
-# Library errors name options as the Python API spells them ("overwrite=True",
-# "resize="); on the command line the same option is a flag.
-_FLAG_PHRASES = (
-    ("overwrite=True", "--overwrite"),
-    ("strict=True", "--strict"),
-    ("center_crop=True", "--center-crop"),
-    ("resize=(h, w)", "--resize HxW"),
-    ("resize=N", "--resize N"),
-    ("encoding='raw'", "--encoding raw"),
-    ("max_pixels=None", "--max-pixels 0"),
-)
-_FLAG_NAMES = re.compile(
-    r"\b(shard_size|max_size|max_pixels|center_crop|quality|workers|resize|format|extensions"
-    r"|shuffle|path_column|label_column)=\s?")
-
-
-def cli_terms(message: str) -> str:
-    """A library message with its Python option names turned into CLI flags."""
-    for api, flag in _FLAG_PHRASES:
-        message = message.replace(api, flag)
-    return _FLAG_NAMES.sub(lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
-
-
-def echo(text: str = "", *, err: bool = False) -> None:
-    """Print a line of the CLI's output; a URL's credentials never show (see
-    fastdata.redaction)."""
-    click.echo(redact(str(text)), err=err)
-
-
-def _handle_errors(func):
-    """One-line errors and clean exits instead of tracebacks."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except FastDataError as exc:
-            echo(f"error: {cli_terms(str(exc))}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            # An interrupted pack has said what it kept for --resume.
-            echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-def _print_json(data) -> None:
-    echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="fastdata")
-def main() -> None:
-    """Pack image folders into fast containers and feed them to PyTorch.
-
-    \b
-    Try it on built-in demo data:
-      fastdata bench --demo               # every format against a plain image folder
-      fastdata synth demo                 # a folder of photo-like JPEGs in 8 classes
-      fastdata pack demo demo.lmdb        # pack it (format from the extension)
-      fastdata convert demo.lmdb demo.tar # the same records in another format
-      fastdata info demo.lmdb             # what is inside
-
-    Then in Python: ds = fastdata.open_dataset("demo.lmdb").
-    """
-
-
 # The commands register themselves on ``main`` when imported.
-from fastdata.cli import bench, convert, demo, inspect, pack  # noqa: E402,F401
+from fastdata.cli import bench, convert, demo, inspect, pack  # noqa: F401
+from fastdata.cli.group import cli_terms, echo, main
+
+__all__ = ["cli_terms", "echo", "main"]

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from fastdata.cli import _handle_errors, _print_json, echo, main
+from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.decoding.decoder_registry import decoder_choices
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fastdata.cli import _handle_errors, _print_json, echo, main
+from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.machine import human_bytes
 
 

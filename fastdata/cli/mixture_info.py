@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastdata.cli import _print_json, echo
+from fastdata.cli.group import _print_json, echo
 
 
 def print_mixture(path: str, *, as_json: bool, allow_outside: bool) -> None:

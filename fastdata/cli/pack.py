@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fastdata.cli import _handle_errors, _print_json, main
+from fastdata.cli.group import _handle_errors, _print_json, main
 from fastdata.cli.packing import (echo_summary, echo_warning, images_text, output_options,
                                   pack_options)
 from fastdata.encodings import TORCHVISION_EXTENSIONS

@@ -8,7 +8,7 @@ import os
 
 import click
 
-from fastdata.cli import echo
+from fastdata.cli.group import echo
 
 from fastdata.formats import FORMATS, known_extensions, sharded_formats
 from fastdata.machine import human_bytes

@@ -281,16 +281,3 @@ def _shared_chain(decoder: str, size: Size, keep_gray: bool,
     # verifying with decoding) do not rebuild the decoder lookup for every image.
     return DecoderChain(decoder, size=size, keep_gray=keep_gray, max_pixels=max_pixels)
 
-
-def decode_pil(data, *, size: Size = None, max_pixels: int | None = DEFAULT_MAX_PIXELS):
-    """Decode into a PIL RGB image (resized when ``size`` is given); an image
-    declaring more than ``max_pixels`` pixels is refused (DecodeError) first."""
-    from PIL import Image
-
-    from fastdata.decoding.decoders import PILDecoder, pil_to_array
-
-    check_pixels(data, check_max_pixels(max_pixels))
-    img, hw = PILDecoder.open(data, size=size)
-    if img.mode != "RGB" or hw is not None:
-        return Image.fromarray(pil_to_array(img, False, hw), "RGB")
-    return img

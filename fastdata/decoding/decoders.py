@@ -1,5 +1,6 @@
 """The decoder classes: one per decoding library, all with one output contract
-(see ``fastdata.decoding.decode``). They are listed, by name, in
+(see ``fastdata.decoding.decode``), and :func:`decode_pil` (Pillow's decode as
+a PIL image). They are listed, by name, in
 ``fastdata.decoding.decoder_registry``; a new decoder is one class here and
 one entry there.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from fastdata.decoding.decode import Size, finish, target_size
 from fastdata.decoding.probe import Unusable, run_probe
 from fastdata.encodings import sniff_encoding
-from fastdata.image_header import image_size
+from fastdata.image_header import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels, image_size
 
 
 class Decoder:
@@ -119,6 +120,18 @@ def pil_to_array(img, keep_gray: bool, hw: tuple[int, int] | None) -> np.ndarray
         array = np.repeat(array[:, :, None], 3, axis=2)
     return finish(np.array(array, copy=True) if not array.flags.writeable else array,
                    keep_gray, hw)
+
+
+def decode_pil(data, *, size: Size = None, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    """Decode into a PIL RGB image (resized when ``size`` is given); an image
+    declaring more than ``max_pixels`` pixels is refused (DecodeError) first."""
+    from PIL import Image
+
+    check_pixels(data, check_max_pixels(max_pixels))
+    img, hw = PILDecoder.open(data, size=size)
+    if img.mode != "RGB" or hw is not None:
+        return Image.fromarray(pil_to_array(img, False, hw), "RGB")
+    return img
 
 
 class OpenCVDecoder(Decoder):

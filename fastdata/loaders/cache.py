@@ -208,9 +208,7 @@ class SharedPayloadCache(_SharedBlock):
         bar = progress_bar(n, "cache", enabled=progress)
         try:
             if reader.walk_in_child:  # its C library may abort on a damaged file
-                from fastdata.loaders.cache_child import fill_in_child
-
-                self.damaged = fill_in_child(self, reader, bar, skip_damaged)
+                self._fill_in_child(reader, bar, skip_damaged)
             else:
                 self._fill(reader, bar, skip_damaged)
         except BaseException:
@@ -218,6 +216,33 @@ class SharedPayloadCache(_SharedBlock):
             raise
         finally:
             bar.close()
+
+    def _fill_in_child(self, reader, bar, skip_damaged: bool) -> None:
+        """:meth:`_fill` in a child process (fastdata.loaders.cache_child), which
+        writes straight into the block; here only which records were damaged.
+
+        Raises:
+            CorruptDataError: a record is damaged (and not ``skip_damaged``), or
+                reading the file killed the child.
+        """
+        from fastdata.formats.isolate import ChildDied, NoChild, walk_in_child
+
+        damaged = {}
+
+        def on_message(message: dict) -> None:
+            if "result" in message:
+                damaged.update(message["result"]["damaged"])
+
+        args = {"cache": self.__getstate__(), "skip_damaged": skip_damaged}
+        try:
+            walk_in_child(reader, "fastdata.loaders.cache_child:fill_task", args, on_message,
+                          bar.update)
+        except NoChild:
+            self._fill(reader, bar, skip_damaged)
+            return
+        except ChildDied as died:
+            raise CorruptDataError(died.reason, path=reader.crash_path()) from None
+        self.damaged = {int(k): v for k, v in damaged.items()}
 
     def _fill(self, reader, bar, skip_damaged: bool) -> None:
         n, payload = self.count, self.nbytes

@@ -17,7 +17,8 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
-from fastdata.decoding.decode import DecoderChain, decode_pil
+from fastdata.decoding.decode import DecoderChain
+from fastdata.decoding.decoders import decode_pil
 from fastdata.decoding.options import OUTPUTS, CenterCrop, Decode
 from fastdata.errors import CorruptDataError, DecodeError, exception_text
 from fastdata.formats.reader import Reader

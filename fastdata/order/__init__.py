@@ -5,4 +5,13 @@ it that is the whole resume state (:mod:`~fastdata.order.state`), all from
 one :class:`~fastdata.order.options.Order` value (``fastdata.Order``). Streams,
 map-style batches, ``fastdata.loader()``, DALI's external source and the
 pack-time shuffle take their order from here.
+
+``fastdata.order.Order`` is ``fastdata.Order``, imported on first use.
 """
+
+from fastdata.lazy import exports
+
+# Public name -> "module:attribute", imported on first access.
+_LAZY = {"Order": "fastdata.order.options:Order"}
+__all__ = sorted(_LAZY)
+__getattr__, __dir__ = exports(globals(), _LAZY)

@@ -7,8 +7,9 @@ usually after the parent opened the dataset. So a process that inherited a
 used runtime sends its requests to a helper: a fresh interpreter started with
 fork+exec (``python -c``), which has a runtime of its own, one per process
 and started on first need (up to ``MAX_HELPERS`` per process, for requests
-made at once). Requests and results cross a pipe; a helper exits when its
-pipe closes, that is with its process.
+made at once). Requests and results cross a pipe (:func:`send`,
+:func:`receive`); the helper's side is fastdata.storage.helper. A helper exits
+when its pipe closes, that is with its process.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def forked() -> bool:
 
 
 def via_helper(op: str, *args):
-    """Run storage operation ``op`` (see ``_ops``) in one of this process's
-    helpers (a thread waits for an idle one when MAX_HELPERS are busy)."""
+    """Run storage operation ``op`` (one of fastdata.storage.helper.OPS) in one
+    of this process's helpers (a thread waits for an idle one when MAX_HELPERS
+    are busy)."""
     helper = _acquire()
     try:
         return helper.call(op, args)
@@ -80,14 +82,14 @@ class _Helper:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent,
                                                          env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from fastdata.storage.forked import serve; serve()"],
+            [sys.executable, "-c", "from fastdata.storage.helper import serve; serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.lock = threading.Lock()
 
     def call(self, op: str, args: tuple):
         with self.lock:
-            _send(self.proc.stdin, (op, args))
-            reply = _receive(self.proc.stdout)
+            send(self.proc.stdin, (op, args))
+            reply = receive(self.proc.stdout)
         if reply is None:
             from fastdata.errors import StorageError
 
@@ -99,49 +101,16 @@ class _Helper:
         return value
 
 
-def _send(pipe, message) -> None:
+def send(pipe, message) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     pipe.write(struct.pack("<Q", len(data)) + data)
     pipe.flush()
 
 
-def _receive(pipe):
+def receive(pipe):
     head = pipe.read(8)
     if len(head) < 8:
         return None
     (size,) = struct.unpack("<Q", head)
     return pickle.loads(pipe.read(size))
 
-
-def _ops() -> dict:
-    from fastdata.storage import objects
-
-    return {
-        "size": lambda url, opts: objects.RemoteObject(url, opts).size(),
-        "read": lambda url, opts, limit=None: objects.RemoteObject(url, opts).read(limit=limit),
-        "read_ranges": lambda url, opts, ranges:
-            objects.RemoteObject(url, opts).read_ranges(ranges),
-        "download": lambda url, opts, dest, limit=None:
-            objects.RemoteObject(url, opts).download(dest, limit=limit),
-        "exists": lambda url, opts: objects.exists(url, opts),
-        "list_names": lambda url, opts: objects.list_names(url, opts),
-        "upload_file": lambda url, opts, local: objects.upload_file(local, url, opts),
-        "upload_bytes": lambda url, opts, data: objects.upload_bytes(data, url, opts),
-        "delete": lambda url, opts: objects.delete(url, opts),
-    }
-
-
-def serve() -> None:
-    """The helper's loop: one request at a time until the pipe closes."""
-    ops = _ops()
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while True:
-        request = _receive(stdin)
-        if request is None:
-            return
-        op, args = request
-        try:
-            reply = (True, ops[op](*args))
-        except Exception as exc:  # sent back and raised in the asking process
-            reply = (False, exc)
-        _send(stdout, reply)
