@@ -180,22 +180,10 @@ def test_torch_stays_in_the_torch_layer(package):
 #   child process's task) is not an import: a registry entry is resolved where it is
 #   used, and a child's task is imported in the child.
 
-#: Cycles that exist today and are being taken apart, each the set of modules of one
-#: strongly connected component. A cycle must lie inside an entry, and every entry must
-#: still hold one, so the set only shrinks: remove an entry once its cycle is gone.
-KNOWN_CYCLES = {
-    # fastdata/loaders, being rewritten. Two edges close it: mixed.mix() opens each
-    # source with opening.open_dataset(), which opens a mixture with mix(); and
-    # datasets.py's __getattr__ resolves the old alias datasets.open_dataset from
-    # opening.py, which imports datasets (dataset_class), so opening -> iterable ->
-    # stream_batches -> datasets (its private _batch_tensor) loops too. Taken apart by
-    # dropping the alias and having mix() open a source with a map-style opener that
-    # lives in datasets.py (open_dataset's last step); _batch_tensor, which mixed.py
-    # and stream_batches.py import too, belongs beside Batch in collate.py.
-    frozenset({"fastdata.loaders.datasets", "fastdata.loaders.iterable",
-               "fastdata.loaders.mixed", "fastdata.loaders.opening",
-               "fastdata.loaders.stream_batches"}),
-}
+#: Cycles allowed while being taken apart (none today), each the set of modules of
+#: one strongly connected component. A cycle must lie inside an entry, and every
+#: entry must still hold one, so the set only shrinks.
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _is_type_checking(test: ast.expr) -> bool:

@@ -20,8 +20,10 @@ from torch.utils.data import Dataset
 
 from fastdata.decoding.options import Decode
 from fastdata.errors import FastDataError
-from fastdata.keywords import explain_keywords
+from fastdata.formats import detect_format
+from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.buffers import batch_tensor
+from fastdata.loaders.datasets import dataset_class
 from fastdata.loaders.collate import Batch
 from fastdata.loaders.samples import OnError
 from fastdata.mixture_file import ClassMode, combine_classes, read_mixture_file
@@ -90,7 +92,6 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
             combined as asked, or its images cannot share batches with the
             others' (raw pixels beside encoded images without a fixed size).
     """
-    from fastdata.loaders.opening import open_dataset
 
     if isinstance(sources, (str, os.PathLike)):
 
@@ -102,8 +103,7 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
             order = Order(shuffle=described.shuffle, seed=described.seed)
     classes = "own" if classes is None else classes
     order = Order() if order is None else order
-    if not isinstance(order, Order):
-        raise TypeError(f"order must be a fastdata.Order, not {order!r}")
+    check_read_values(decode, order)
     if order.block == "shard":
         raise ValueError("mix() reads its sources by record, so Order(block='shard') has no "
                          "shards to keep together: give block= a record count (or leave it "
@@ -123,9 +123,14 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
             raise ValueError(f"mixture source {name!r} has no path")
         if weight is None and count is None and schedule is not None:
             weight = 1.0  # the schedule gives the weights
+        if isinstance(path, (list, tuple)):
+            raise ValueError(f"mixture source {name!r}: a source is one dataset (its manifest), "
+                             f"not a list of shard files")
         try:
-            ds = open_dataset(path, decode=decode, order=Order(seed=order.seed),
-                              on_error=on_error, verify=verify, with_metadata=with_metadata)
+            # Map-style, each in the format's Dataset class, as open_dataset opens it.
+            ds = dataset_class(detect_format(path))(
+                path, decode=decode, order=Order(seed=order.seed), on_error=on_error,
+                verify=verify, with_metadata=with_metadata)
         except FastDataError as exc:
             raise FastDataError(f"mixture source {name!r}: {exc}") from exc
         opened[name] = ds
