@@ -220,12 +220,7 @@ def register_dali_reader(format_name: str, build) -> None:
 
 
 def dali_reader(spec):
-    """The native-reader builder of format ``spec``: its registered one, else
-    (for one release) the deprecated ``FormatSpec.dali``; None: none."""
+    """The native-reader builder of format ``spec``: its registered one; None: none."""
     if spec.name in DALI_READERS:
         return DALI_READERS[spec.name]
-    if spec.dali is not None:
-        from fastdata.lazy import load
-
-        return load(spec.dali)
     return None

@@ -370,14 +370,9 @@ def register_dataset(format_name: str, cls: type[PackedDataset]) -> None:
 
 
 def dataset_class(spec) -> type[PackedDataset]:
-    """The Dataset class of format ``spec``: its registered one, else (for one
-    release) the deprecated ``FormatSpec.dataset``, else PackedDataset."""
+    """The Dataset class of format ``spec``: its registered one, else PackedDataset."""
     if spec.name in DATASET_CLASSES:
         return DATASET_CLASSES[spec.name]
-    if spec.dataset is not None:
-        from fastdata.lazy import load
-
-        return load(spec.dataset)
     return PackedDataset
 
 
