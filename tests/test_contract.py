@@ -3,7 +3,9 @@
 Parametrized over ``fastdata.formats.FORMATS``: a new format is covered as soon
 as it is registered, without new test code — including ``toyformat``, which the
 test suite registers itself (see conftest). A registered format whose code
-cannot be imported fails the tests, it is never skipped.
+cannot be imported fails the tests, it is never skipped. The toy format's own
+tests show the rest a format brings from its folder: a writer option on the
+command line and a pack to an S3 URL that its writer's upload hooks direct.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import random
 from collections import Counter
 
 import pytest
+import toyformat
 from conftest import TESTS_DIR, build_tree, largest_data_file, run_python, truncate_to_half
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -195,20 +198,131 @@ def test_a_broken_registry_entry_fails_instead_of_skipping():
 
 def test_a_format_names_no_layer_above_it():
     """The formats' registry entries name no torch Dataset and no DALI adapter:
-    those layers register theirs; the old FormatSpec fields warn."""
-    import warnings
+    those layers register theirs (the toy format its Dataset class)."""
+    import dataclasses
 
     from fastdata.dali.readers import DALI_READERS, dali_reader
     from fastdata.formats import FORMATS, FormatSpec
-    from fastdata.loaders.datasets import DATASET_CLASSES, PackedDataset, dataset_class
+    from fastdata.loaders.datasets import DATASET_CLASSES, dataset_class
 
-    assert all(spec.dataset is None and spec.dali is None for spec in FORMATS.values())
+    fields = {f.name for f in dataclasses.fields(FormatSpec)}
+    assert not fields & {"dataset", "dali"}
+    with pytest.raises(TypeError):
+        FormatSpec(name="old", extensions=(".old",), writer="w:W", reader="r:R", help="",
+                   dataset="fastdata.loaders.datasets:PackedDataset")
     assert dataset_class(FORMATS["tar"]) is DATASET_CLASSES["tar"]
+    assert dataset_class(FORMATS["toy"]) is toyformat.ToyDataset
     assert dali_reader(FORMATS["tfrecord"]) is DALI_READERS["tfrecord"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = FormatSpec(name="old", extensions=(".old",), writer="w:W", reader="r:R", help="",
-                         dataset="fastdata.loaders.datasets:PackedDataset")
-    assert any(issubclass(w.category, DeprecationWarning) and "register_dataset" in
-               str(w.message) for w in caught)
-    assert dataset_class(old) is PackedDataset
+    assert dali_reader(FORMATS["toy"]) is None  # DALI reads it through fastdata's reader
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_declared_writer_option_is_a_keyword_of_the_writer(name):
+    import inspect
+
+    spec = FORMATS[name]
+    params = inspect.signature(spec.load_writer().__init__).parameters
+    for option in spec.options:
+        assert option.name in params, (name, option.name)
+        assert params[option.name].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_writer_options_of_one_name_take_one_type():
+    from fastdata.formats import FormatSpec, WriterOption, register_format
+
+    clash = FormatSpec(name="clash", extensions=(".clash",), writer="w:W", reader="r:R",
+                       help="", options=(WriterOption("split", help="", type=int),))
+    with pytest.raises(ValueError, match="'split' takes int, but format 'tar''s takes str"):
+        register_format(clash)
+    assert "clash" not in FORMATS
+
+
+def _invoke(*args):
+    from click.testing import CliRunner
+
+    from fastdata.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _toy_records(path) -> list[tuple[str, bytes, int]]:
+    with fastdata.open_dataset(path, output="bytes") as ds:
+        return [(ds.keys[i], bytes(img), label) for i, (img, label) in enumerate(_items(ds))]
+
+
+def _tree_records(tree) -> list[tuple[str, bytes, int]]:
+    return [(s.key, s.data, s.label) for s in tree.samples]
+
+
+def test_the_toy_format_s_writer_option_is_on_the_command_line(tmp_path):
+    """--align comes from the toy format's FormatSpec: pack and convert show it
+    (as the toy's only), pass it to the toy writer, and refuse it for another
+    format, as they refuse tar's --split for a toy output."""
+    import json
+
+    for command in ("pack", "convert"):
+        shown = _invoke(command, "--help")
+        assert shown.exit_code == 0, shown.output
+        assert "--align N" in shown.output and "toy only: start each payload" in shown.output
+    tree = build_tree(tmp_path / "src")
+    out = tmp_path / "out.toyfmt"
+    result = _invoke("pack", tree.root, out, "--align", "64", "--workers", "1",
+                     "--no-progress")
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / toyformat.META).read_text())
+    assert meta["starts"][1:] and all(start % 64 == 0 for start in meta["starts"])
+    assert _toy_records(out) == _tree_records(tree)
+    assert fastdata.formats.read_manifest(out).pack_options["align"] == 64
+    converted = _invoke("convert", out, tmp_path / "again.toyfmt", "--align", "8",
+                        "--no-progress")
+    assert converted.exit_code == 0, converted.output
+    assert _toy_records(tmp_path / "again.toyfmt") == _tree_records(tree)
+    for args, refusal in (
+            ((tmp_path / "x.lmdb", "--align", "8"),
+             "--align: not an option of lmdb outputs, only of toy"),
+            ((tmp_path / "y.toyfmt", "--split", "train"),
+             "--split: not an option of toy outputs, only of tar")):
+        refused = _invoke("pack", tree.root, *args, "--no-progress")
+        assert refused.exit_code == 1 and refusal in refused.output, refused.output
+        assert not os.path.exists(args[0])
+
+
+def test_the_toy_format_uploads_as_its_writer_says(tmp_path, s3_server, s3_env, monkeypatch):
+    """A pack to an S3 URL asks the toy writer what the format is at a URL: its
+    manifest says a dataset is there (a second pack is refused without
+    --overwrite), goes up after the data, and an overwrite takes it down first."""
+    import re
+
+    pytest.importorskip("obstore")
+    monkeypatch.setenv("FASTDATA_STAGING_DIR", str(tmp_path / "staging"))
+    s3_server.make_bucket("toyup")
+    tree = build_tree(tmp_path / "src")
+    url = "s3://toyup/x/out.toyfmt"
+    names = (toyformat.PAYLOAD, toyformat.META, toyformat.MANIFEST)
+
+    def changes() -> list[str]:
+        """The bucket's changes in order: the toy files put, "delete" for a delete."""
+        log = s3_server.log_path.read_text(errors="replace")
+        return ["delete" if name is None else name for name in (
+            m.group(1) for m in re.finditer(
+                r'"(?:PUT /toyup/x/out\.toyfmt/([^ ?]+)|POST /toyup\?delete|DELETE /toyup/)',
+                log))]
+
+    def fetched(into) -> list[tuple[str, bytes, int]]:
+        into.mkdir()
+        for name in names:
+            (into / name).write_bytes(s3_server.get(f"{url}/{name}"))
+        return _toy_records(into)
+
+    result = _invoke("pack", tree.root, url, "--align", "16", "--workers", "1", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert changes() == [toyformat.PAYLOAD, toyformat.META, toyformat.MANIFEST]
+    assert fetched(tmp_path / "first.toyfmt") == _tree_records(tree)
+    again = _invoke("pack", tree.root, url, "--workers", "1", "--no-progress")
+    assert again.exit_code == 1 and "a dataset exists at this URL" in again.output
+    over = _invoke("pack", tree.root, url, "--overwrite", "--workers", "1", "--no-progress")
+    assert over.exit_code == 0, over.output
+    # The old manifest went first (nothing else to delete: the new files replace theirs).
+    assert changes()[3:] == ["delete", toyformat.PAYLOAD, toyformat.META, toyformat.MANIFEST]
+    assert fetched(tmp_path / "second.toyfmt") == _tree_records(tree)
+    assert not os.listdir(tmp_path / "staging")

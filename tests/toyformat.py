@@ -1,10 +1,15 @@
 """A tiny container format registered from the test suite, to prove that a new
 format is one folder's worth of code plus one registry entry: the contract tests
-then run over it like over the built-in formats.
+then run over it like over the built-in formats, ``fastdata pack --help`` lists
+its writer option (``--align``), and a pack to a URL uploads it as its writer
+says (test_contract's toy tests).
 
-Layout: ``out.toyfmt/`` holds ``payload.bin`` (every payload, concatenated),
-``meta.json`` (offsets, labels, CRC32s and keys) and ``manifest.json``, written
-last. No torch, no third-party library.
+Layout: ``out.toyfmt/`` holds ``payload.bin`` (every payload, each starting at
+a multiple of ``align`` bytes, zeros between), ``meta.json`` (where each payload
+starts and ends, labels, CRC32s and keys) and ``manifest.json``, written last.
+No third-party library; its named Dataset class is registered with the torch
+layer by :func:`register`, and DALI reads it through fastdata's reader (the
+external source), as it reads LMDB and HDF5.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import os
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError, ManifestError
-from fastdata.formats import FormatSpec, register_format
+from fastdata.errors import CorruptDataError, FastDataError, ManifestError
+from fastdata.formats import FormatSpec, WriterOption, register_format
 from fastdata.formats.reader import Reader
-from fastdata.formats.writer import Writer
+from fastdata.formats.writer import UploadStep, Writer
+from fastdata.loaders.datasets import PackedDataset, register_dataset
 
 PAYLOAD = "payload.bin"
 META = "meta.json"
@@ -26,21 +32,38 @@ MANIFEST = "manifest.json"
 
 
 class ToyWriter(Writer):
+    """Args (besides the base's): align: each payload starts at a multiple of
+    this many bytes."""
+
     format_name = "toy"
     output_is_dir = True
 
+    def __init__(self, path, *, overwrite: bool = False, align: int = 1,
+                 resume_path: str | None = None, detached_dir: str | None = None) -> None:
+        if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+            raise FastDataError(f"align={align!r}: give a whole number of bytes >= 1")
+        self.align = align
+        super().__init__(path, overwrite=overwrite, resume_path=resume_path,
+                         detached_dir=detached_dir)
+
     def _open(self, temp_path: str) -> None:
         self._file = open(os.path.join(temp_path, PAYLOAD), "wb")
-        self._offsets = [0]
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._position = 0
 
     def _write(self, record, crc: int) -> None:
+        gap = -self._position % self.align
+        self._file.write(bytes(gap))
         self._file.write(record.payload)
-        self._offsets.append(self._offsets[-1] + len(record.payload))
+        self._starts.append(self._position + gap)
+        self._position += gap + len(record.payload)
+        self._ends.append(self._position)
 
     def _close(self, manifest):
         self._file.close()
-        meta = {"offsets": self._offsets, "labels": self.labels, "crc32": self.crcs,
-                "keys": self.keys}
+        meta = {"starts": self._starts, "ends": self._ends, "labels": self.labels,
+                "crc32": self.crcs, "keys": self.keys}
         with open(os.path.join(self.temp_path, META), "w", encoding="utf-8") as f:
             json.dump(meta, f)
         size = os.path.getsize(os.path.join(self.temp_path, PAYLOAD))
@@ -54,6 +77,26 @@ class ToyWriter(Writer):
     def _discard(self) -> None:
         self._file.close()
 
+    # -- a pack to a URL: the folder is three objects, the manifest says a
+    # dataset is there and goes up last ---------------------------------------
+
+    @classmethod
+    def remote_marker(cls, url: str) -> str:
+        from fastdata.storage import join
+
+        return join(url.rstrip("/"), MANIFEST)
+
+    @classmethod
+    def remote_files(cls, url: str) -> list[str]:
+        from fastdata.storage import join
+
+        return [join(url.rstrip("/"), name) for name in (PAYLOAD, META, MANIFEST)]
+
+    @classmethod
+    def upload_step(cls, name: str) -> UploadStep | None:
+        return {MANIFEST: UploadStep.LAST, META: UploadStep.NAMES_DATA}.get(
+            name.rsplit("/", 1)[-1])
+
 
 class ToyReader(Reader):
     format_name = "toy"
@@ -66,13 +109,15 @@ class ToyReader(Reader):
                 meta = json.load(f)
         except OSError as exc:
             raise ManifestError(f"not a toy dataset ({exc.strerror})", path=self.path) from None
-        offsets = np.asarray(meta["offsets"], dtype=np.int64)
+        starts = np.asarray(meta["starts"], dtype=np.int64)
+        ends = np.asarray(meta["ends"], dtype=np.int64)
+        end = int(ends[-1]) if len(ends) else 0
         size = os.path.getsize(os.path.join(self.path, PAYLOAD))
-        if size < offsets[-1]:
-            raise CorruptDataError(f"payload is truncated ({size} of {offsets[-1]} bytes)",
+        if size < end:
+            raise CorruptDataError(f"payload is truncated ({size} of {end} bytes)",
                                    path=os.path.join(self.path, PAYLOAD))
         self._manifest = manifest
-        self._offsets = offsets
+        self._starts, self._ends = starts, ends
         self._labels = np.asarray(meta["labels"], dtype=np.int64)
         self._crcs = np.asarray(meta["crc32"], dtype=np.uint32)
         self._stored_keys = meta["keys"]
@@ -94,7 +139,7 @@ class ToyReader(Reader):
         fd = self._process_handle()
         out = []
         for i in indices:
-            a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+            a, b = int(self._starts[i]), int(self._ends[i])
             data = os.pread(fd, b - a, a)
             if len(data) != b - a:
                 raise CorruptDataError(f"record {i} is cut short", path=self.path, offset=a)
@@ -103,8 +148,14 @@ class ToyReader(Reader):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.update(_offsets=None, _stored_keys=None)
+        state.update(_starts=None, _ends=None, _stored_keys=None)
         return state
+
+
+class ToyDataset(PackedDataset):
+    """Map-style Dataset over a toy dataset (what ``open_dataset`` gives for one)."""
+
+    reader_class = ToyReader
 
 
 SPEC = FormatSpec(
@@ -113,9 +164,12 @@ SPEC = FormatSpec(
     writer="toyformat:ToyWriter",
     reader="toyformat:ToyReader",
     help="a folder of concatenated payloads (registered by the test suite)",
+    options=(WriterOption("align", type=int, metavar="N",
+                          help="start each payload at a multiple of N bytes [default: 1]"),),
 )
 
 
 def register() -> FormatSpec:
-    """Register the toy format (idempotent)."""
+    """Register the toy format and its Dataset class (idempotent)."""
+    register_dataset(SPEC.name, ToyDataset)
     return register_format(SPEC)

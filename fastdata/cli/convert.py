@@ -5,18 +5,16 @@ from __future__ import annotations
 import click
 
 from fastdata.cli.group import _handle_errors, _print_json, main
-from fastdata.cli.packing import echo_summary, echo_warning, images_text, output_options
+from fastdata.cli.packing import (PackingCommand, echo_summary, echo_warning, images_text,
+                                  output_options, pack_options)
 
 
-@main.command()
+@main.command(cls=PackingCommand)
 @click.argument("input_", metavar="IN", type=click.Path(path_type=str))
 @click.argument("output", metavar="OUT", type=click.Path(path_type=str))
 @output_options("OUT")
 @_handle_errors
-def convert(input_, output, format_, shard_size, split, source_extensions, resize,
-            center_crop, max_size, encoding, quality, jpeg_restarts, workers, overwrite, resume,
-            strict, verify_decode, max_pixels, shuffle, keep_source_path, allow_outside,
-            as_json, progress):
+def convert(input_, output, **shared):
     """Convert the dataset IN into the dataset OUT, in the format OUT's name gives.
 
     IN is any dataset fastdata reads: an LMDB folder, an .h5 file, a tar or
@@ -39,22 +37,14 @@ def convert(input_, output, format_, shard_size, split, source_extensions, resiz
     Nothing is left half-written: OUT appears only when complete, and an
     interrupted convert continues with the same command and --resume.
     """
-    from fastdata.cli.packing import pack_options
     from fastdata.packers.convert import convert as run_convert
     from fastdata.packers.sources.dataset import DatasetSource
 
-    options = pack_options(format_=format_, shard_size=shard_size, split=split,
-                           source_extensions=source_extensions, resize=resize,
-                           center_crop=center_crop, max_size=max_size, encoding=encoding,
-                           quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
-                           overwrite=overwrite,
-                           resume=resume, strict=strict, verify_decode=verify_decode,
-                           max_pixels=max_pixels, shuffle=shuffle,
-                           keep_source_path=keep_source_path)
-    source = DatasetSource(input_, allow_outside=allow_outside)
-    summary = run_convert(source, output, options=options, progress=progress,
+    options = pack_options(output, shared)
+    source = DatasetSource(input_, allow_outside=shared["allow_outside"])
+    summary = run_convert(source, output, options=options, progress=shared["progress"],
                           on_event=echo_warning)
-    if as_json:
+    if shared["as_json"]:
         _print_json(summary.to_dict())
         return
     echo_summary(summary, options, f"converted {images_text(summary)} from {source.root} "

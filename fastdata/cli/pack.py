@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from fastdata.cli.group import _handle_errors, _print_json, main
-from fastdata.cli.packing import (echo_summary, echo_warning, images_text, output_options,
-                                  pack_options)
+from fastdata.cli.packing import (PackingCommand, echo_summary, echo_warning, images_text,
+                                  output_options, pack_options)
 from fastdata.encodings import TORCHVISION_EXTENSIONS
 
 
-@main.command()
+@main.command(cls=PackingCommand)
 @click.argument("source", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.argument("output", type=click.Path(path_type=str))
 @output_options()
@@ -43,10 +43,7 @@ from fastdata.encodings import TORCHVISION_EXTENSIONS
                    "the largest) [default: label, when there is one; without a label column "
                    "the records are unlabelled: label -1, no classes].")
 @_handle_errors
-def pack(source, output, format_, shard_size, split, source_extensions, resize, center_crop,
-         max_size, encoding, quality, jpeg_restarts, workers, overwrite, resume, strict,
-         verify_decode, max_pixels, shuffle, keep_source_path, allow_outside, as_json,
-         progress, scheduler, extensions, path_column, label_column):
+def pack(source, output, scheduler, extensions, path_column, label_column, **shared):
     """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -78,20 +75,14 @@ def pack(source, output, format_, shard_size, split, source_extensions, resize, 
     from fastdata.packers.pack import pack as run_pack
     from fastdata.packers.sources.dispatch import open_source
 
-    options = pack_options(format_=format_, shard_size=shard_size, split=split,
-                           source_extensions=source_extensions, resize=resize,
-                           center_crop=center_crop, max_size=max_size, encoding=encoding,
-                           quality=quality, jpeg_restarts=jpeg_restarts, workers=workers,
-                           overwrite=overwrite,
-                           resume=resume, strict=strict, verify_decode=verify_decode,
-                           max_pixels=max_pixels, shuffle=shuffle, extensions=extensions,
-                           keep_source_path=keep_source_path)
+    options = pack_options(output, shared, extensions=extensions)
+    allow_outside = shared["allow_outside"]
     if path_column is not None or label_column is not None or allow_outside:
         source = open_source(source, path_column=path_column, label_column=label_column,
                              extensions=extensions, allow_outside=allow_outside)
-    summary = run_pack(source, output, options=options, progress=progress,
+    summary = run_pack(source, output, options=options, progress=shared["progress"],
                        on_event=echo_warning, scheduler=scheduler)
-    if as_json:
+    if shared["as_json"]:
         _print_json(summary.to_dict())
         return
     echo_summary(summary, options, f"packed {images_text(summary)}")

@@ -1,17 +1,68 @@
 """What ``fastdata pack`` and ``fastdata convert`` share: the options that say
-how the output is written, the ``PackOptions`` they make, and the summary
-printed at the end."""
+how the output is written (with every registered format's writer options,
+from its ``FormatSpec.options``), the ``PackOptions`` they make, and the
+summary printed at the end."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import click
 
 from fastdata.cli.group import echo
-
-from fastdata.formats import FORMATS, known_extensions, sharded_formats
+from fastdata.errors import FastDataError
+from fastdata.formats import FORMATS, format_for_output, known_extensions, sharded_formats
+from fastdata.formats import writer_options as offered_writer_options
 from fastdata.machine import human_bytes
+
+
+class PackingCommand(click.Command):
+    """A command with the shared output options: the registered formats'
+    writer options join them after ``--shard-size``. They are read from the
+    registry each time the command runs or prints its help, so a format
+    registered after this module was imported has its options too."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)
+        extra = _writer_click_options()
+        taken = {p.name for p in params} | {opt for p in params for opt in p.opts}
+        for option in extra:
+            if option.name in taken or option.opts[0] in taken:
+                raise ValueError(f"{option.opts[0]}, a writer option of {_owners(option.name)}, "
+                                 f"is also an option of 'fastdata {self.name}': rename it")
+        at = next((i + 1 for i, p in enumerate(params) if p.name == "shard_size"), len(params))
+        return [*params[:at], *extra, *params[at:]]
+
+
+def _writer_click_options() -> tuple[click.Option, ...]:
+    """One click option per writer option name in the registry."""
+    return _click_options(tuple(tuple((spec.name, option) for spec, option in offered)
+                                for offered in offered_writer_options().values()))
+
+
+@functools.lru_cache(maxsize=1)  # the same objects while the registry stays as it is
+def _click_options(declared: tuple) -> tuple[click.Option, ...]:
+    return tuple(_click_option(pairs) for pairs in declared)
+
+
+def _click_option(pairs: tuple) -> click.Option:
+    """The one ``--NAME`` of the formats in ``pairs`` ((format name, WriterOption):
+    every format with a writer option of that name)."""
+    option = pairs[0][1]
+    helps = {o.help for _, o in pairs}
+    text = "/".join(name for name, _ in pairs) + " only: " + (
+        option.help if len(helps) == 1 else "; ".join(f"{name}: {o.help}" for name, o in pairs))
+    if option.type is bool:
+        return click.Option([option.flag, option.name], is_flag=True, help=text)
+    return click.Option([option.flag, option.name], type=option.type, default=None,
+                        metavar=option.metavar, help=text)
+
+
+def _owners(name: str) -> str:
+    """The formats with the writer option ``name``."""
+    return " or ".join(spec.name for spec, _ in offered_writer_options().get(name, []))
+
 
 def _options(out: str) -> tuple:
     """The shared options, in the order --help lists them; ``out`` is what
@@ -22,8 +73,8 @@ def _options(out: str) -> tuple:
                           + "; ".join(f"{s.name}: {s.help}" for s in FORMATS.values())
                           + f". Default: chosen from {out}'s extension ("
                           + ", ".join(known_extensions()) + f"). Give it for an {out} "
-                          "without one (tar and tfrecord then add theirs); an extension of "
-                          "another format is refused."),
+                          f"without one ({' and '.join(sharded_formats())} then add theirs); "
+                          "an extension of another format is refused."),
         click.option("--shard-size", metavar="N|SIZE", default=None,
                      help="/".join(sharded_formats()) + " only: a new shard every N "
                           "source images (10000; an image skipped as bad leaves its shard one "
@@ -31,24 +82,6 @@ def _options(out: str) -> tuple:
                           "the source files' sizes before any image is read, so an estimate "
                           f"after --resize or --encoding). {out} may be a pattern: "
                           "out-%06d.tar or out-{000000..000099}.tar."),
-        click.option("--split", metavar="NAME", default=None,
-                     help="tar only: the split this output is in timm's dataset info, "
-                          "_info.json in the shards' folder, which timm.data.create_dataset("
-                          "'wds/NAME', root=FOLDER, split=NAME) reads. Each output packed "
-                          "into one folder gets its own entry (pack train, then val: both "
-                          f"are there). Default: {out}'s name without shard number and "
-                          "extension (train-%06d.tar: train); timm takes a name with 'tar' "
-                          "or '..' in it for a shard pattern, so such a name is refused "
-                          "here, and such a default gets no entry."),
-        click.option("--source-extensions", is_flag=True,
-                     help="tar only: name each image member after its source file's "
-                          "extension, lower-cased (IMG_1.JPEG: IMG_1.jpeg, b.tif: b.tif), "
-                          "as earlier fastdata versions did, instead of one extension per "
-                          "encoding (jpg, png, webp, ...). The default is what webdataset's "
-                          ".to_tuple('jpg', 'cls'), timm and Hugging Face datasets look for; "
-                          "keep the source's spelling only for readers that select members "
-                          "by it (a pipeline written for such shards). The dataset's keys "
-                          "keep the source names either way."),
         click.option("--resize", metavar="SHORT|HxW", default=None,
                      help="Resize at pack time: SHORT sets the shorter side (aspect kept), HxW "
                           "sets both (stretched, unless --center-crop)."),
@@ -68,7 +101,7 @@ def _options(out: str) -> tuple:
         click.option("--jpeg-restarts", is_flag=True,
                      help="Store JPEGs with a restart marker after every MCU (16x16 pixels "
                           "at 4:2:0), so that fastdata.RandomResizedCrop decodes only the "
-                          "blocks a training crop covers; files grow by ~5%%. Re-encoded JPEGs "
+                          "blocks a training crop covers; files grow by ~5%. Re-encoded JPEGs "
                           "(--encoding jpeg, --resize) get them from the encoder; original "
                           "bytes are rewritten losslessly (the same pixels), which needs "
                           "libjpeg-turbo 3.1 or later (FASTDATA_TURBOJPEG)."),
@@ -126,7 +159,8 @@ def _options(out: str) -> tuple:
 
 def output_options(out: str = "OUTPUT"):
     """A decorator adding the shared options to a command whose output
-    argument is named ``out``."""
+    argument is named ``out`` (the command's class is :class:`PackingCommand`,
+    which adds the formats' writer options)."""
     def add(func):
         for option in reversed(_options(out)):
             func = option(func)
@@ -134,26 +168,48 @@ def output_options(out: str = "OUTPUT"):
     return add
 
 
-def pack_options(*, format_, shard_size, resize, center_crop, max_size, encoding, quality,
-                 workers, overwrite, resume, strict, verify_decode, max_pixels, shuffle,
-                 extensions=None, jpeg_restarts=False, keep_source_path=False,
-                 split=None, source_extensions=False):
-    """The ``PackOptions`` the shared options ask for."""
+def pack_options(output: str, params: dict, *, extensions=None):
+    """The ``PackOptions`` that a command's shared options ask for: ``params``
+    holds its click parameters by name (others are left alone); ``extensions``:
+    pack's, for a folder source.
+
+    Raises:
+        FastDataError: a writer option was given that the output's format
+            does not have.
+    """
     from fastdata.packers.options import PackOptions
     from fastdata.packers.preprocess import Preprocess, parse_resize
     from fastdata.packers.shuffle import parse_seed
 
-    pre = Preprocess(resize=parse_resize(resize), center_crop=center_crop, max_size=max_size,
-                     encoding=encoding, quality=quality, restarts=jpeg_restarts)
+    pre = Preprocess(resize=parse_resize(params["resize"]), center_crop=params["center_crop"],
+                     max_size=params["max_size"], encoding=params["encoding"],
+                     quality=params["quality"], restarts=params["jpeg_restarts"])
+    max_pixels = params["max_pixels"]
     limit = {} if max_pixels is None else {"max_pixels": max_pixels or None}
-    # Only what was given: the manifest records writer options as passed.
-    writer = {**({"split": split} if split is not None else {}),
-              **({"source_extensions": True} if source_extensions else {})}
-    return PackOptions(format=format_, overwrite=overwrite, strict=strict,
-                       verify_decode=verify_decode, shard_size=shard_size, preprocess=pre,
-                       workers=workers, extensions=extensions, shuffle=parse_seed(shuffle),
-                       resume=resume, keep_source_path=keep_source_path,
-                       writer_options=writer, **limit)
+    return PackOptions(format=params["format_"], overwrite=params["overwrite"],
+                       strict=params["strict"], verify_decode=params["verify_decode"],
+                       shard_size=params["shard_size"], preprocess=pre,
+                       workers=params["workers"], extensions=extensions,
+                       shuffle=parse_seed(params["shuffle"]), resume=params["resume"],
+                       keep_source_path=params["keep_source_path"],
+                       writer_options=_given_writer_options(output, params), **limit)
+
+
+def _given_writer_options(output: str, params: dict) -> dict:
+    """The writer options given (the manifest records them as passed), each
+    one the output's format has."""
+    offered = offered_writer_options()
+    given = {name: params[name] for name in offered if params.get(name) not in (None, False)}
+    if given:
+        spec = format_for_output(output, params["format_"])
+        own = {option.name for option in spec.options}
+        for name in given:
+            if name not in own:
+                owners = _owners(name)
+                raise FastDataError(f"{offered[name][0][1].flag}: not an option of {spec.name} "
+                                    f"outputs, only of {owners}; leave it out, or write "
+                                    f"{owners}", path=output)
+    return given
 
 
 def echo_warning(msg: str) -> None:

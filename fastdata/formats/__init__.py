@@ -3,7 +3,8 @@
 ``fastdata.formats.<name>`` holds everything about one format (its on-disk
 schema, writer and reader); ``registry`` is where the formats are listed and
 found. Importing this package imports no format library (lmdb, h5py, ...):
-each format's ``__init__`` only declares its :class:`FormatSpec`.
+each format's ``__init__`` only declares its :class:`FormatSpec` (with the
+writer options it offers on the command line).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastdata.formats.registry import (
     FORMATS,
     MANIFEST_SUFFIX,
     FormatSpec,
+    WriterOption,
     check_local,
     detect_format,
     format_for_output,
@@ -23,6 +25,7 @@ from fastdata.formats.registry import (
     register_format,
     sharded_formats,
     unregister_format,
+    writer_options,
 )
 
 for _spec in (lmdb.SPEC, hdf5.SPEC, tfrecord.SPEC, tar.SPEC):
@@ -30,7 +33,7 @@ for _spec in (lmdb.SPEC, hdf5.SPEC, tfrecord.SPEC, tar.SPEC):
 del _spec
 
 __all__ = [
-    "FORMATS", "MANIFEST_SUFFIX", "FormatSpec", "check_local", "detect_format",
+    "FORMATS", "MANIFEST_SUFFIX", "FormatSpec", "WriterOption", "check_local", "detect_format",
     "format_for_output", "get_format", "known_extensions", "open_reader", "read_manifest",
-    "register_format", "sharded_formats", "unregister_format",
+    "register_format", "sharded_formats", "unregister_format", "writer_options",
 ]

@@ -1,12 +1,20 @@
-"""The format registry: which container formats exist, and everything the rest of
+"""The format registry: which container formats exist, and what the rest of
 fastdata needs to know about each.
 
 A format is one folder under ``fastdata/formats/`` and one :class:`FormatSpec`
-passed to :func:`register_format`. The spec is authoritative: the CLI's
-``--format`` choices and help, ``pack``'s check that ``--shard-size`` applies,
-:func:`detect_format`'s probes, ``open_dataset`` and the DALI pipelines all
-read it. Code is referenced by ``"module:attribute"`` strings, so nothing heavy
-(lmdb, h5py, torch) is imported until a format is used.
+passed to :func:`register_format`. The spec holds the format's name, output
+extensions, writer and reader, one line of help, whether it is sharded, a
+probe for paths without a known extension, and the writer options it offers on
+the command line. The CLI's ``--format`` choices and help and its writer
+options, ``pack``'s check that ``--shard-size`` applies, :func:`detect_format`,
+``open_dataset`` and the DALI pipelines read it. What else is the format's own
+lives in its folder: a pack to a URL asks the writer (``Writer.remote_marker``
+and the other upload hooks, ``fastdata.formats.writer``). The layers above keep
+their own tables, so a spec names none of them: a named torch Dataset class is
+registered with ``fastdata.loaders.datasets.register_dataset``, a native DALI
+reader with ``fastdata.dali.readers.register_dali_reader``. Code is referenced
+by ``"module:attribute"`` strings, so nothing heavy (lmdb, h5py, torch) is
+imported until a format is used.
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +33,43 @@ from fastdata.lazy import load
 #: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
 #: output name without shard number: ``out.tar.fastdata.json``).
 MANIFEST_SUFFIX = ".fastdata.json"
+
+_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class WriterOption:
+    """A keyword option of a format's writer that ``fastdata pack`` and
+    ``fastdata convert`` offer as ``--NAME`` (underscores as dashes: ``split``
+    is ``--split``, ``source_extensions`` ``--source-extensions``). Only a value
+    given on the command line reaches the writer (as
+    ``PackOptions.writer_options``); the writer's own default applies otherwise.
+
+    Attributes:
+        name: the writer's keyword: lower case letters, digits and underscores.
+        help: what it does, for ``--help`` (which formats have it is added there).
+        type: ``bool`` for a flag; ``str``, ``int`` or ``float`` for an option
+            taking a value.
+        metavar: how ``--help`` shows the value (``NAME``, ``N``).
+    """
+
+    name: str
+    help: str
+    type: type = str
+    metavar: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.match(self.name):
+            raise ValueError(f"writer option {self.name!r}: a name is lower case letters, "
+                             f"digits and underscores, starting with a letter")
+        if self.type not in (bool, str, int, float):
+            raise ValueError(f"writer option {self.name!r}: type is bool, str, int or float, "
+                             f"not {self.type!r}")
+
+    @property
+    def flag(self) -> str:
+        """The option on the command line (``--source-extensions``)."""
+        return "--" + self.name.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -44,10 +88,8 @@ class FormatSpec:
         probe: ``probe(path) -> bool``, True when an existing path without a
             known extension holds a dataset of this format; must stay cheap and
             import nothing heavy.
-        dataset, dali: deprecated: the torch and DALI layers keep their own
-            registries (``fastdata.loaders.datasets.register_dataset``,
-            ``fastdata.dali.readers.register_dali_reader``), so a format names
-            no layer above it. Still taken, as ``"module:attr"``, for one release.
+        options: the writer options ``fastdata pack`` and ``fastdata convert``
+            offer for it (:class:`WriterOption`), each a keyword of its writer.
     """
 
     name: str
@@ -57,16 +99,7 @@ class FormatSpec:
     help: str
     sharded: bool = False
     probe: Callable[[str], bool] | None = None
-    dataset: str | None = None
-    dali: str | None = None
-
-    def __post_init__(self) -> None:
-        for field, instead in (("dataset", "fastdata.loaders.datasets.register_dataset"),
-                               ("dali", "fastdata.dali.readers.register_dali_reader")):
-            if getattr(self, field) is not None:
-                warnings.warn(f"FormatSpec({field}=...) is deprecated and will be removed: "
-                              f"call {instead}({self.name!r}, ...) instead",
-                              DeprecationWarning, stacklevel=3)
+    options: tuple[WriterOption, ...] = ()
 
     def load_writer(self):
         return load(self.writer)
@@ -103,13 +136,23 @@ def register_format(spec: FormatSpec) -> FormatSpec:
     """Add ``spec`` to the registry (replacing a format of the same name).
 
     Raises:
-        ValueError: an extension is already taken by another format.
+        ValueError: an extension is already taken by another format, or a
+            writer option of the same name as another format's takes another
+            type (the command line has one ``--NAME`` for both).
     """
     for other in FORMATS.values():
+        if other.name == spec.name:
+            continue
         taken = set(other.extensions) & set(spec.extensions)
-        if other.name != spec.name and taken:
+        if taken:
             raise ValueError(f"format {spec.name!r}: extension(s) {', '.join(sorted(taken))} "
                              f"already belong to format {other.name!r}")
+        types = {option.name: option.type for option in other.options}
+        for option in spec.options:
+            if types.get(option.name, option.type) is not option.type:
+                raise ValueError(f"format {spec.name!r}: writer option {option.name!r} "
+                                 f"takes {option.type.__name__}, but format {other.name!r}'s "
+                                 f"takes {types[option.name].__name__}")
     FORMATS[spec.name] = spec
     return spec
 
@@ -127,6 +170,16 @@ def known_extensions() -> list[str]:
 def sharded_formats() -> list[str]:
     """Names of the formats written as shards."""
     return [spec.name for spec in FORMATS.values() if spec.sharded]
+
+
+def writer_options() -> dict[str, list[tuple[FormatSpec, WriterOption]]]:
+    """Every registered format's writer options by name, each with the formats
+    that offer it, in registration order."""
+    found: dict[str, list[tuple[FormatSpec, WriterOption]]] = {}
+    for spec in FORMATS.values():
+        for option in spec.options:
+            found.setdefault(option.name, []).append((spec, option))
+    return found
 
 
 def get_format(name: str) -> FormatSpec:

@@ -10,6 +10,7 @@ overwrite keeps the old one. A failed write (a full disk) is one clear error.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import os
 import shutil
@@ -27,6 +28,18 @@ from fastdata.formats.output import (
     lock_path,
 )
 from fastdata.records import Manifest, PieceRecord, Record, RenamedKey
+
+
+class UploadStep(enum.IntEnum):
+    """When a pack to a URL uploads a file of the output (fastdata.packers.upload):
+    the data first, then the files that name it, and last the file that makes the
+    dataset visible, so that an interrupted upload leaves nothing a reader opens."""
+
+    NEVER = 0  #: not uploaded (per-process state)
+    DATA = 1
+    NAMES_DATA = 2  #: sidecars, reports: they name the data files
+    LAST = 3  #: the manifest: readers find the dataset through it
+
 
 class PieceLost(FastDataError):
     """A piece of an interrupted pack is no longer whole in its partial output."""
@@ -198,6 +211,38 @@ class Writer:
         if os.path.lexists(self.path) and not self.overwrite:
             raise OutputExistsError("output already exists; pass overwrite=True to replace it",
                                     path=self.path)
+
+    # -- a pack to a URL (fastdata.packers.upload): the output is written into a
+    # local staging folder, then uploaded; what the upload needs to know of the
+    # format. The defaults suit an output that is one file. --------------------
+
+    @classmethod
+    def remote_marker(cls, url: str) -> str:
+        """The object whose presence means that a dataset of this format is at
+        ``url`` (refused unless overwriting): here the output itself."""
+        return url
+
+    @classmethod
+    def remote_files(cls, url: str) -> list[str]:
+        """The objects of this format's dataset at ``url``, the one that makes it
+        visible last: an overwrite deletes that one first, uploads the new files,
+        then deletes the listed ones the new dataset lacks. Only objects provably
+        this output's are listed. Here none: the upload replaces the one object."""
+        return []
+
+    @classmethod
+    def stage_remote(cls, folder: str, staging: str):
+        """Before a pack to a URL in ``folder`` writes into the local ``staging``
+        folder: copy in what the writer updates beside its output. Returns a
+        function called after the pack, before the upload, or None."""
+        return None
+
+    @classmethod
+    def upload_step(cls, name: str) -> UploadStep | None:
+        """When the file ``name`` (relative to the staging folder) is uploaded;
+        None: as fastdata's names say (a ``.fastdata.json`` manifest last, its
+        sidecars and the report before it, everything else first)."""
+        return None
 
     # -- subclass hooks -------------------------------------------------------
 

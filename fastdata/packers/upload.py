@@ -3,16 +3,20 @@ that makes the dataset visible only when it is complete.
 
 Finished shards are uploaded in the background while the next ones are
 written (``_EarlyUploads``; names that depend on the shard count wait). The
-other data files follow (LMDB's ``data.mdb``, the HDF5 file), then the report,
-index and keys, and the manifest last: a reader
-opens a sharded dataset through its manifest, so an interrupted upload leaves
-no dataset, only objects no manifest lists. LMDB and HDF5 are one object each
-(the manifest is inside), and an object appears whole or not at all. The
-staging folder is removed afterwards; it needs the dataset's size in local
-space (``FASTDATA_STAGING_DIR``, else ``FASTDATA_CACHE_DIR``'s file system, else
-the temporary folder). A pack on a Dask cluster stages in
-``FASTDATA_STAGING_DIR``, a folder its workers share: they write the shards
-there, and this process uploads them.
+other data files follow, then what names them (sidecars, the report), and the
+file that makes the dataset visible last (a sharded dataset's manifest): an
+interrupted upload leaves no dataset, only objects no manifest lists. A format
+whose manifest is inside its one data file needs no order: an object appears
+whole or not at all. The staging folder is removed afterwards; it needs the
+dataset's size in local space (``FASTDATA_STAGING_DIR``, else
+``FASTDATA_CACHE_DIR``'s file system, else the temporary folder). A pack on a
+Dask cluster stages in ``FASTDATA_STAGING_DIR``, a folder its workers share:
+they write the shards there, and this process uploads them.
+
+What differs between formats is the format's writer's to say (see
+``fastdata.formats.writer.Writer``, "a pack to a URL"): which object means a
+dataset is at the URL, which objects of an old one an overwrite may delete,
+what to fetch into the staging folder first, and when each file goes up.
 """
 
 from __future__ import annotations
@@ -23,14 +27,11 @@ import tempfile
 import time
 from dataclasses import replace
 
-from fastdata.contained import name_problem
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats import MANIFEST_SUFFIX, format_for_output
 from fastdata.formats.sharded.writer import shard_listener
-from fastdata.formats.tar.info import INFO_LIMIT, INFO_NAME
-
-#: Files of an LMDB folder that are not uploaded (per-process lock state).
-_NOT_UPLOADED = ("lock.mdb",)
+from fastdata.formats.writer import UploadStep
+from fastdata.packers.summary import report_path
 
 
 def pack_to_url(pack, source, url: str, options, **pack_kwargs):
@@ -45,12 +46,15 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
                             "gs:// or az:// URL", path=url)
     from fastdata.storage import basename, exists, join, upload_file
 
-    spec = format_for_output(url, options.format)
-    if _remote_dataset_exists(url, spec, exists, join):
+    writer = format_for_output(url, options.format).load_writer()
+    if exists(writer.remote_marker(url)):
         if not options.overwrite:
             raise OutputExistsError("a dataset exists at this URL; pass overwrite=True to "
                                     "replace it", path=url)
-        old_files = _old_sharded_files(url, spec)
+        old_files = writer.remote_files(url)
+        if old_files and old_files[-1].endswith(MANIFEST_SUFFIX):
+            # and the report an earlier pack left beside that manifest
+            old_files.insert(-1, report_path(old_files[-1]))
     else:
         old_files = []
     base = (os.environ.get("FASTDATA_STAGING_DIR") or os.environ.get("FASTDATA_CACHE_DIR")
@@ -69,18 +73,18 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
     early = _EarlyUploads(folder, staging + ".early")
     token = shard_listener.set(early.shard_finished)
     try:
-        info = _fetch_info(folder, staging) if spec.name == "tar" else None
+        after_pack = writer.stage_remote(folder, staging)
         local_out = os.path.join(staging, basename(url))
         try:
             summary = pack(source, local_out, options=replace(options, overwrite=False),
                            **pack_kwargs)
         finally:
             shard_listener.reset(token)
-        if info is not None:
-            _drop_unchanged(staging, info)
+        if after_pack is not None:
+            after_pack()
         uploaded = early.wait()  # shards uploaded while the next ones were written
         done = set(uploaded)
-        for local in _upload_order(staging):
+        for local in _upload_order(staging, writer):
             rel = os.path.relpath(local, staging).replace(os.sep, "/")
             target = join(folder, rel)
             if target not in done:
@@ -104,7 +108,7 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
 class _EarlyUploads:
     """Uploads finished shards in a background thread while the pack goes on.
     A shard's files are uploaded under their published names when those do not
-    depend on the shard count (tar; TFRecord's ``-of-N`` names wait for the end)."""
+    depend on the shard count (``-of-N`` names wait for the end)."""
 
     def __init__(self, folder: str, holding: str) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -159,94 +163,25 @@ def _remote_name(local: str | None, staging: str, folder: str) -> str | None:
     return join(folder, os.path.relpath(local, staging).replace(os.sep, "/"))
 
 
-def _fetch_info(folder: str, staging: str) -> bytes | None:
-    """timm's ``_info.json`` at the URL, into the staging folder: the tar writer
-    adds this output's split to it, and the upload keeps the other splits."""
-    from fastdata.storage import exists, join, open_remote
-
-    url = join(folder, INFO_NAME)
-    if not exists(url):
-        return None
-    data = open_remote(url).read(limit=INFO_LIMIT)
-    with open(os.path.join(staging, INFO_NAME), "wb") as f:
-        f.write(data)
-    return data
-
-
-def _drop_unchanged(staging: str, fetched: bytes) -> None:
-    """No upload of the info file when the pack added no split to it."""
-    path = os.path.join(staging, INFO_NAME)
-    with open(path, "rb") as f:
-        if f.read() == fetched:
-            os.remove(path)
-
-
-def _upload_order(staging: str) -> list[str]:
-    """Every file to upload, data first (timm's info, which names shards, after
-    them) and the manifest last."""
-    files = []
+def _upload_order(staging: str, writer) -> list[str]:
+    """Every file to upload, by ``UploadStep``: data first, the manifest last
+    (the format's writer may say otherwise of a file, see ``Writer.upload_step``)."""
+    ranked = []
     for root, _, names in os.walk(staging):
-        files += [os.path.join(root, n) for n in names if n not in _NOT_UPLOADED]
-
-    def rank(path: str) -> tuple[int, str]:
-        name = os.path.basename(path)
-        if name.endswith(MANIFEST_SUFFIX):
-            return 3, path
-        if ".fastdata." in name or name.endswith(".report.json") or name == INFO_NAME:
-            return 2, path
-        return 1, path
-
-    return sorted(files, key=rank)
+        for name in names:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, staging).replace(os.sep, "/")
+            step = writer.upload_step(rel)
+            if step is None:
+                step = _step_by_name(name)
+            if step is not UploadStep.NEVER:
+                ranked.append((step, path))
+    return [path for _, path in sorted(ranked)]
 
 
-def _remote_dataset_exists(url: str, spec, exists, join) -> bool:
-    if spec.name == "lmdb":
-        return exists(join(url.rstrip("/"), "data.mdb"))
-    if spec.sharded:
-        from fastdata.formats.sharded.layout import parse_output
-
-        layout = parse_output(url, spec.extensions, sharded=False)
-        return exists(layout.manifest_path)
-    return exists(url)
-
-
-def _old_sharded_files(url: str, spec) -> list[str]:
-    """The objects of the sharded dataset at ``url`` (its manifest last), from
-    its manifest; [] for LMDB and HDF5, whose one object a put replaces whole.
-
-    Only names that are provably this output's own are taken, as a local
-    ``--overwrite`` does: its shard naming or its sidecars, plain names in its
-    folder. Whatever else the old manifest lists (another dataset's objects,
-    ``..``, other prefixes) is never deleted."""
-    if not spec.sharded:
-        return []
-    import json
-
-    from fastdata.formats.remote_files import MANIFEST_LIMIT
-    from fastdata.formats.sharded.layout import parse_output
-    from fastdata.packers.summary import report_path
-    from fastdata.storage import basename, join, open_remote
-
-    layout = parse_output(url, spec.extensions, sharded=False)
-    manifest = json.loads(open_remote(layout.manifest_path).read(limit=MANIFEST_LIMIT))
-    manifest = manifest if isinstance(manifest, dict) else {}
-    folder = layout.directory
-    sidecars = {basename(p) for p in (layout.index_path, layout.keys_path, layout.metadata_path)}
-    names = []
-    for shard in manifest.get("shards") if isinstance(manifest.get("shards"), list) else []:
-        name = shard.get("path") if isinstance(shard, dict) else None
-        if _plain(name) and layout.owns(name, spec.extensions):
-            names.append(join(folder, name))
-            if spec.name == "tfrecord":
-                names.append(join(folder, name + ".idx"))
-    extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
-    metadata = extra.get("metadata") if isinstance(extra.get("metadata"), dict) else {}
-    names += [join(folder, n) for n in (extra.get("index"), extra.get("keys"),
-                                        metadata.get("index")) if _plain(n) and n in sidecars]
-    names.append(report_path(layout.manifest_path))
-    return names + [layout.manifest_path]
-
-
-def _plain(name) -> bool:
-    """A plain file name directly in the dataset's folder (see fastdata.contained)."""
-    return isinstance(name, str) and "/" not in name and name_problem(name, remote=True) is None
+def _step_by_name(name: str) -> UploadStep:
+    if name.endswith(MANIFEST_SUFFIX):
+        return UploadStep.LAST
+    if ".fastdata." in name or name.endswith(".report.json"):
+        return UploadStep.NAMES_DATA
+    return UploadStep.DATA

@@ -42,6 +42,8 @@ CRC32_DTYPE = "<u4"
 KEY_SCHEMA = "fastdata-lmdb-1"
 #: The data file inside an environment folder.
 DATA_FILE = "data.mdb"
+#: LMDB's lock file beside it: per-process state, never part of a copy.
+LOCK_FILE = "lock.mdb"
 
 
 def sample_key(index: int) -> bytes:

@@ -17,6 +17,7 @@ from fastdata.formats.lmdb.schema import (
     KEYS_KEY,
     LABEL_DTYPE,
     LABELS_KEY,
+    LOCK_FILE,
     MANIFEST_KEY,
     METADATA_CRC32_KEY,
     METADATA_KEY_FORMAT,
@@ -27,7 +28,13 @@ from fastdata.formats.lmdb.schema import (
 from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
 from fastdata.formats.lmdb.snapshot import drop_last_commit
 from fastdata.formats.output import free_bytes, is_disk_full
-from fastdata.formats.writer import PieceLost, Writer, check_piece_payload, remove_path
+from fastdata.formats.writer import (
+    PieceLost,
+    UploadStep,
+    Writer,
+    check_piece_payload,
+    remove_path,
+)
 from fastdata.records import Manifest, PieceRecord, Record
 
 
@@ -69,6 +76,16 @@ class LMDBWriter(Writer):
         self._durable = False  # whether each commit is synced (piece mode)
         self._txnid = 0  # the LMDB transaction of the last adopted piece
         super().__init__(path, overwrite=overwrite, resume_path=resume_path)
+
+    @classmethod
+    def remote_marker(cls, url: str) -> str:
+        from fastdata.storage import join
+
+        return join(url.rstrip("/"), DATA_FILE)  # a folder is no object; its data file is
+
+    @classmethod
+    def upload_step(cls, name: str) -> UploadStep | None:
+        return UploadStep.NEVER if name.rsplit("/", 1)[-1] == LOCK_FILE else None
 
     def _open(self, temp_path: str) -> None:
         self._open_env(temp_path, durable=False)

@@ -77,8 +77,9 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
     ``NAME.fastdata.metadata.npy``, see ``layout.py``), and may implement
     ``_begin_shard(path)`` (per-shard state) and ``_end_shard() -> dict``
     (a trailer written to ``self._shard``, extra per-shard facts); they may
-    override ``_shard_files(name)`` to publish side files (per-shard index
-    files) and ``_stored_size(record)`` so a byte ``shard_size`` counts their
+    override the class method ``_shard_files(name)`` to publish side files
+    (per-shard index files: published, uploaded and replaced with their
+    shard) and ``_stored_size(record)`` so a byte ``shard_size`` counts their
     framing (tar headers and padding).
     """
 
@@ -124,6 +125,18 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
     def _output_name(self) -> str:
         return self._given
 
+    @classmethod
+    def remote_marker(cls, url: str) -> str:
+        from fastdata.formats.sharded.remote import manifest_url
+
+        return manifest_url(url, cls.extensions)
+
+    @classmethod
+    def remote_files(cls, url: str) -> list[str]:
+        from fastdata.formats.sharded.remote import dataset_objects
+
+        return dataset_objects(url, cls.extensions, cls._shard_files)
+
     def _check_existing(self) -> None:
         if self.overwrite:
             return
@@ -155,7 +168,8 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
     def _end_shard(self) -> dict:
         return {}
 
-    def _shard_files(self, name: str) -> list[str]:
+    @classmethod
+    def _shard_files(cls, name: str) -> list[str]:
         """Files making up shard ``name`` (the shard and any side files)."""
         return [name]
 

@@ -125,6 +125,31 @@ def update_info(directory: str, split: str, shards: list[tuple[str, int]], *,
     return path
 
 
+def stage_remote_info(folder: str, staging: str) -> Callable[[], None] | None:
+    """For a pack to a URL in ``folder``, staged in the local ``staging``: the
+    info file at the URL, copied in, so that the pack adds its split to it and
+    the upload keeps the other splits. Returns what to call after the pack:
+    it drops the copy when the pack added nothing (no upload then); None when
+    the URL has no info file."""
+    from fastdata.storage import exists, join, open_remote
+
+    url = join(folder, INFO_NAME)
+    if not exists(url):
+        return None
+    fetched = open_remote(url).read(limit=INFO_LIMIT)
+    path = os.path.join(staging, INFO_NAME)
+    with open(path, "wb") as f:
+        f.write(fetched)
+
+    def drop_unchanged() -> None:
+        with open(path, "rb") as f:
+            unchanged = f.read() == fetched
+        if unchanged:
+            os.remove(path)
+
+    return drop_unchanged
+
+
 def _only_ours(entry: object, owns: Callable[[str], bool]) -> bool:
     files = entry.get("filenames") if isinstance(entry, dict) else None
     return (isinstance(files, list) and bool(files)

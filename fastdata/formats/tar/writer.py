@@ -7,7 +7,14 @@ import os
 
 from fastdata.errors import FastDataError
 from fastdata.formats.sharded.writer import ShardedWriter
-from fastdata.formats.tar.info import INFO_NAME, check_split, default_split, read_info, update_info
+from fastdata.formats.tar.info import (
+    INFO_NAME,
+    check_split,
+    default_split,
+    read_info,
+    stage_remote_info,
+    update_info,
+)
 from fastdata.formats.tar.schema import (
     END_OF_ARCHIVE,
     EXTENSIONS,
@@ -19,6 +26,7 @@ from fastdata.formats.tar.schema import (
     padding,
     unique_stem,
 )
+from fastdata.formats.writer import UploadStep
 from fastdata.records import Manifest, Record, RenamedKey
 
 
@@ -100,6 +108,15 @@ class TarWriter(ShardedWriter):
     @property
     def info_path(self) -> str:
         return os.path.join(self.layout.directory, INFO_NAME)
+
+    @classmethod
+    def stage_remote(cls, folder: str, staging: str):
+        return stage_remote_info(folder, staging)
+
+    @classmethod
+    def upload_step(cls, name: str) -> UploadStep | None:
+        # It names shards: uploaded after them.
+        return UploadStep.NAMES_DATA if name == INFO_NAME else None
 
     def _check_existing(self) -> None:
         super()._check_existing()

@@ -116,7 +116,8 @@ class TFRecordWriter(ShardedWriter):
         example = parse_example(stored[HEADER_SIZE:len(stored) - FOOTER_SIZE])
         return example[IMAGE_KEY][1][0]
 
-    def _shard_files(self, name: str) -> list[str]:
+    @classmethod
+    def _shard_files(cls, name: str) -> list[str]:
         return [name, name + SHARD_INDEX_SUFFIX]
 
     def _metadata_extra(self) -> dict:
