@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -47,7 +46,6 @@ def main() -> None:
     import fastdata
     from fastdata.demo import synthesize
 
-    warnings.simplefilter("ignore", DeprecationWarning)
     with tempfile.TemporaryDirectory() as tmp:
         for kind, n, size, per_shard in (("photos", 512, (224, 224), 128),
                                          ("tiny", 10000, None, 1000)):

@@ -30,7 +30,6 @@ from fastdata.packers.source import SourceEntry
 from conftest import TESTS_DIR, build_tree, lmdb_get, lmdb_put, make_image_bytes, uniform_spec
 
 pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:.*shardshuffle.*:UserWarning")]
 
 CLASSES = ["cat", "dog", "eel"]
@@ -149,7 +148,8 @@ def test_byte_shard_size_counts_metadata(packs):
 
 @pytest.mark.parametrize("variant", ["lmdb", "hdf5", "tar-sharded", "tfrecord-sharded"])
 def test_with_metadata_through_a_dataloader(packs, variant):
-    ds = fastdata.open_dataset(packs[variant], with_metadata=True)
+    ds = fastdata.open_dataset(packs[variant], with_metadata=True,
+                               order=fastdata.Order(batch_size=8))
     batches = list(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=fastdata.collate))
     got = []
     for images, labels, metadata in batches:
@@ -158,13 +158,14 @@ def test_with_metadata_through_a_dataloader(packs, variant):
         got += metadata
     assert got == [expected(i) for i in range(COUNT)]
     # fastdata.loader gives the same batches, metadata as lists
-    loader = fastdata.loader(ds, batch_size=8, shuffle=False, num_workers=0, device="cpu")
+    loader = fastdata.loader(ds, num_workers=0, device="cpu")
     assert [m for _, _, batch in loader for m in batch] == got
 
 
 @pytest.mark.parametrize("variant", ["tar-sharded", "tfrecord-sharded"])
 def test_streaming_with_metadata(packs, variant):
-    ds = fastdata.ShardedIterableDataset(packs[variant], with_metadata=True, batch_size=4)
+    ds = fastdata.ShardedIterableDataset(packs[variant], with_metadata=True,
+                                         order=fastdata.Order(batch_size=4))
     got, labels = [], []
     for images, batch_labels, metadata in DataLoader(ds, batch_size=4, num_workers=2,
                                                      collate_fn=fastdata.collate):
@@ -297,7 +298,7 @@ def _killed_pack(images, out: Path, variant: str, point: str, nth: int) -> None:
 
 
 def _contents(path: str) -> tuple:
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
     manifest = ds.manifest.to_dict()
     manifest.pop("created_at")
     return ([ds[i] for i in range(len(ds))], ds.keys,

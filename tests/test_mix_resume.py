@@ -10,15 +10,16 @@ label, so a reorder within a class is seen.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
+from conftest import build_tree, uniform_spec
+from worker_pids import CollatedIn, assert_other_processes
 
 import fastdata
-from conftest import build_tree, uniform_spec
 from fastdata import Decode, Order
-from fastdata.order.mixture import Mixture, MixOrder, MixSource
+from fastdata.order.mixture import MixOrder, MixSource, Mixture
 from fastdata.order.state import StreamPoint, order_description, parse_state
-from worker_pids import CollatedIn, assert_other_processes
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
@@ -198,7 +199,7 @@ def test_drop_last_gives_every_rank_full_equal_batches_of_the_epochs_prefix(pack
     sequence = _epoch(_mix(packs, order), 0)
     per_rank = []
     for rank in range(3):
-        ds = _mix(packs, order.changed(rank=rank, world_size=3))
+        ds = _mix(packs, replace(order, rank=rank, world_size=3))
         per_rank.append([[(m["source"], m["index"]) for m in metas]
                          for _, _, metas in _loader(ds)])
     # 30 samples, 3 ranks: 10 each, 2 full batches of 4; the rest left out.
@@ -206,14 +207,14 @@ def test_drop_last_gives_every_rank_full_equal_batches_of_the_epochs_prefix(pack
     rounds = [s for t in range(2) for r in range(3) for s in per_rank[r][t]]
     assert rounds == sequence[:24]
     # Resumed after the first round on 2 ranks: 18 left, 9 each, 2 full batches.
-    sampler = fastdata.EpochBatches(_mix(packs, order.changed(rank=0, world_size=3)))
+    sampler = fastdata.EpochBatches(_mix(packs, replace(order, rank=0, world_size=3)))
     it = iter(sampler)
     next(it)
     state = sampler.state_dict()
     assert state["consumed"] == 12
     parts = []
     for rank in range(2):
-        ds = _mix(packs, order.changed(rank=rank, world_size=2))
+        ds = _mix(packs, replace(order, rank=rank, world_size=2))
         loader = _loader(ds)
         loader.load_state_dict(state)
         parts.append([[(m["source"], m["index"]) for m in metas] for _, _, metas in loader])

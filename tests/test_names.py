@@ -87,7 +87,7 @@ def test_two_formats_with_one_prefix_both_pack_and_open_their_own_records(
         stem = name.replace("-%06d", "")
         manifest = out / f"{stem}.fastdata.json"
         for path in (out / name, manifest):
-            ds = fastdata.open_dataset(path, output="bytes")
+            ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
             assert ds.manifest.format == fmt
             assert ds.keys == tree.keys and ds.classes == tree.classes
             assert [ds[i] for i in range(len(ds))] == list(zip(tree.payloads, tree.labels))
@@ -128,7 +128,8 @@ def test_legacy_named_dataset_opens_by_manifest_shard_and_pattern(
         for command in ("info", "verify"):
             result = invoke(command, target)
             assert result.exit_code == 0, (command, target, result.output)
-    iterable = fastdata.ShardedIterableDataset(folder / "old.fastdata.json", output="bytes")
+    iterable = fastdata.ShardedIterableDataset(folder / "old.fastdata.json",
+                                               decode=fastdata.Decode(output="bytes"))
     assert sorted(iterable) == sorted((d, label) for _, d, label in golden_records)
 
 

@@ -208,8 +208,8 @@ def test_parquet_image_column_packs_that_column_and_names_a_missing_one(tmp_path
     assert source.metadata_columns == ["caption"]          # the decoy bytes are no metadata
     assert any("'image'" in w for w in source.warnings())
     summary = fastdata.pack(source, tmp_path / "photo.lmdb", progress=False)
-    stored = fastdata.open_dataset(summary.output, output="bytes")
-    pixels = fastdata.open_dataset(summary.output, output="numpy")
+    stored = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="bytes"))
+    pixels = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="numpy"))
     assert len(stored) == n
     assert [bytes(stored[i][0]) for i in range(n)] == photo_bytes   # the bytes, as they were
     assert all(np.array_equal(pixels[i][0], photos[i]) for i in range(n))
@@ -218,7 +218,7 @@ def test_parquet_image_column_packs_that_column_and_names_a_missing_one(tmp_path
     # Without the option the default column, the decoys, is what is packed.
     default = fastdata.open_dataset(
         fastdata.pack(fastdata.ParquetSource(path), tmp_path / "default.lmdb",
-                      progress=False).output, output="bytes")
+                      progress=False).output, decode=fastdata.Decode(output="bytes"))
     assert [bytes(default[i][0]) for i in range(n)] == decoy_bytes
     assert default.keys == [f"decoy-{i}.png" for i in range(n)]
 

@@ -336,9 +336,10 @@ def test_cluster_pack_to_a_url(cluster, source, local_packs, tmp_path, monkeypat
     s3_server.make_bucket("cluster")
     summary = fastdata.pack(source, "s3://cluster/d/out-%06d.tar", options=_options("tar", "keep"),
                             progress=False, scheduler=cluster.scheduler.address)
-    remote = fastdata.open_dataset(summary.output, output="bytes")
+    remote = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="bytes"))
     local = fastdata.open_dataset(_output(local_packs("tar", "keep"), "tar").parent
-                                  / "out.tar.fastdata.json", output="bytes")
+                                  / "out.tar.fastdata.json",
+                                  decode=fastdata.Decode(output="bytes"))
     assert [remote[i] for i in range(len(remote))] == [local[i] for i in range(len(local))]
     assert os.listdir(tmp_path / "staging") == []
 

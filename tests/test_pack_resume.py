@@ -110,7 +110,7 @@ def _manifest(path) -> dict:
 
 
 def _records(path) -> list:
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
     return [ds[i] for i in range(len(ds))] + [ds.keys]
 
 

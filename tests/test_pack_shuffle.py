@@ -51,7 +51,7 @@ def _pack(tree, folder: Path, fmt: str, **options) -> Path:
 
 def _records(out: Path) -> list[tuple[str, int, bytes]]:
     """(key, label, stored bytes) per record, in record order."""
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=fastdata.Decode(output="bytes"))
     items = list(ds) if isinstance(ds, IterableDataset) else [ds[i] for i in range(len(ds))]
     return [(key, target, bytes(img)) for key, target, (img, _) in
             zip(ds.keys, ds.targets, items, strict=True)]

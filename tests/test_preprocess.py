@@ -66,7 +66,7 @@ def test_resize_center_crop_raw_round_trip(tmp_path, fmt):
 def test_resize_shorter_side_keeps_aspect_and_encoding(tmp_path, fmt):
     src = _tree(str(tmp_path / "src"))
     summary = _pack(src, _out(tmp_path, fmt), preprocess=Preprocess(resize=20))
-    ds = fastdata.open_dataset(summary.output, output="numpy")
+    ds = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="numpy"))
     for i in range(len(ds)):
         image, _ = ds[i]
         with Image.open(os.path.join(src, ds.keys[i])) as original:
@@ -77,7 +77,7 @@ def test_resize_shorter_side_keeps_aspect_and_encoding(tmp_path, fmt):
         assert min(got) == 20 and abs(got[0] - expected[0]) <= 1 \
             and abs(got[1] - expected[1]) <= 1, (ds.keys[i], (h, w), got, expected)
     assert set(ds.manifest.encoding["formats"]) == {"jpeg"}
-    raw_bytes = fastdata.open_dataset(summary.output, output="bytes")[0][0]
+    raw_bytes = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="bytes"))[0][0]
     assert raw_bytes[:3] == b"\xff\xd8\xff"
 
 
@@ -165,8 +165,8 @@ def test_cli_pack_with_preprocessing(tmp_path):
 
 def test_getitems_equals_per_item_with_size(tmp_path):
     src = _tree(str(tmp_path / "src"))
-    ds = fastdata.open_dataset(_pack(src, _out(tmp_path, "lmdb")).output, size=(12, 12),
-                               decode_threads=2)
+    ds = fastdata.open_dataset(_pack(src, _out(tmp_path, "lmdb")).output,
+                               decode=fastdata.Decode(size=(12, 12)), decode_threads=2)
     batch = ds.__getitems__(list(range(len(ds))))
     for i, (image, label) in enumerate(batch):
         single, single_label = ds[i]
@@ -186,7 +186,7 @@ def test_streaming_dataset_reads_raw_and_resizes(tmp_path, fmt):
     for (image, label), i in zip(got, range(len(mapped))):
         assert tuple(image.shape) == (3, 10, 12) and label == mapped[i][1]
         assert bool((image == mapped[i][0]).all())
-    small = fastdata.ShardedIterableDataset(summary.output, size=(5, 6))
+    small = fastdata.ShardedIterableDataset(summary.output, decode=fastdata.Decode(size=(5, 6)))
     assert tuple(next(iter(small))[0].shape) == (3, 5, 6)
 
 
@@ -293,7 +293,7 @@ def shaped_tree(tmp_path_factory):
 
 def _stored_pixels(tmp_path, src, preprocess):
     summary = _pack(src, _out(tmp_path, "lmdb"), preprocess=preprocess)
-    ds = fastdata.open_dataset(summary.output, output="numpy")
+    ds = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="numpy"))
     assert sorted(ds.keys) == sorted(_SOURCES)
     return {key: ds[i][0] for i, key in enumerate(ds.keys)}
 

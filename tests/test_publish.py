@@ -60,7 +60,7 @@ def pack(src, out, **options):
 
 def records(path) -> list[tuple[str, bytes, int]]:
     """Every record of the dataset at ``path``: (key, bytes, label)."""
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
     try:
         return [(ds.keys[i], *ds[i]) for i in range(len(ds))]
     finally:

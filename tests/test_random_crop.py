@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 
 CROP = fastdata.RandomResizedCrop((24, 32))
 SEED = 5
+CROPPED = fastdata.Decode(crop=CROP)
+SEEDED = fastdata.Order(seed=SEED)
 
 
 # -- the boxes -----------------------------------------------------------------
@@ -195,8 +198,8 @@ def _images(ds) -> list[np.ndarray]:
 
 
 def test_crop_pixels_equal_a_manual_decode_crop_flip_resize(packs):
-    raw = fastdata.open_dataset(packs[0], output="bytes")
-    ds = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED)
+    raw = fastdata.open_dataset(packs[0], decode=fastdata.Decode(output="bytes"))
+    ds = fastdata.open_dataset(packs[0], decode=CROPPED, order=SEEDED)
     for epoch in (0, 1):
         ds.set_epoch(epoch)
         for i in range(len(ds)):
@@ -206,22 +209,23 @@ def test_crop_pixels_equal_a_manual_decode_crop_flip_resize(packs):
             diff = np.abs(image.permute(1, 2, 0).numpy().astype(int) - want.astype(int))
             assert diff.mean() <= 3.0, (epoch, i, diff.mean())
             assert label == raw[i][1]
-    numpy_ds = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED, output="numpy")
+    numpy_ds = fastdata.open_dataset(packs[0], decode=replace(CROPPED, output="numpy"),
+                                     order=SEEDED)
     assert numpy_ds[0][0].shape == (24, 32, 3)
-    pil_ds = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED, output="pil")
+    pil_ds = fastdata.open_dataset(packs[0], decode=replace(CROPPED, output="pil"), order=SEEDED)
     assert pil_ds[0][0].size == (32, 24)
 
 
 def test_epochs_and_seeds_change_the_crops_and_a_new_dataset_repeats_them(packs):
-    ds = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED)
+    ds = fastdata.open_dataset(packs[0], decode=CROPPED, order=SEEDED)
     first = [pixel_digest(a) for a in _images(ds)]
     ds.set_epoch(1)
     second = [pixel_digest(a) for a in _images(ds)]
     assert first != second
-    again = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED)
+    again = fastdata.open_dataset(packs[0], decode=CROPPED, order=SEEDED)
     again.set_epoch(1)
     assert [pixel_digest(a) for a in _images(again)] == second
-    other = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED + 1)
+    other = fastdata.open_dataset(packs[0], decode=CROPPED, order=fastdata.Order(seed=SEED + 1))
     assert [pixel_digest(a) for a in _images(other)] != first
 
 
@@ -239,7 +243,7 @@ def _loader_digests(ds, workers: int, epochs=(0, 1), log=None) -> list[list[str]
 
 
 def test_map_style_crops_do_not_depend_on_workers(packs, tmp_path):
-    ds = fastdata.open_dataset(packs[0], crop=CROP, seed=SEED)
+    ds = fastdata.open_dataset(packs[0], decode=CROPPED, order=SEEDED)
     expected = []
     for epoch in (0, 1):
         ds.set_epoch(epoch)
@@ -248,20 +252,20 @@ def test_map_style_crops_do_not_depend_on_workers(packs, tmp_path):
     for workers in (0, 1, 2):
         # Persistent workers see set_epoch() made after they started.
         log = tmp_path / f"collated-{workers}.pids"
-        got = _loader_digests(fastdata.open_dataset(packs[0], crop=CROP, seed=SEED), workers,
-                              log=log)
+        got = _loader_digests(fastdata.open_dataset(packs[0], decode=CROPPED, order=SEEDED),
+                              workers, log=log)
         assert got == expected, workers
         assert_workers_did_it(log, workers)
 
 
 def _stream(tar, **kwargs):
-    return fastdata.ShardedIterableDataset(tar, crop=CROP, seed=SEED, shuffle=True,
-                                           shuffle_window=6, batch_size=4, **kwargs)
+    return fastdata.ShardedIterableDataset(tar, decode=CROPPED, order=replace(SEEDED,
+        shuffle=True, window=6, batch_size=4), **kwargs)
 
 
 def test_streaming_crops_match_map_style_and_do_not_depend_on_workers(packs, tmp_path):
     tar = packs[1]
-    mapped = fastdata.open_dataset(tar, crop=CROP, seed=SEED)
+    mapped = fastdata.open_dataset(tar, decode=CROPPED, order=SEEDED)
     for epoch in (0, 2):
         mapped.set_epoch(epoch)
         expected = Counter(pixel_digest(a.transpose(1, 2, 0)) for a in _images(mapped))
@@ -293,8 +297,8 @@ def test_raw_records_take_the_same_path(tmp_path):
     src = _smooth_tree(str(tmp_path / "src"), count=4)
     out = fastdata.pack(src, tmp_path / "raw.lmdb", progress=False, options=fastdata.PackOptions(
         preprocess=Preprocess(resize=48, center_crop=True, encoding="raw"))).output
-    stored = fastdata.open_dataset(out, output="numpy")
-    ds = fastdata.open_dataset(out, crop=CROP, seed=SEED)
+    stored = fastdata.open_dataset(out, decode=fastdata.Decode(output="numpy"))
+    ds = fastdata.open_dataset(out, decode=CROPPED, order=SEEDED)
     assert ds.manifest.encoding["storage"] == "raw"
     for i in range(len(ds)):
         pixels = stored[i][0]
@@ -310,12 +314,10 @@ def test_raw_records_take_the_same_path(tmp_path):
 
 def test_crop_option_conflicts_are_refused(packs):
     with pytest.raises(ValueError, match="size= or crop="):
-        fastdata.open_dataset(packs[0], crop=CROP, size=(24, 32))
-    with pytest.raises(ValueError, match="size= or crop="):
-        fastdata.ShardedIterableDataset(packs[1], crop=CROP, size=16)
+        fastdata.Decode(crop=CROP, size=(24, 32))
     with pytest.raises(ValueError, match="cache='ram'"):
-        fastdata.open_dataset(packs[0], crop=CROP, cache="decoded")
+        fastdata.open_dataset(packs[0], decode=CROPPED, cache="decoded")
     with pytest.raises(ValueError, match="decoded output"):
-        fastdata.open_dataset(packs[0], crop=CROP, output="bytes")
+        fastdata.Decode(crop=CROP, output="bytes")
     with pytest.raises(ValueError, match="RandomResizedCrop"):
-        fastdata.open_dataset(packs[0], crop=(24, 32))
+        fastdata.Decode(crop=(24, 32))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -161,7 +162,7 @@ def test_workers_keep_within_the_budget_together(site, monkeypatch, tmp_path):
     budget = 4 * max(_shard_bytes(site.local))
     monkeypatch.setenv("FASTDATA_CACHE_LIMIT", str(budget))
     log = tmp_path / "collated"
-    order = ORDER.changed(batch_size=32)
+    order = replace(ORDER, batch_size=32)
     loader = torch.utils.data.DataLoader(
         fastdata.ShardedIterableDataset(site.manifest, order=order),
         batch_size=32, num_workers=2, collate_fn=CollatedIn(log, fastdata.collate))
@@ -251,7 +252,7 @@ def test_a_pass_left_early_leaves_only_the_index(site, tmp_path, workers):
 
     log = tmp_path / "collated"
     # One chunk ahead: each worker stops with most of its pass's shards still to use.
-    ds = fastdata.ShardedIterableDataset(site.manifest, order=ORDER.changed(batch_size=32),
+    ds = fastdata.ShardedIterableDataset(site.manifest, order=replace(ORDER, batch_size=32),
                                          read_ahead=1)
     loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=workers,
                                          collate_fn=CollatedIn(log, fastdata.collate))
@@ -294,10 +295,10 @@ def test_workers_share_the_downloads(site):
     import torch
 
     loader = torch.utils.data.DataLoader(
-        fastdata.ShardedIterableDataset(site.manifest, order=ORDER.changed(batch_size=32)),
+        fastdata.ShardedIterableDataset(site.manifest, order=replace(ORDER, batch_size=32)),
         batch_size=32, num_workers=2, collate_fn=fastdata.collate)
     local = torch.utils.data.DataLoader(
-        fastdata.ShardedIterableDataset(site.local, order=ORDER.changed(batch_size=32)),
+        fastdata.ShardedIterableDataset(site.local, order=replace(ORDER, batch_size=32)),
         batch_size=32, num_workers=2, collate_fn=fastdata.collate)
     got = [(x.numpy().tobytes(), y.tolist()) for x, y in loader]
     assert got == [(x.numpy().tobytes(), y.tolist()) for x, y in local]

@@ -29,6 +29,7 @@ FORMATS = [
     ("tar", "d-%06d.tar", "d.tar.fastdata.json"),
 ]
 IDS = [f[0] for f in FORMATS]
+BYTES = fastdata.Decode(output="bytes")  # the stored payloads
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def _pack(src, out, **options):
 
 
 def _records(path) -> list[tuple[str, bytes, int]]:
-    with fastdata.open_dataset(path, output="bytes") as ds:
+    with fastdata.open_dataset(path, decode=BYTES) as ds:
         return [(ds.keys[i], *ds[i]) for i in range(len(ds))]
 
 
@@ -92,8 +93,8 @@ def test_streaming_from_s3_with_two_workers_sees_every_sample_once(tree, s3_serv
                                                                    cache):
     s3_server.make_bucket("stream")
     _pack(tree.root, "s3://stream/d-%06d.tar")
-    ds = fastdata.ShardedIterableDataset("s3://stream/d.tar.fastdata.json", output="bytes",
-                                         shuffle=True, batch_size=4)
+    ds = fastdata.ShardedIterableDataset("s3://stream/d.tar.fastdata.json", decode=BYTES,
+                                         order=fastdata.Order(shuffle=True, batch_size=4))
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
                         collate_fn=lambda b: [bytes(x) for x, _ in b])
     with no_hang(120):
@@ -104,7 +105,7 @@ def test_streaming_from_s3_with_two_workers_sees_every_sample_once(tree, s3_serv
 def test_map_style_dataloader_over_s3_shards(tree, s3_server, s3_env, cache):
     s3_server.make_bucket("mapstyle")
     _pack(tree.root, "s3://mapstyle/d-%05d.tfrecord")
-    ds = fastdata.open_dataset("s3://mapstyle/d.tfrecord.fastdata.json", output="bytes")
+    ds = fastdata.open_dataset("s3://mapstyle/d.tfrecord.fastdata.json", decode=BYTES)
     loader = DataLoader(ds, batch_size=5, num_workers=2, shuffle=True,
                         multiprocessing_context="fork",
                         collate_fn=lambda b: [(bytes(x), y) for x, y in b])
@@ -117,7 +118,7 @@ def test_http_dataset_opens_and_streams(tree, tmp_path, http_server, cache):
     _pack(tree.root, http_server.root / "d-%06d.tar")
     url = f"{http_server.url}/d.tar.fastdata.json"
     assert _records(url) == _records(http_server.root / "d.tar.fastdata.json")
-    stream = fastdata.ShardedIterableDataset(url, output="bytes")
+    stream = fastdata.ShardedIterableDataset(url, decode=BYTES)
     assert Counter(bytes(x) for x, _ in stream) == Counter(tree.payloads)
 
 
@@ -168,7 +169,7 @@ def test_opening_a_dataset_at_a_url_asks_for_each_file_once(tree, tmp_path, cach
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/d.tar.fastdata.json"
-        with fastdata.open_dataset(url, output="bytes") as ds:
+        with fastdata.open_dataset(url, decode=BYTES) as ds:
             assert ds[0] == _records(tmp_path / "www" / "d.tar.fastdata.json")[0][1:]
     finally:
         server.shutdown()
@@ -206,7 +207,7 @@ def test_server_stopped_mid_epoch_is_a_clear_error_not_a_hang(tree, s3_server_fr
         monkeypatch.setenv(name, value)
     s3_server_fresh.make_bucket("stops")
     _pack(tree.root, "s3://stops/d-%06d.tar")
-    ds = fastdata.ShardedIterableDataset("s3://stops/d.tar.fastdata.json", output="bytes",
+    ds = fastdata.ShardedIterableDataset("s3://stops/d.tar.fastdata.json", decode=BYTES,
                                          read_ahead=0)
     ds.reader.read(0)  # open while the server is up
     s3_server_fresh.stop()
@@ -219,7 +220,8 @@ def test_streaming_whole_shards_through_the_cache(tree, s3_server, s3_env, cache
     s3_server.make_bucket("wholeshards")
     _pack(tree.root, "s3://wholeshards/d-%06d.tar")
     ds = fastdata.ShardedIterableDataset("s3://wholeshards/d.tar.fastdata.json",
-                                         output="bytes", shuffle=True, batch_size=4,
+                                         decode=BYTES,
+                                         order=fastdata.Order(shuffle=True, batch_size=4),
                                          remote_read="shards")
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
                         collate_fn=lambda b: [bytes(x) for x, _ in b])

@@ -13,6 +13,7 @@ from fastdata.errors import CorruptDataError
 
 N = 24  # records, in one shard unless a test says otherwise
 BAD = 9  # the damaged record: in the middle of its shard
+BYTES = fastdata.Decode(output="bytes")  # the stored payloads
 
 
 @pytest.fixture
@@ -50,8 +51,8 @@ def _payload_offset(ext: str, index: np.ndarray, record: int, tree) -> int:
     return offset + int(index["size"][record]) - 4 - len(tree.payloads[record]) // 2 - 40
 
 
-def _stream(manifest: str, **options) -> tuple[list, fastdata.ShardedIterableDataset]:
-    ds = fastdata.ShardedIterableDataset(manifest, output="bytes", on_error="skip", **options)
+def _stream(manifest: str, order=None) -> tuple[list, fastdata.ShardedIterableDataset]:
+    ds = fastdata.ShardedIterableDataset(manifest, decode=BYTES, order=order, on_error="skip")
     with no_hang(), pytest.warns(RuntimeWarning, match=r"skipping (\d+ )?corrupt"):
         got = list(ds)
     return got, ds
@@ -99,7 +100,7 @@ def test_zeroed_run_counts_each_damaged_record(tree, tmp_path, ext):
 def test_shard_truncated_while_streaming_counts_every_lost_record(tree, tmp_path, ext):
     manifest, index = _pack(tree, tmp_path, ext, shard_size=N // 2)
     cut = N // 2 + 5  # inside the second shard
-    ds = fastdata.ShardedIterableDataset(manifest, output="bytes", on_error="skip")
+    ds = fastdata.ShardedIterableDataset(manifest, decode=BYTES, on_error="skip")
     assert ds.reader.read(N - 1)  # opened, then the end of the second shard is lost
     with open(_shard(manifest, index, cut), "r+b") as f:
         f.truncate(int(index["offset"][cut]) + 10)
@@ -116,11 +117,11 @@ def test_split_by_record_skips_only_its_own_records(tree, tmp_path, ext):
     manifest, index = _pack(tree, tmp_path, ext)
     _flip(_shard(manifest, index, BAD), _payload_offset(ext, index, BAD, tree))
     mine = BAD % 2
-    got, ds = _stream(manifest, rank=mine, world_size=2)
+    got, ds = _stream(manifest, fastdata.Order(rank=mine, world_size=2))
     assert ds.skipped == 1
     assert got == _expected(tree, [i for i in range(mine, N, 2) if i != BAD])
-    other = fastdata.ShardedIterableDataset(manifest, output="bytes", on_error="skip",
-                                            rank=1 - mine, world_size=2)
+    other = fastdata.ShardedIterableDataset(manifest, decode=BYTES, on_error="skip",
+                                            order=fastdata.Order(rank=1 - mine, world_size=2))
     assert list(other) == _expected(tree, range(1 - mine, N, 2)) and other.skipped == 0
 
 
@@ -129,7 +130,7 @@ def test_raise_stops_at_the_damaged_record(tree, tmp_path, ext):
     manifest, index = _pack(tree, tmp_path, ext)
     path = _shard(manifest, index, BAD)
     _flip(path, _payload_offset(ext, index, BAD, tree))
-    ds = fastdata.ShardedIterableDataset(manifest, output="bytes")
+    ds = fastdata.ShardedIterableDataset(manifest, decode=BYTES)
     got = []
     with no_hang(), pytest.raises(CorruptDataError) as info:
         for sample in ds:

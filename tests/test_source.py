@@ -110,7 +110,7 @@ def test_gif_among_images_keeps_torchvisions_samples_and_indices(tmp_path):
     import fastdata
 
     fastdata.pack(tree.root, tmp_path / "out.lmdb", progress=False)
-    ds = fastdata.open_dataset(tmp_path / "out.lmdb", output="bytes")
+    ds = fastdata.open_dataset(tmp_path / "out.lmdb", decode=fastdata.Decode(output="bytes"))
     assert ds.keys == tree.keys
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
 
@@ -315,7 +315,7 @@ def test_pack_takes_any_source(tmp_path, image_tree):
     assert isinstance(src, Source)
     summary = fastdata.pack(src, tmp_path / "mem.lmdb", progress=False)
     assert summary.records == len(items) and summary.warnings == ["a word from the source"]
-    ds = fastdata.open_dataset(tmp_path / "mem.lmdb", output="bytes")
+    ds = fastdata.open_dataset(tmp_path / "mem.lmdb", decode=fastdata.Decode(output="bytes"))
     assert [(bytes(ds[i][0]), ds[i][1]) for i in range(len(ds))] == [(d, lbl) for _, lbl, d in items]
     assert ds.keys == [k for k, _, _ in items]
     assert ds.manifest.source["kind"] == "memory" and ds.manifest.source["root"] is None
@@ -333,7 +333,7 @@ def test_pack_takes_an_image_folder_source_and_its_subset(tmp_path, image_tree):
     sub = src.subset([3, 0, 5])
     assert sub.classes == src.classes and len(sub) == 3
     fastdata.pack(sub, tmp_path / "c.h5", progress=False)
-    ds = fastdata.open_dataset(tmp_path / "c.h5", output="bytes")
+    ds = fastdata.open_dataset(tmp_path / "c.h5", decode=fastdata.Decode(output="bytes"))
     assert ds.keys == [image_tree.samples[i].key for i in (3, 0, 5)]
     assert ds.targets == [image_tree.samples[i].label for i in (3, 0, 5)]
 

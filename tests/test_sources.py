@@ -137,7 +137,7 @@ def expected_classes(kind: str) -> list[str]:
 
 
 def read_all(path) -> tuple[list, object]:
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
     return [ds[i] for i in range(len(ds))], ds
 
 

@@ -2,7 +2,7 @@
 StatefulDataLoader (same ranks and workers), elastically with other ranks and
 workers, and with a plain DataLoader from ``resume_point(batches=k)``.
 
-Ranks are simulated with ``rank=`` / ``world_size=`` in one process (no
+Ranks are simulated with ``Order(rank=, world_size=)`` in one process (no
 process group is needed for that); workers are real forked DataLoader
 workers. A sample is identified by its payload bytes (every image differs).
 """
@@ -13,18 +13,18 @@ import gc
 import json
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import UNEVEN_COUNTS, build_tree, uneven_spec
 from torch.utils.data import DataLoader
+from worker_pids import CollatedIn, assert_workers_did_it
 
 import fastdata
 from fastdata.errors import CorruptDataError
 from fastdata.order.epochs import Shuffle, epoch_order
-
-from conftest import UNEVEN_COUNTS, build_tree, uneven_spec
-from worker_pids import CollatedIn, assert_workers_did_it
 
 # In the test extra; the plain-DataLoader resume needs no torchdata, but most tests do.
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
@@ -37,7 +37,8 @@ pytestmark = pytest.mark.filterwarnings(
 RECORDS = sum(UNEVEN_COUNTS)
 BATCH = 4
 STEPS = -(-RECORDS // BATCH)  # batches of an epoch in one process: 12, the last of 3
-ORDER = dict(seed=9, shuffle_block=2, shuffle_window=10)
+ORDER = fastdata.Order(seed=9, block=2, window=10, batch_size=BATCH)
+BYTES = fastdata.Decode(output="bytes")  # the stored payloads
 
 
 def _pack(root: Path, counts=UNEVEN_COUNTS):
@@ -66,9 +67,10 @@ class Numbers:
         return out
 
 
-def _stream(manifest, **options) -> fastdata.ShardedIterableDataset:
-    options = {"output": "bytes", "batch_size": BATCH, **ORDER, **options}
-    return fastdata.ShardedIterableDataset(manifest, **options)
+def _stream(manifest, decode=BYTES, on_error="raise", **order) -> fastdata.ShardedIterableDataset:
+    """The pack as a stream read in ORDER with the fields ``order`` changed."""
+    return fastdata.ShardedIterableDataset(manifest, decode=decode, order=replace(ORDER, **order),
+                                           on_error=on_error)
 
 
 def _stateful(ds, tree, workers: int) -> StatefulDataLoader:
@@ -110,21 +112,21 @@ def test_a_resume_draws_the_crops_of_the_saved_epoch(packed_stream, workers):
     import torch
 
     tree, manifest = packed_stream
-    crop = dict(output="numpy", crop=fastdata.RandomResizedCrop(4), shuffle=True)
+    crop = fastdata.Decode(output="numpy", crop=fastdata.RandomResizedCrop(4))
 
     def loader(ds):
         return StatefulDataLoader(ds, batch_size=BATCH, num_workers=workers,
                                   multiprocessing_context="fork" if workers else None)
 
-    ds = _stream(manifest, **crop)
+    ds = _stream(manifest, crop, shuffle=True)
     ds.set_epoch(1)
     full = [images for images, _ in loader(ds)]
-    first_loader = loader(_stream(manifest, **crop))
+    first_loader = loader(_stream(manifest, crop, shuffle=True))
     first_loader.dataset.set_epoch(1)
     it = iter(first_loader)
     first = [next(it)[0] for _ in range(3)]
     state = first_loader.state_dict()
-    resumed = loader(_stream(manifest, **crop))  # a new process: no set_epoch()
+    resumed = loader(_stream(manifest, crop, shuffle=True))  # a new process: no set_epoch()
     resumed.load_state_dict(state)
     rest = [images for images, _ in resumed]
     assert len(first) + len(rest) == len(full)
@@ -274,8 +276,8 @@ def test_same_order_for_any_number_of_workers(packed_stream, shuffle, tmp_path):
     for workers, log in logs.items():  # each of the workers made some of the batches
         assert_workers_did_it(log, workers)
     assert all(run == runs[0] for run in runs[1:])  # batch by batch
-    expected = epoch_order(RECORDS, Shuffle(shuffle, ORDER["seed"], ORDER["shuffle_block"],
-                                            ORDER["shuffle_window"]), 1).tolist()
+    expected = epoch_order(RECORDS, Shuffle(shuffle, ORDER.seed, ORDER.block, ORDER.window),
+                           1).tolist()
     assert _flat(runs[0]) == expected
     if shuffle:
         assert _epoch(manifest, tree, 2, 2, shuffle=True) != runs[0]
@@ -322,8 +324,8 @@ def test_refuses_a_state_of_another_dataset(saved, tmp_path):
 @pytest.mark.parametrize("options, named", [
     (dict(seed=10), "seed 9 now 10"),
     (dict(shuffle=False), "shuffle True now False"),
-    (dict(shuffle_block=3), "block 2 now 3"),
-    (dict(shuffle_window=20), "window 10 now 20"),
+    (dict(block=3), "block 2 now 3"),
+    (dict(window=20), "window 10 now 20"),
 ])
 def test_refuses_a_state_of_another_order(packed_stream, saved, options, named):
     tree, manifest = packed_stream
@@ -428,18 +430,16 @@ def test_persistent_workers_follow_set_epoch(packed_stream, context):
 
 def test_fastdata_loader_gives_the_stream_its_batch_size(packed_stream):
     _, manifest = packed_stream
-    ds = fastdata.ShardedIterableDataset(manifest, output="bytes")
-    fastdata.loader(ds, batch_size=6, num_workers=0)
-    assert ds.batch_size == 6
-    with pytest.raises(ValueError, match="batch_size=6 but the loader's batch_size is 8"):
-        fastdata.loader(ds, batch_size=8, num_workers=0)
+    ds = fastdata.ShardedIterableDataset(manifest, decode=BYTES)
+    assert ds.batch_size is None
+    fastdata.loader(ds, num_workers=0)
+    assert ds.batch_size == 64  # the loader's, as the order names none
 
 
 def test_whole_shard_blocks_bound_the_shards_of_a_window(packed_stream):
     tree, manifest = packed_stream
-    ds = fastdata.ShardedIterableDataset(manifest, output="bytes", shuffle=True, seed=4,
-                                         shuffle_block="shard", shuffle_window=10,
-                                         batch_size=BATCH)
+    ds = fastdata.ShardedIterableDataset(manifest, decode=BYTES, order=fastdata.Order(
+        shuffle=True, seed=4, block="shard", window=10, batch_size=BATCH))
     seen = [n for batch in _plain(ds, tree, 2) for n in batch]
     assert sorted(seen) == list(range(RECORDS))
     shard_of = ds.reader.shards_of
@@ -452,4 +452,4 @@ def test_whole_shard_blocks_bound_the_shards_of_a_window(packed_stream):
         assert len(shard_of(order[start:start + 10].tolist())) <= 2
     assert ds.state_dict()["order"]["block"] == "shard"
     with pytest.raises(ValueError, match="block must be"):
-        fastdata.ShardedIterableDataset(manifest, shuffle_block="shards")
+        fastdata.Order(block="shards")

@@ -38,6 +38,7 @@ from tfrecord.torch.dataset import TFRecordDataset as PkgTFRecordDataset  # noqa
 
 # 18 images, 3 classes, mixed encodings; shard_size=3 gives 6 shards of 3.
 SPEC = uniform_spec(per_class=6, exts=(".png", ".jpg", ".bmp"))
+BYTES = fastdata.Decode(output="bytes")  # the stored payloads
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def test_round_trip_bit_exact_sharded(sharded):
             assert [(i, d) for i, d, _ in reader] == list(enumerate(tree.payloads))
             assert reader.read(-1) == tree.payloads[-1]
 
-    ds = fastdata.open_dataset(summary.output, output="bytes")
+    ds = fastdata.open_dataset(summary.output, decode=BYTES)
     assert isinstance(ds, fastdata.TFRecordDataset)
     assert [ds[i] for i in range(len(ds))] == list(zip(tree.payloads, tree.labels))
     assert ds.__getitems__([17, 0, 5]) == [(tree.payloads[i], tree.labels[i]) for i in (17, 0, 5)]
@@ -215,9 +216,9 @@ def test_reads_files_written_by_the_tfrecord_package(tmp_path, tree):
     single = TFRecordReader(a)  # one file by name: no manifest, scanned
     assert single.read_many(range(10)) == tree.payloads[:10]
 
-    ds = fastdata.TFRecordDataset(files, output="bytes")
+    ds = fastdata.TFRecordDataset(files, decode=BYTES)
     assert [ds[i] for i in range(18)] == list(zip(tree.payloads, tree.labels))
-    stream = fastdata.ShardedIterableDataset(files, output="bytes")
+    stream = fastdata.ShardedIterableDataset(files, decode=BYTES)
     assert list(stream) == list(zip(tree.payloads, tree.labels))
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
     with no_hang(60):
@@ -239,9 +240,9 @@ def test_other_feature_names_need_feature_keys(tmp_path, tree):
     reader = TFRecordReader(path, feature_keys=keys)
     assert reader.read_many(range(18)) == tree.payloads
     assert reader.labels.tolist() == tree.labels
-    ds = fastdata.TFRecordDataset(path, output="bytes", feature_keys=keys)
+    ds = fastdata.TFRecordDataset(path, decode=BYTES, feature_keys=keys)
     assert ds[3] == (tree.payloads[3], tree.labels[3])
-    stream = fastdata.ShardedIterableDataset(path, output="bytes", feature_keys=keys)
+    stream = fastdata.ShardedIterableDataset(path, decode=BYTES, feature_keys=keys)
     assert list(stream) == list(zip(tree.payloads, tree.labels))
 
     with pytest.raises(ManifestError, match="'image/class/label'"):
@@ -355,15 +356,15 @@ def test_flipped_data_byte_fails_crc_with_file_and_offset(sharded):
     assert f"byte offset {offset}" in str(info.value)
     assert "CRC32C" in str(info.value)
 
-    stream = fastdata.ShardedIterableDataset(summary.output, output="bytes")
+    stream = fastdata.ShardedIterableDataset(summary.output, decode=BYTES)
     with no_hang(), pytest.raises(CorruptDataError, match=f"offset {offset}"):
         list(stream)
-    skipping = fastdata.ShardedIterableDataset(summary.output, output="bytes", on_error="skip")
+    skipping = fastdata.ShardedIterableDataset(summary.output, decode=BYTES, on_error="skip")
     with no_hang(), pytest.warns(RuntimeWarning, match="skipping corrupt"):
         got = list(skipping)
     assert len(got) == 18 - 1 and skipping.skipped == 1  # the rest of that shard is dropped
 
-    ds = fastdata.TFRecordDataset(summary.output, output="bytes", on_error="skip")
+    ds = fastdata.TFRecordDataset(summary.output, decode=BYTES, on_error="skip")
     with pytest.warns(RuntimeWarning):
         assert ds.__getitems__([4, 5, 6]) == [(tree.payloads[i], tree.labels[i]) for i in (4, 6)]
 
@@ -439,8 +440,8 @@ def test_not_a_tfrecord_file(tmp_path):
 def test_iterable_two_workers_every_sample_once(tmp_path, tree, shard_size, shuffle):
     summary = fastdata.pack(tree.root, tmp_path / "out" / "s.tfrecord",
                             options=PackOptions(shard_size=shard_size), progress=False)
-    stream = fastdata.ShardedIterableDataset(summary.output, output="bytes", shuffle=shuffle,
-                                             shuffle_buffer=4, seed=1)
+    stream = fastdata.ShardedIterableDataset(
+        summary.output, decode=BYTES, order=fastdata.Order(shuffle=shuffle, window=4, seed=1))
     assert len(stream.reader.shard_paths) == (6 if shard_size == 3 else 1)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
     with no_hang(60):
@@ -470,7 +471,7 @@ def test_overwrite_replaces_shards_and_idx(sharded, tmp_path):
 
 def test_reader_pickles_and_reads_in_workers(sharded):
     summary, tree = sharded
-    ds = fastdata.TFRecordDataset(summary.output, output="bytes")
+    ds = fastdata.TFRecordDataset(summary.output, decode=BYTES)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2,
                                          collate_fn=lambda batch: batch)
     got = [s for batch in loader for s in batch]

@@ -136,7 +136,7 @@ def _data_file(fmt: str, out) -> bytes:
 
 
 def _read_back(out) -> tuple[list, list, list]:
-    with fastdata.open_dataset(out, output="bytes") as ds:
+    with fastdata.open_dataset(out, decode=fastdata.Decode(output="bytes")) as ds:
         samples = [ds[i] for i in range(len(ds))]
         keys = list(ds.keys)
     return [bytes(p) for p, _ in samples], [int(label) for _, label in samples], keys
