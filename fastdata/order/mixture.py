@@ -18,8 +18,9 @@ share of the epoch, or a ``count`` of samples per epoch) has epochs of
 - **Where they go.** The sources are spread through the epoch, not
   concatenated: the j-th sample of source s sits at key ``(j + u_s) / count_s``
   (``u_s`` a random phase in [0, 1) per source and epoch), and the epoch is the
-  samples sorted by key. Any run of consecutive samples then holds each source
-  in its share to within one sample.
+  samples sorted by key. Any run of consecutive samples then holds a source
+  of share f in its share to within 1 + (k - 2) f samples, k the sources in
+  the epoch: within one for two sources.
 
 Ranks, workers, batches and resume positions are those of any dataset: the
 mixture's epoch is a sequence of ``samples_per_epoch`` positions sliced by
