@@ -19,6 +19,7 @@ from conftest import TESTS_DIR, build_tree, largest_data_file, run_python, trunc
 from torch.utils.data import DataLoader, IterableDataset
 
 import fastdata
+from fastdata import Decode
 from fastdata.formats import FORMATS, detect_format
 
 
@@ -78,7 +79,7 @@ def test_detect_and_open(contract):
 
 def test_round_trip_bytes(contract):
     _, tree, out, _, _, _ = contract
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     assert len(ds) == len(tree.samples)
     assert ds.classes == tree.classes
     assert ds.class_to_idx == {c: i for i, c in enumerate(tree.classes)}
@@ -109,7 +110,7 @@ def test_reader_contract(contract):
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork here")
 def test_dataloader_two_workers(contract):
     _, tree, out, _, _, _ = contract
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
                         collate_fn=_as_list, timeout=120)
     got = Counter((bytes(img), label) for batch in loader for img, label in batch)
@@ -128,7 +129,7 @@ _READ_EVERYTHING = """
     path = sys.argv[1]
 
     def dataset():
-        ds = fastdata.open_dataset(path, output="bytes")
+        ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
         if isinstance(ds, IterableDataset):
             for _ in ds:
                 pass
@@ -194,21 +195,11 @@ def test_a_broken_registry_entry_fails_instead_of_skipping():
 
 
 def test_a_format_names_no_layer_above_it():
-    """The formats' registry entries name no torch Dataset and no DALI adapter:
-    those layers register theirs; the old FormatSpec fields warn."""
-    import warnings
-
+    """The torch Dataset and the DALI reader of a format come from those layers'
+    own registries, not from the format's registry entry."""
     from fastdata.dali.readers import DALI_READERS, dali_reader
-    from fastdata.formats import FORMATS, FormatSpec
-    from fastdata.loaders.datasets import DATASET_CLASSES, PackedDataset, dataset_class
+    from fastdata.formats import FORMATS
+    from fastdata.loaders.datasets import DATASET_CLASSES, dataset_class
 
-    assert all(spec.dataset is None and spec.dali is None for spec in FORMATS.values())
     assert dataset_class(FORMATS["tar"]) is DATASET_CLASSES["tar"]
     assert dali_reader(FORMATS["tfrecord"]) is DALI_READERS["tfrecord"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = FormatSpec(name="old", extensions=(".old",), writer="w:W", reader="r:R", help="",
-                         dataset="fastdata.loaders.datasets:PackedDataset")
-    assert any(issubclass(w.category, DeprecationWarning) and "register_dataset" in
-               str(w.message) for w in caught)
-    assert dataset_class(old) is PackedDataset
