@@ -3,10 +3,10 @@ process per rank, each with 2 forked DataLoader workers), over tar packs of 7
 and 10 uneven shards whose 47 records divide by neither 2 nor 3 ranks.
 
 What every rank must see, with ``Order(batch_size=B)`` on the dataset and
-``batch_size=B`` on its DataLoader: the same number of batches (so DistributedDataParallel never
-waits for a rank that ran out); every record at least once and fewer than
-``world`` repeats (padding), or each at most once with fewer than ``world``
-left out (``drop_last``); and, taken round by round (rank 0's batch t, rank
+``batch_size=B`` on its DataLoader: the same number of batches (so
+DistributedDataParallel never waits for a rank that ran out); every record at
+least once and fewer than ``world`` repeats (padding), or each at most once
+with fewer than ``world`` left out (``drop_last``); and, taken round by round (rank 0's batch t, rank
 1's batch t, ...), exactly the one order of the epoch that a single process
 reads. Map-style reading with ``fastdata.EpochBatches`` and the same order
 options gives every rank the stream's batches. A DDP training loop over the
