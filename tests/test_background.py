@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.loaders.background import BackgroundBatches
 from conftest import build_tree, uniform_spec
 
@@ -137,9 +138,9 @@ def test_loader_without_workers_makes_batches_ahead_with_the_same_crops(lmdb_pho
 
 
 def test_loader_with_workers_leaves_them_to_run_ahead(lmdb_photos):
-    ds = fastdata.open_dataset(lmdb_photos, size=(16, 16))
-    loader = fastdata.loader(ds, batch_size=8, num_workers=1, device="cpu",
-                             persistent_workers=False)
+    ds = fastdata.open_dataset(lmdb_photos, decode=Decode(size=(16, 16)),
+                               order=Order(shuffle=True, batch_size=8))
+    loader = fastdata.loader(ds, num_workers=1, device="cpu", persistent_workers=False)
     assert loader.background == 0
     assert sum(len(labels) for _, labels in loader) == len(ds)
 
@@ -148,13 +149,6 @@ def test_a_negative_run_ahead_is_refused(lmdb_photos):
     ds = fastdata.open_dataset(lmdb_photos)
     with pytest.raises(ValueError, match="run_ahead must be 0 or more"):
         fastdata.loader(ds, num_workers=0, device="cpu", run_ahead=-1)
-
-
-def test_the_old_background_name_still_works(lmdb_photos):
-    ds = fastdata.open_dataset(lmdb_photos, order=fastdata.Order(batch_size=8))
-    with pytest.warns(DeprecationWarning, match=r"loader\(background=\).*run_ahead="):
-        loader = fastdata.loader(ds, num_workers=0, device="cpu", background=3)
-    assert loader.background == 3
 
 
 def test_the_overlap_benchmark_prints_every_row(tmp_path):
@@ -242,7 +236,7 @@ def test_a_stream_run_ahead_still_has_the_position_of_what_the_loop_took(tmp_pat
 def test_a_loader_that_keeps_a_resume_state_is_refused(lmdb_photos):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    ds = fastdata.open_dataset(lmdb_photos, size=(16, 16))
+    ds = fastdata.open_dataset(lmdb_photos, decode=Decode(size=(16, 16)))
     stateful = StatefulDataLoader(ds, batch_size=4, collate_fn=fastdata.collate)
     with pytest.raises(ValueError, match="StatefulDataLoader keeps a state_dict"):
         BackgroundBatches(stateful)

@@ -291,7 +291,7 @@ def test_limit_packs_exactly_the_baseline_samples(tiny_folder, tmp_path):
                               variants=bm.parse_variants("keep", 8), limit=10, seed=3)
     base, packed = targets
     assert packed.error is None and base.count == packed.count == 10
-    ds = fastdata.open_dataset(packed.path, output="bytes")
+    ds = fastdata.open_dataset(packed.path, decode=fastdata.Decode(output="bytes"))
     assert ds.keys == [os.path.relpath(p, tiny_folder).replace(os.sep, "/")
                        for p, _ in base.samples]
     assert ds.targets == [label for _, label in base.samples]

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.errors import FastDataError
 from fastdata.loaders import cache as cache_mod
 from fastdata.packers.pack import PackOptions
@@ -58,7 +59,7 @@ def test_cached_results_equal_uncached(packed):
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_workers_share_one_copy(packed, ctx):
-    ds = fastdata.open_dataset(packed, cache="ram", output="bytes")
+    ds = fastdata.open_dataset(packed, cache="ram", decode=Decode(output="bytes"))
     name = ds.cache.name
     loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, shuffle=True,
                                          persistent_workers=True, multiprocessing_context=ctx,
@@ -189,15 +190,16 @@ class _null:
 
 
 def test_decoded_cache_equals_decoding(packed):
-    plain = fastdata.open_dataset(packed, size=(32, 32))
-    cached = fastdata.open_dataset(packed, size=(32, 32), cache="decoded")
+    plain = fastdata.open_dataset(packed, decode=Decode(size=(32, 32)))
+    cached = fastdata.open_dataset(packed, decode=Decode(size=(32, 32)), cache="decoded")
     assert cached.cache.pixels.shape == (len(plain), 32, 32, 3)
     for i in (0, 7, -1):
         assert torch.equal(plain[i][0], cached[i][0]) and plain[i][1] == cached[i][1]
     batch = cached.__getitems__([4, 2, 9])
     assert torch.equal(batch.images[1], plain[2][0])
     assert [int(x) for x in batch.labels] == [plain[4][1], plain[2][1], plain[9][1]]
-    numpy_ds = fastdata.open_dataset(packed, size=(32, 32), cache="decoded", output="numpy")
+    numpy_ds = fastdata.open_dataset(packed, decode=Decode(size=(32, 32), output="numpy"),
+                                     cache="decoded")
     assert numpy_ds[3][0].shape == (32, 32, 3)
     loader = torch.utils.data.DataLoader(cached, batch_size=16, num_workers=2,
                                          multiprocessing_context="spawn",
@@ -210,7 +212,8 @@ def test_decoded_cache_needs_one_size(packed):
     with pytest.raises(FastDataError, match=r"needs one image size"):
         fastdata.open_dataset(packed, cache="decoded")
     with pytest.raises(FastDataError, match="keep_gray"):
-        fastdata.open_dataset(packed, size=(8, 8), keep_gray=True, cache="decoded")
+        fastdata.open_dataset(packed, decode=Decode(size=(8, 8), keep_gray=True),
+                              cache="decoded")
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "h5", "tar"])
@@ -235,10 +238,10 @@ def test_ram_cache_with_skip_leaves_out_a_corrupt_record(image_tree, tmp_path, f
     else:
         raise AssertionError("record bytes not found")
     with pytest.raises(CorruptDataError):
-        fastdata.open_dataset(path, cache="ram", output="bytes", progress=False)
+        fastdata.open_dataset(path, cache="ram", decode=Decode(output="bytes"), progress=False)
     with pytest.warns(RuntimeWarning, match="skipping corrupt record 3"):
-        ds = fastdata.open_dataset(path, cache="ram", output="bytes", on_error="skip",
-                                   progress=False)
+        ds = fastdata.open_dataset(path, cache="ram", decode=Decode(output="bytes"),
+                                   on_error="skip", progress=False)
         got = [ds[i] for i in range(len(ds))]
         batch = ds.__getitems__(list(range(len(ds))))
     want = [(s.data, s.label) for i, s in enumerate(image_tree.samples) if i != bad]
@@ -255,11 +258,10 @@ def test_ram_cache_with_skip_leaves_out_a_corrupt_record(image_tree, tmp_path, f
 def test_loader_gives_the_same_kind_of_batch_on_every_machine(packed, device, recwarn):
     # Without a GPU, the call a training script makes still returns normalised
     # float16 batches (on the CPU), with no warning about CUDA.
-    ds = fastdata.open_dataset(packed, size=(16, 16))
+    ds = fastdata.open_dataset(packed, decode=Decode(size=(16, 16)), order=Order(batch_size=8))
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    images, labels = next(iter(fastdata.loader(ds, batch_size=8, num_workers=0, shuffle=False,
-                                               device=device, mean=mean, std=std,
-                                               dtype=torch.float16)))
+    images, labels = next(iter(fastdata.loader(ds, num_workers=0, device=device, mean=mean,
+                                               std=std, dtype=torch.float16)))
     raw = torch.stack([ds[i][0] for i in range(8)]).float()
     expected = (raw - torch.tensor(mean).view(1, 3, 1, 1) * 255) / (
         torch.tensor(std).view(1, 3, 1, 1) * 255)

@@ -27,6 +27,7 @@ from conftest import (
 from PIL import Image
 
 import fastdata
+from fastdata import Decode
 from fastdata.cli import main
 from fastdata.errors import FastDataError
 
@@ -113,7 +114,7 @@ def test_pack_success_output(image_tree, tmp_path):
     # The empty class is a warning on stderr, not an error.
     assert "warning:" in result.stderr and "z_empty" in result.stderr
     assert "Traceback" not in result.output
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in image_tree.samples]
     assert list_partials(tmp_path) == []
 
@@ -160,7 +161,7 @@ def test_bad_images_are_skipped_and_reported(bad_tree, tmp_path):
     report = json.loads(Path(summary["report"]).read_text())
     assert report["skipped"] == summary["skipped"]
     assert report["output"] == out.name  # the report travels: no machine's folders
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     assert ds.keys == ["a/ok1.png", "a/ok2.jpg", "c/ok3.bmp"]
     assert ds.classes == ["a", "b", "c"]
     assert fastdata.formats.read_manifest(out).source["skipped"] == len(expected)
@@ -459,7 +460,7 @@ def test_format_option_with_odd_extension(image_tree, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["format"] == "lmdb"
     assert fastdata.formats.read_manifest(out).format == "lmdb"
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in image_tree.samples]
     info = invoke("info", out)
     assert info.exit_code == 0, info.output

@@ -21,7 +21,7 @@ from conftest import build_tree, no_hang, uniform_spec
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata import storage
+from fastdata import Decode, Order, storage
 from fastdata.errors import FastDataError, StorageError
 
 pytest.importorskip("obstore")
@@ -58,7 +58,7 @@ def _pack(src, out):
 
 
 def _records(path) -> list[tuple[str, bytes, int]]:
-    with fastdata.open_dataset(path, output="bytes") as ds:
+    with fastdata.open_dataset(path, decode=Decode(output="bytes")) as ds:
         return [(ds.keys[i], *ds[i]) for i in range(len(ds))]
 
 
@@ -76,8 +76,9 @@ def test_pack_straight_to_azure_gives_the_local_records(tree, local_records, azu
 def test_streaming_from_azure_with_two_workers_sees_every_sample_once(tree, azure_env):
     container = azure_env.make_container("stream")
     _pack(tree.root, f"{container}/d-%06d.tar")
-    ds = fastdata.ShardedIterableDataset(f"{container}/d.tar.fastdata.json", output="bytes",
-                                         shuffle=True, batch_size=4)
+    ds = fastdata.ShardedIterableDataset(f"{container}/d.tar.fastdata.json",
+                                         decode=Decode(output="bytes"),
+                                         order=Order(shuffle=True, batch_size=4))
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
                         collate_fn=lambda b: [bytes(x) for x, _ in b])
     with no_hang(60):

@@ -9,6 +9,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.loaders.collate import Batch
 from fastdata.packers.pack import PackOptions
 from fastdata.packers.preprocess import Preprocess
@@ -62,14 +63,16 @@ def test_mixed_sizes_fall_back_to_samples(tree, tmp_path):
     with pytest.warns(fastdata.MixedSizeWarning, match="differ in size"):
         with pytest.raises(RuntimeError):
             next(iter(DataLoader(ds, batch_size=3)))
-    assert isinstance(fastdata.open_dataset(ds.path, size=(8, 8)).__getitems__([0, 1, 2]), Batch)
+    sized = fastdata.open_dataset(ds.path, decode=Decode(size=(8, 8)))
+    assert isinstance(sized.__getitems__([0, 1, 2]), Batch)
 
 
 def test_transform_or_other_outputs_keep_per_sample_path(tree, tmp_path):
     path = _pack(tree, tmp_path, "t", resize=(16, 16))
     assert isinstance(fastdata.open_dataset(path, transform=lambda x: x).__getitems__([0, 1]),
                       list)
-    assert isinstance(fastdata.open_dataset(path, output="numpy").__getitems__([0, 1]), list)
+    as_numpy = fastdata.open_dataset(path, decode=Decode(output="numpy"))
+    assert isinstance(as_numpy.__getitems__([0, 1]), list)
 
 
 def test_dataloader_with_fastdata_collate(tree, tmp_path):
@@ -85,7 +88,8 @@ def test_dataloader_with_fastdata_collate(tree, tmp_path):
 
 
 def test_mixed_sizes_get_an_error_that_says_what_to_do(tree, tmp_path):
-    ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"))
+    ds = fastdata.open_dataset(_pack(tree, tmp_path, "mixed"),
+                               order=Order(shuffle=True, batch_size=6))
     with pytest.warns(fastdata.MixedSizeWarning, match=r"size=\(h, w\)") as caught:
         # torch's own collate fails with a message that does not say why; the
         # warning before it does, once per process.
@@ -102,7 +106,7 @@ def test_mixed_sizes_get_an_error_that_says_what_to_do(tree, tmp_path):
         for _ in DataLoader(ds, batch_size=6, collate_fn=fastdata.collate):
             pass
     with pytest.raises(fastdata.FastDataError, match="differ in size"):
-        for _ in fastdata.loader(ds, batch_size=6, num_workers=0):
+        for _ in fastdata.loader(ds, num_workers=0):
             pass
 
 
@@ -118,14 +122,14 @@ def test_mixed_sizes_are_fine_where_nothing_stacks_them(tree, tmp_path):
         warnings.simplefilter("error", fastdata.MixedSizeWarning)  # no warning is given
         batches = list(DataLoader(ds, **keep_lists))
         streamed = list(DataLoader(stream, **keep_lists))
-        looped = list(fastdata.ShardedIterableDataset(out, output="numpy"))
+        looped = list(fastdata.ShardedIterableDataset(out, decode=Decode(output="numpy")))
         got = ds.__getitems__(list(range(6)))  # asked for directly: a list of samples
     assert sum(len(images) for images, _ in batches) == len(ds) == len(looped)
     assert sum(len(images) for images, _ in streamed) == len(ds) and len(got) == 6
     # One size: no warning, stacked.
     with warnings.catch_warnings():
         warnings.simplefilter("error", fastdata.MixedSizeWarning)
-        sized = fastdata.open_dataset(ds.path, size=(16, 16))
+        sized = fastdata.open_dataset(ds.path, decode=Decode(size=(16, 16)))
         images, _ = next(iter(DataLoader(sized, batch_size=6)))
     assert images.shape == (6, 3, 16, 16)
 
@@ -138,21 +142,21 @@ def test_streamed_mixed_sizes_warn(tree, tmp_path):
         with pytest.raises(RuntimeError):
             for _ in DataLoader(ds, batch_size=6):
                 pass
-    sized = fastdata.ShardedIterableDataset(out, size=(16, 16))
+    sized = fastdata.ShardedIterableDataset(out, decode=Decode(size=(16, 16)))
     assert sum(len(y) for _, y in DataLoader(sized, batch_size=6)) == 20
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fixed_size_batch_filled_by_decode_threads_equals_samples(tree, tmp_path, threads):
-    # size=(h, w) and crop= fix every image's shape: the decode threads copy
-    # each image into the batch tensor; the batch must equal the samples.
+    # Decode(size=(h, w)) and Decode(crop=) fix every image's shape: the decode
+    # threads copy each image into the batch tensor; the batch must equal the samples.
     path = _pack(tree, tmp_path, f"fill{threads}")  # mixed stored sizes
-    for options in ({"size": (10, 14)}, {"crop": fastdata.RandomResizedCrop((9, 7))}):
-        ds = fastdata.open_dataset(path, decode_threads=threads, **options)
+    for decode in (Decode(size=(10, 14)), Decode(crop=fastdata.RandomResizedCrop((9, 7)))):
+        ds = fastdata.open_dataset(path, decode_threads=threads, decode=decode)
         indices = list(range(len(ds)))[::-1]
         batch = ds.__getitems__(indices)
         assert isinstance(batch, Batch)
-        h, w = options.get("size") or options["crop"].size
+        h, w = decode.size or decode.crop.size
         assert batch.images.shape == (len(indices), 3, h, w)
         for k, i in enumerate(indices):
             assert torch.equal(batch.images[k], ds[i][0])
@@ -166,10 +170,11 @@ def test_fixed_size_batch_with_a_failed_record_skips_it(tmp_path):
         Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(src / f"{i}.png")
     out = str(tmp_path / "bad.lmdb")
     fastdata.pack(str(tmp_path / "src"), out, options=PackOptions(workers=1), progress=False)
-    ds = fastdata.open_dataset(out, size=(8, 8), on_error="skip", decode_threads=2,
-                               max_pixels=100)  # every 12x12 image is over the limit
+    # Every 12x12 image is over the limit.
+    ds = fastdata.open_dataset(out, decode=Decode(size=(8, 8), max_pixels=100), on_error="skip",
+                               decode_threads=2)
     with pytest.warns(RuntimeWarning, match="skipping undecodable record"):
         assert ds.__getitems__([0, 1, 2]) == []
-    ok = fastdata.open_dataset(out, size=(8, 8), decode_threads=2)
+    ok = fastdata.open_dataset(out, decode=Decode(size=(8, 8)), decode_threads=2)
     batch = ok.__getitems__([3, 0])
     assert isinstance(batch, Batch) and torch.equal(batch.images[0], ok[3][0])

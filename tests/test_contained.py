@@ -37,6 +37,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the opens outside are watched with inotify (Linux)")
 
 SECRET = "s3cr3tPW9"
+#: Samples as the stored bytes, undecoded.
+BYTES = fastdata.Decode(output="bytes")
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +142,10 @@ def test_links_out_are_read_when_asked_for(world, tmp_path):
     path, original = _linked(world, tmp_path, tmp_path / "other-disk")
     with pytest.raises(UnsafeNameError, match="allow_outside=True"):
         fastdata.open_dataset(path)
-    with fastdata.open_dataset(path, output="bytes", allow_outside=True) as ds, \
-            fastdata.open_dataset(original, output="bytes") as same:
+    with fastdata.open_dataset(path, decode=BYTES, allow_outside=True) as ds, \
+            fastdata.open_dataset(original, decode=BYTES) as same:
         assert [ds[i] for i in range(len(ds))] == [same[i] for i in range(len(same))]
-    stream = fastdata.ShardedIterableDataset(path, output="bytes", allow_outside=True)
+    stream = fastdata.ShardedIterableDataset(path, decode=BYTES, allow_outside=True)
     assert len(list(stream)) == len(same)
     assert verify_dataset(path, allow_outside=True).ok
     for command in (["info"], ["verify"]):
@@ -165,14 +167,14 @@ def test_another_tools_shards_found_by_a_pattern_stay_inside_too(tmp_path):
     with pytest.raises(UnsafeNameError, match="shard 'wds-000001.tar' leads through a "
                                               "symbolic link"):
         fastdata.open_dataset(pattern)
-    with fastdata.open_dataset(pattern, output="bytes", allow_outside=True) as ds:
+    with fastdata.open_dataset(pattern, decode=BYTES, allow_outside=True) as ds:
         assert [ds[i][0] for i in range(len(ds))] == [data for _, data, _ in samples]
 
 
 def test_links_inside_the_folder_are_followed(world, tmp_path):
     path, original = _linked(world, tmp_path, tmp_path / "ds" / "store")
-    with fastdata.open_dataset(path, output="bytes") as ds, \
-            fastdata.open_dataset(original, output="bytes") as same:
+    with fastdata.open_dataset(path, decode=BYTES) as ds, \
+            fastdata.open_dataset(original, decode=BYTES) as same:
         assert [ds[i] for i in range(len(ds))] == [same[i] for i in range(len(same))]
 
 
@@ -189,7 +191,7 @@ def test_a_list_of_your_own_may_name_files_elsewhere(world, tmp_path):
     result = CliRunner().invoke(main, ["pack", str(listed), str(out), "--allow-outside",
                                        "--no-progress", "--workers", "1"])
     assert result.exit_code == 0, result.output
-    with fastdata.open_dataset(out, output="bytes") as ds:
+    with fastdata.open_dataset(out, decode=BYTES) as ds:
         assert ds[0][0] == image.read_bytes()
 
 
@@ -238,8 +240,8 @@ def served(world, tmp_path, monkeypatch):
 def test_a_redirect_on_the_same_host_is_followed(served, world):
     url, opened = served
     folder, _ = world.pristine["tar"]
-    with fastdata.open_dataset(f"{url}/moved/{opened}", output="bytes") as ds, \
-            fastdata.open_dataset(os.path.join(folder, opened), output="bytes") as local:
+    with fastdata.open_dataset(f"{url}/moved/{opened}", decode=BYTES) as ds, \
+            fastdata.open_dataset(os.path.join(folder, opened), decode=BYTES) as local:
         assert ds[3] == local[3]
 
 
@@ -281,9 +283,9 @@ def test_a_shard_larger_than_the_manifest_says_is_cut_off_there(world, tmp_path,
     _Oversending.extra, _Oversending.sent[0] = 64 << 20, 0
     server, url = _serve(_Oversending, folder)
     try:
-        stream = fastdata.ShardedIterableDataset(f"{url}/{opened}", output="bytes",
+        stream = fastdata.ShardedIterableDataset(f"{url}/{opened}", decode=BYTES,
                                                  remote_read="shards")
-        with fastdata.open_dataset(os.path.join(folder, opened), output="bytes") as local:
+        with fastdata.open_dataset(os.path.join(folder, opened), decode=BYTES) as local:
             assert sorted(stream) == sorted(local[i] for i in range(len(local)))
         assert verify_dataset(f"{url}/{opened}").ok
     finally:
@@ -370,7 +372,7 @@ def test_a_password_in_a_url_reaches_no_output(world, tmp_path, monkeypatch):
     server, url = _serve(_Guarded, folder)
     try:
         secret_url = url.replace("://", f"://user:{SECRET}@") + "/" + opened
-        with fastdata.open_dataset(secret_url, output="bytes") as ds:  # sent as Basic auth
+        with fastdata.open_dataset(secret_url, decode=BYTES) as ds:  # sent as Basic auth
             assert len(ds[0][0]) > 0
         runner = CliRunner()
         outputs = [runner.invoke(main, ["info", secret_url]),

@@ -22,6 +22,7 @@ from conftest import TESTS_DIR, build_tree, largest_data_file, run_python, trunc
 from torch.utils.data import DataLoader, IterableDataset
 
 import fastdata
+from fastdata import Decode
 from fastdata.formats import FORMATS, detect_format
 
 
@@ -81,7 +82,7 @@ def test_detect_and_open(contract):
 
 def test_round_trip_bytes(contract):
     _, tree, out, _, _, _ = contract
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     assert len(ds) == len(tree.samples)
     assert ds.classes == tree.classes
     assert ds.class_to_idx == {c: i for i, c in enumerate(tree.classes)}
@@ -112,7 +113,7 @@ def test_reader_contract(contract):
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork here")
 def test_dataloader_two_workers(contract):
     _, tree, out, _, _, _ = contract
-    ds = fastdata.open_dataset(out, output="bytes")
+    ds = fastdata.open_dataset(out, decode=Decode(output="bytes"))
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
                         collate_fn=_as_list, timeout=120)
     got = Counter((bytes(img), label) for batch in loader for img, label in batch)
@@ -131,7 +132,7 @@ _READ_EVERYTHING = """
     path = sys.argv[1]
 
     def dataset():
-        ds = fastdata.open_dataset(path, output="bytes")
+        ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"))
         if isinstance(ds, IterableDataset):
             for _ in ds:
                 pass

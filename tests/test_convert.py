@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import build_tree, make_image_bytes, uniform_spec
 
 import fastdata
+from fastdata import Decode
 from fastdata.cli import main
 from fastdata.formats import open_reader
 from fastdata.packers.options import PackOptions
@@ -188,7 +189,7 @@ def test_resize_reencodes(sources, expected, tmp_path):
     got = _contents(summary.output)
     for field in ("keys", "labels", "metadata", "classes"):
         assert got[field] == expected[field], field
-    ds = fastdata.open_dataset(summary.output, output="numpy")
+    ds = fastdata.open_dataset(summary.output, decode=Decode(output="numpy"))
     for i, data in enumerate(got["payloads"]):
         assert data != expected["payloads"][i]
         assert data[:2] == b"\xff\xd8" if expected["payloads"][i][:2] == b"\xff\xd8" \
@@ -216,16 +217,16 @@ def test_raw_dataset_converts_raw_and_bit_exact(raw_lmdb, target, tmp_path):
     assert got == want and got["raw_shape"] == (10, 12, 3)
     manifest = open_reader(summary.output).manifest
     assert manifest.encoding["storage"] == "raw" and manifest.encoding["formats"] == {"raw": 9}
-    a = fastdata.open_dataset(raw_lmdb, output="numpy")
-    b = fastdata.open_dataset(summary.output, output="numpy")
+    a = fastdata.open_dataset(raw_lmdb, decode=Decode(output="numpy"))
+    b = fastdata.open_dataset(summary.output, decode=Decode(output="numpy"))
     assert all(np.array_equal(a[i][0], b[i][0]) for i in range(len(a)))
 
 
 def test_raw_dataset_preprocessed(raw_lmdb, tmp_path):
-    pixels = fastdata.open_dataset(raw_lmdb, output="numpy")
+    pixels = fastdata.open_dataset(raw_lmdb, decode=Decode(output="numpy"))
     png = _convert(raw_lmdb, tmp_path / "png.h5", options={"preprocess": Preprocess(
         encoding="png")})
-    as_png = fastdata.open_dataset(png.output, output="numpy")
+    as_png = fastdata.open_dataset(png.output, decode=Decode(output="numpy"))
     assert png.encodings == {"png": 9}
     assert all(np.array_equal(pixels[i][0], as_png[i][0]) for i in range(9))  # lossless
     small = _convert(raw_lmdb, tmp_path / "small.lmdb",

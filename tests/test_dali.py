@@ -2,7 +2,7 @@
 
 The pipelines run with ``device="cpu"`` (``device_id=None``, DALI's CPU
 decoders); the GPU test skips without CUDA. Pixels are compared with
-``fastdata.open_dataset(path, size=...)``: DALI's resize (linear with
+``fastdata.open_dataset(path, decode=Decode(size=...))``: DALI's resize (linear with
 antialiasing) and its JPEG decoder differ from fastdata's (DCT-scaled decode,
 OpenCV bilinear/area), so they agree within a tolerance, not exactly.
 """
@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 import fastdata
+from fastdata import CenterCrop, Decode, Order
 from fastdata.errors import FastDataError
 from fastdata.packers.preprocess import Preprocess
 
@@ -112,7 +113,7 @@ def index_dir(tmp_path, monkeypatch) -> Path:
 
 
 def reference(path: str, size=SIZE) -> tuple[torch.Tensor, list[int]]:
-    ds = fastdata.open_dataset(path, size=size)
+    ds = fastdata.open_dataset(path, decode=Decode(size=size))
     return torch.stack([ds[i][0] for i in range(len(ds))]), ds.targets
 
 
@@ -145,7 +146,8 @@ def test_cpu_pipeline_matches_fastdata(fmt, datasets, index_dir):
     from fastdata.dali import DALILoader
 
     path = datasets[fmt]
-    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
+    loader = DALILoader(path, decode=Decode(size=SIZE), order=Order(batch_size=BATCH),
+                        device="cpu")
     assert loader.plan.device == "cpu" and loader.plan.device_id is None
     assert loader.plan.reader == {"tfrecord": "tfrecord", "tar": "webdataset"}.get(fmt,
                                                                                    "external")
@@ -167,10 +169,11 @@ def test_cpu_pipeline_matches_fastdata(fmt, datasets, index_dir):
 def test_external_source_reads_sharded_formats_too(fmt, datasets, index_dir):
     from fastdata.dali import DALILoader
 
-    loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu",
-                        reader="external")
+    loader = DALILoader(datasets[fmt], decode=Decode(size=SIZE),
+                        order=Order(batch_size=BATCH), device="cpu", reader="external")
     assert loader.plan.reader == "external"
-    native = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu")
+    native = DALILoader(datasets[fmt], decode=Decode(size=SIZE), order=Order(batch_size=BATCH),
+                        device="cpu")
     a, la, _ = one_epoch(loader)
     b, lb, _ = one_epoch(native)
     assert la.tolist() == lb.tolist()
@@ -187,8 +190,9 @@ def test_two_shards_cover_every_sample_once(fmt, shuffle, datasets, index_dir):
     ref, targets = reference(path)
     seen = []
     for shard in (0, 1):
-        loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shard_id=shard,
-                            num_shards=2, shuffle=shuffle, seed=11)
+        loader = DALILoader(path, decode=Decode(size=SIZE),
+                            order=Order(batch_size=BATCH, rank=shard, world_size=2,
+                                        shuffle=shuffle, seed=11), device="cpu")
         assert len(loader) == 3
         images, labels, sizes = one_epoch(loader)
         assert sizes == [5, 5, 2]
@@ -218,16 +222,16 @@ def test_external_shuffle_is_seeded_and_global(datasets):
 
     path = datasets["lmdb"]
     ref, _ = reference(path)
-    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shuffle=True, seed=3)
+    order = Order(batch_size=BATCH, shuffle=True, seed=3)
+    loader = DALILoader(path, decode=Decode(size=SIZE), order=order, device="cpu")
     first = nearest(one_epoch(loader)[0], ref)
     second = nearest(one_epoch(loader)[0], ref)
     assert sorted(first) == sorted(second) == list(range(N))
     assert first != list(range(N)) and first != second  # reshuffled every epoch
-    again = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", shuffle=True, seed=3)
+    again = DALILoader(path, decode=Decode(size=SIZE), order=order, device="cpu")
     assert nearest(one_epoch(again)[0], ref) == first
     # The order engine's: a map-style Dataset read with the same seed reads it too.
-    batches = fastdata.EpochBatches(fastdata.open_dataset(path), fastdata.Order(batch_size=BATCH,
-                                    shuffle=True, seed=3))
+    batches = fastdata.EpochBatches(fastdata.open_dataset(path), order)
     assert [i for batch in batches for i in batch] == first
 
 
@@ -236,8 +240,8 @@ def test_external_shuffle_is_seeded_and_global(datasets):
 def test_drop_last(fmt, datasets, index_dir):
     from fastdata.dali import DALILoader
 
-    loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu",
-                        drop_last=True)
+    loader = DALILoader(datasets[fmt], decode=Decode(size=SIZE),
+                        order=Order(batch_size=BATCH, drop_last=True), device="cpu")
     assert len(loader) == 4
     ref, targets = reference(datasets[fmt])
     for _ in range(2):
@@ -253,8 +257,9 @@ def test_parallel_external_source_workers(datasets):
     from fastdata.dali import DALILoader
 
     path = datasets["hdf5"]
-    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", py_workers=2)
-    plain = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
+    decode, order = Decode(size=SIZE), Order(batch_size=BATCH)
+    loader = DALILoader(path, decode=decode, order=order, device="cpu", py_workers=2)
+    plain = DALILoader(path, decode=decode, order=order, device="cpu")
     for _ in range(2):
         a, la, sizes = one_epoch(loader)
         b, lb, _ = one_epoch(plain)
@@ -267,45 +272,52 @@ def test_normalize_crop_and_layout(datasets):
     from fastdata.dali import DALILoader
 
     path = datasets["lmdb"]
-    plain, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, device="cpu"))
+    order = Order(batch_size=8)
+    plain, _, _ = one_epoch(DALILoader(path, decode=Decode(size=SIZE), order=order,
+                                       device="cpu"))
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    norm, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, device="cpu",
-                                      mean=mean, std=std))
+    norm, _, _ = one_epoch(DALILoader(path, decode=Decode(size=SIZE), order=order,
+                                      device="cpu", mean=mean, std=std))
     assert norm.dtype == torch.float32 and norm.shape == plain.shape
     m = torch.tensor(mean).view(1, 3, 1, 1)
     s = torch.tensor(std).view(1, 3, 1, 1)
     torch.testing.assert_close(norm, (plain.float() / 255 - m) / s, atol=1e-3, rtol=1e-4)
-    crop, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, crop=(20, 24),
-                                      device="cpu"))
+    crop, _, _ = one_epoch(DALILoader(path, decode=Decode(size=SIZE,
+                                                          crop=CenterCrop((20, 24))),
+                                      order=order, device="cpu"))
     assert torch.equal(crop, plain[:, :, 6:26, 4:28])
-    hwc, _, _ = one_epoch(DALILoader(path, batch_size=8, size=SIZE, layout="HWC",
-                                     device="cpu"))
+    hwc, _, _ = one_epoch(DALILoader(path, decode=Decode(size=SIZE), order=order,
+                                     layout="HWC", device="cpu"))
     assert torch.equal(hwc, plain.permute(0, 2, 3, 1))
 
 
 @needs_dali
 @pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
 def test_random_resized_crops(fmt, datasets, index_dir):
-    """crop=RandomResizedCrop: DALI's random crop of the decode, resized and
+    """Decode(crop=RandomResizedCrop): DALI's random crop of the decode, resized and
     flipped; new crops every epoch, the same ones again from the same seed."""
     from fastdata.dali import DALILoader
 
     path = datasets[fmt]
     crop = fastdata.RandomResizedCrop(16, hflip=0.0)
-    loader = DALILoader(path, batch_size=BATCH, crop=crop, device="cpu")
+    order = Order(batch_size=BATCH)
+    loader = DALILoader(path, decode=Decode(crop=crop), order=order, device="cpu")
     first, labels, sizes = one_epoch(loader)
     assert first.shape == (N, 3, 16, 16) and first.dtype == torch.uint8
     assert labels.tolist() == reference(path)[1] and sizes == [5, 5, 5, 5, 4]
     second, _, _ = one_epoch(loader)
     assert not torch.equal(first, second)  # new crops every epoch
-    again, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, crop=crop, device="cpu"))
+    again, _, _ = one_epoch(DALILoader(path, decode=Decode(crop=crop), order=order,
+                                       device="cpu"))
     assert torch.equal(again, first)  # seeded
     # Flips come from their own draws: the same crops, mirrored as drawn.
-    flipped, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, device="cpu",
-                                         crop=fastdata.RandomResizedCrop(16, hflip=1.0)))
+    flipped, _, _ = one_epoch(DALILoader(
+        path, decode=Decode(crop=fastdata.RandomResizedCrop(16, hflip=1.0)), order=order,
+        device="cpu"))
     assert torch.equal(flipped, first.flip(-1))
-    half, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, device="cpu",
-                                      crop=fastdata.RandomResizedCrop(16, hflip=0.5)))
+    half, _, _ = one_epoch(DALILoader(
+        path, decode=Decode(crop=fastdata.RandomResizedCrop(16, hflip=0.5)), order=order,
+        device="cpu"))
     assert half.shape == first.shape
     mirrored = [torch.equal(h, f.flip(-1)) for h, f in zip(half, first)]
     assert all(m or torch.equal(h, f) for m, h, f in zip(mirrored, half, first))
@@ -321,8 +333,8 @@ def test_random_resized_crops_of_raw_records(tree, tmp_path):
 
     path = pack(tree, tmp_path / "raw.lmdb", preprocess=Preprocess(resize=(40, 48),
                                                                    encoding="raw"))
-    loader = DALILoader(path, batch_size=BATCH, device="cpu",
-                        crop=fastdata.RandomResizedCrop((12, 20)))
+    loader = DALILoader(path, decode=Decode(crop=fastdata.RandomResizedCrop((12, 20))),
+                        order=Order(batch_size=BATCH), device="cpu")
     assert loader.plan.mode == "raw"
     images, labels, _ = one_epoch(loader)
     assert images.shape == (N, 3, 12, 20) and labels.tolist() == reference(path, size=None)[1]
@@ -332,8 +344,8 @@ def test_random_resized_crops_of_raw_records(tree, tmp_path):
 def test_shorter_side_resize_then_crop(datasets):
     from fastdata.dali import DALILoader
 
-    loader = DALILoader(datasets["tfrecord"], batch_size=BATCH, size=36, crop=32,
-                        device="cpu")
+    loader = DALILoader(datasets["tfrecord"], decode=Decode(size=36, crop=CenterCrop(32)),
+                        order=Order(batch_size=BATCH), device="cpu")
     images, labels, _ = one_epoch(loader)
     assert images.shape == (N, 3, 32, 32) and len(labels) == N
 
@@ -345,13 +357,14 @@ def test_raw_datasets_skip_decoding(ext, tree, tmp_path):
 
     path = pack(tree, tmp_path / f"raw{ext}", preprocess=Preprocess(resize=(40, 48),
                                                                      encoding="raw"))
-    loader = DALILoader(path, batch_size=BATCH, device="cpu")
+    loader = DALILoader(path, order=Order(batch_size=BATCH), device="cpu")
     assert loader.plan.mode == "raw" and loader.plan.reader == "external"
     images, labels, sizes = one_epoch(loader)
     ref, targets = reference(path, size=None)
     assert sizes == [5, 5, 5, 5, 4] and labels.tolist() == targets
     assert torch.equal(images, ref)  # the stored pixels, untouched
-    resized, _, _ = one_epoch(DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu"))
+    resized, _, _ = one_epoch(DALILoader(path, decode=Decode(size=SIZE),
+                                         order=Order(batch_size=BATCH), device="cpu"))
     assert float(diff(resized, reference(path)[0]).max()) <= IMAGE_TOLERANCE
 
 
@@ -363,7 +376,7 @@ def test_gif_records_are_transcoded_for_dali(ext, tmp_path, index_dir):
     src = make_tree(tmp_path / "src", classes=2, per_class=3, exts=(".gif", ".png"),
                     size=(44, 36))
     path = pack(src, tmp_path / f"gif{ext}", extensions="+gif")
-    loader = DALILoader(path, batch_size=4, device="cpu")
+    loader = DALILoader(path, order=Order(batch_size=4), device="cpu")
     assert loader.plan.transcode and loader.plan.reader == "external"
     images, labels, _ = one_epoch(loader)
     ref, targets = reference(path, size=None)
@@ -377,14 +390,16 @@ def test_tar_labels_of_many_digits_and_cached_index(tmp_path, index_dir):
 
     src = make_tree(tmp_path / "src", classes=12, per_class=1, size=(40, 40))
     path = pack(src, tmp_path / "many.tar", shard_size=5)
-    loader = DALILoader(path, batch_size=4, size=SIZE, device="cpu")
+    loader = DALILoader(path, decode=Decode(size=SIZE), order=Order(batch_size=4),
+                        device="cpu")
     assert loader.plan.reader == "webdataset"
     assert one_epoch(loader)[1].tolist() == list(range(12))  # "10" and "11" parsed whole
     written = sorted(index_dir.glob("*.wds.idx"))
     assert len(written) == 3
     assert written[0].read_text().startswith("v1.2 5\nimg ")
     stamps = [p.stat().st_mtime_ns for p in written]
-    again = DALILoader(path, batch_size=4, size=SIZE, device="cpu")
+    again = DALILoader(path, decode=Decode(size=SIZE), order=Order(batch_size=4),
+                       device="cpu")
     assert one_epoch(again)[1].tolist() == list(range(12))
     assert [p.stat().st_mtime_ns for p in written] == stamps  # reused, not rewritten
 
@@ -396,7 +411,8 @@ def test_tfrecord_without_idx_files_gets_generated_ones(tree, tmp_path, index_di
     path = pack(tree, tmp_path / "noidx.tfrecord", shard_size=10)
     for idx in tmp_path.glob("*.tfrecord.idx"):
         idx.unlink()
-    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu")
+    loader = DALILoader(path, decode=Decode(size=SIZE), order=Order(batch_size=BATCH),
+                        device="cpu")
     assert loader.plan.reader == "tfrecord"
     images, labels, sizes = one_epoch(loader)
     assert sizes == [5, 5, 5, 5, 4]
@@ -423,7 +439,7 @@ def test_tar_shards_written_by_webdataset(tmp_path, index_dir):
             photo(rng, 30, 30).save(buf, "PNG")
             sink.write({"__key__": f"s{i:04d}", "png": buf.getvalue(), "cls": 5 + i})
             expected.append(5 + i)
-    loader = DALILoader(pattern, batch_size=4, device="cpu")
+    loader = DALILoader(pattern, order=Order(batch_size=4), device="cpu")
     assert loader.plan.reader == "webdataset"
     images, labels, sizes = one_epoch(loader)
     assert sizes == [4, 4, 2] and labels.tolist() == expected
@@ -440,7 +456,8 @@ def test_default_shard_is_the_distributed_rank(datasets, monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: 3)
-    loader = DALILoader(datasets["lmdb"], batch_size=BATCH, size=SIZE, device="cpu")
+    loader = DALILoader(datasets["lmdb"], decode=Decode(size=SIZE),
+                        order=Order(batch_size=BATCH), device="cpu")
     assert (loader.plan.shard_id, loader.plan.num_shards) == (1, 3)
     images, labels, sizes = one_epoch(loader)
     assert sizes == [5, 3]
@@ -454,7 +471,8 @@ def test_default_shard_is_the_distributed_rank(datasets, monkeypatch):
 def test_build_pipeline_returns_a_runnable_pipeline(datasets, index_dir):
     from fastdata.dali import READER_NAME, build_pipeline
 
-    pipe = build_pipeline(datasets["tar"], batch_size=BATCH, size=SIZE, device="cpu")
+    pipe = build_pipeline(datasets["tar"], decode=Decode(size=SIZE),
+                          order=Order(batch_size=BATCH), device="cpu")
     images, labels = pipe.run()
     assert len(images) == BATCH
     assert images.as_array().shape == (BATCH, 3, *SIZE)
@@ -465,7 +483,6 @@ def test_build_pipeline_returns_a_runnable_pipeline(datasets, index_dir):
 @needs_dali
 def test_option_errors(datasets):
     from fastdata.dali import DALILoader, build_pipeline
-    from fastdata import Decode, Order
 
     path = datasets["lmdb"]
     with pytest.raises(ValueError, match="batch_size"):
@@ -490,18 +507,6 @@ def test_option_errors(datasets):
             build_pipeline(path, decode=decode, device="cpu")
     with pytest.raises(TypeError, match="unexpected keyword.*colour"):
         build_pipeline(path, device="cpu", colour=True)
-    # The old flat names still work, each with a warning naming the new spelling,
-    # and give the same pipeline options as the new ones.
-    from fastdata.dali.options import dali_options
-
-    with pytest.warns(DeprecationWarning, match=r"Order\(batch_size=4, rank=1, world_size=2"):
-        old = dali_options(batch_size=4, shard_id=1, num_shards=2, crop=8, size=16,
-                           device="cpu")
-    new = dali_options(Decode(size=16, crop=fastdata.CenterCrop(8)),
-                       Order(batch_size=4, rank=1, world_size=2), device="cpu")
-    assert old == new and new.centre_crop == (8, 8)
-    with pytest.raises(ValueError, match="beside order="):
-        dali_options(order=Order(), shuffle=True)
 
 
 @needs_dali
@@ -509,8 +514,8 @@ def test_ragged_batches_get_a_clear_error(datasets):
     from fastdata.dali import DALILoader, build_pipeline
 
     with pytest.raises(FastDataError, match=r"size=\(height, width\)"):
-        list(DALILoader(datasets["lmdb"], batch_size=BATCH, device="cpu"))
-    images, _ = build_pipeline(datasets["lmdb"], batch_size=BATCH, device="cpu",
+        list(DALILoader(datasets["lmdb"], order=Order(batch_size=BATCH), device="cpu"))
+    images, _ = build_pipeline(datasets["lmdb"], order=Order(batch_size=BATCH), device="cpu",
                                layout="HWC").run()
     assert len({tuple(images[i].shape()) for i in range(BATCH)}) > 1  # ragged is fine here
 
@@ -520,7 +525,8 @@ def test_ragged_batches_get_a_clear_error(datasets):
 def test_leaving_an_epoch_early_continues_it(fmt, datasets, index_dir):
     from fastdata.dali import DALILoader
 
-    loader = DALILoader(datasets[fmt], batch_size=BATCH, size=SIZE, device="cpu")
+    loader = DALILoader(datasets[fmt], decode=Decode(size=SIZE), order=Order(batch_size=BATCH),
+                        device="cpu")
     for _ in loader:
         break
     assert one_epoch(loader)[2] == [5, 5, 5, 4]  # the rest of the first epoch
@@ -535,10 +541,11 @@ def test_leaving_an_epoch_early_continues_it(fmt, datasets, index_dir):
 def test_without_cuda_auto_is_cpu_and_gpu_is_refused(datasets):
     from fastdata.dali import DALILoader, build_pipeline
 
-    loader = DALILoader(datasets["lmdb"], batch_size=BATCH, size=SIZE)  # device="auto"
+    decode, order = Decode(size=SIZE), Order(batch_size=BATCH)
+    loader = DALILoader(datasets["lmdb"], decode=decode, order=order)  # device="auto"
     assert loader.plan.device == "cpu" and loader.plan.device_id is None
     with pytest.raises(FastDataError, match="device='cpu'"):
-        build_pipeline(datasets["lmdb"], batch_size=BATCH, size=SIZE, device="gpu")
+        build_pipeline(datasets["lmdb"], decode=decode, order=order, device="gpu")
 
 
 @needs_dali
@@ -548,8 +555,8 @@ def test_gpu_pipeline(fmt, datasets, index_dir):
     from fastdata.dali import DALILoader
 
     path = datasets[fmt]
-    loader = DALILoader(path, batch_size=BATCH, size=SIZE, device="gpu",
-                        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    loader = DALILoader(path, decode=Decode(size=SIZE), order=Order(batch_size=BATCH),
+                        device="gpu", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
     assert loader.plan.device == "gpu" and loader.plan.device_id is not None
     images, labels, sizes = one_epoch(loader)
     assert images.is_cuda and labels.is_cuda and images.dtype == torch.float32
@@ -572,8 +579,9 @@ def test_clear_error_without_dali(tmp_path):
         sys.modules["nvidia.dali"] = None
         import fastdata.dali
         from fastdata.errors import FastDataError
-        for call in (lambda: fastdata.dali.build_pipeline("x.lmdb", batch_size=2),
-                     lambda: fastdata.dali.DALILoader("x.lmdb", batch_size=2)):
+        order = fastdata.Order(batch_size=2)
+        for call in (lambda: fastdata.dali.build_pipeline("x.lmdb", order=order),
+                     lambda: fastdata.dali.DALILoader("x.lmdb", order=order)):
             try:
                 call()
             except FastDataError as exc:
@@ -597,5 +605,5 @@ def test_missing_dali_is_reported_in_process(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
     with pytest.raises(FastDataError) as info:
-        fd.build_pipeline("anything.lmdb", batch_size=2)
+        fd.build_pipeline("anything.lmdb", order=Order(batch_size=2))
     assert str(info.value) == fd.INSTALL_HINT

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.errors import FastDataError
 
 from test_dali import (BATCH, FORMATS, IMAGE_TOLERANCE, MEAN_TOLERANCE, N, SIZE, diff,
@@ -51,7 +52,8 @@ def cache(tmp_path, monkeypatch):
 def _loader(path, **options):
     from fastdata.dali import DALILoader
 
-    return DALILoader(path, batch_size=BATCH, size=SIZE, device="cpu", **options)
+    return DALILoader(path, decode=Decode(size=SIZE), order=Order(batch_size=BATCH),
+                      device="cpu", **options)
 
 
 def _cached(cache, suffix: str) -> list[str]:
@@ -143,7 +145,8 @@ def test_build_pipeline_over_a_url(packed, s3_env, cache):
     from fastdata.dali import build_pipeline
 
     local, url = packed["tar"]
-    pipe = build_pipeline(url, batch_size=N, size=SIZE, device="cpu", reader="dali")
+    pipe = build_pipeline(url, decode=Decode(size=SIZE), order=Order(batch_size=N),
+                          device="cpu", reader="dali")
     images, labels = pipe.run()
     assert images.as_array().shape == (N, 3, *SIZE)
     assert labels.as_array().tolist() == fastdata.open_dataset(local).targets

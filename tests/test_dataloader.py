@@ -19,6 +19,7 @@ from conftest import (
 from torch.utils.data import DataLoader
 
 import fastdata
+from fastdata import Decode
 from fastdata.loaders.datasets import LMDBDataset
 
 SIZE = (12, 10)  # (width, height): every image the same size, so default collate works
@@ -62,7 +63,7 @@ def _loader(ds, ctx, shuffle):
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 def test_every_sample_once_fork(packed_equal, shuffle):
     tree, out, expected = packed_equal
-    ds = LMDBDataset(out, output="numpy")
+    ds = LMDBDataset(out, decode=Decode(output="numpy"))
     got = _collect(_loader(ds, "fork", shuffle), chw=False)
     assert got == expected
     assert sum(got.values()) == len(tree.samples)
@@ -90,7 +91,7 @@ class _OrderedThenShuffled(torch.utils.data.Sampler):
 @pytest.mark.slow
 def test_every_sample_once_spawn(packed_equal):
     tree, out, expected = packed_equal
-    ds = LMDBDataset(out, output="numpy")
+    ds = LMDBDataset(out, decode=Decode(output="numpy"))
     assert ds[0][1] == tree.samples[0].label  # the parent has the environment open too
     sampler = _OrderedThenShuffled(len(ds))
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn",
@@ -107,8 +108,8 @@ def test_every_sample_once_spawn(packed_equal):
 @needs_fork
 def test_order_without_shuffle(packed_equal):
     tree, out, _ = packed_equal
-    loader = DataLoader(LMDBDataset(out, output="numpy"), batch_size=4, num_workers=2,
-                        multiprocessing_context="fork", timeout=120)
+    loader = DataLoader(LMDBDataset(out, decode=Decode(output="numpy")), batch_size=4,
+                        num_workers=2, multiprocessing_context="fork", timeout=120)
     labels = torch.cat([lbl for _, lbl in loader]).tolist()
     assert labels == tree.labels
 
@@ -123,11 +124,11 @@ def test_tensor_output_fork(packed_equal):
 @needs_fork
 def test_parent_read_before_fork(packed_equal):
     tree, out, expected = packed_equal
-    ds = LMDBDataset(out, output="numpy")
+    ds = LMDBDataset(out, decode=Decode(output="numpy"))
     img, label = ds[0]  # the environment is now open in the parent
     assert label == tree.samples[0].label
     assert np.array_equal(img, expected_rgb(tree.samples[0].data))
-    other = LMDBDataset(out, output="bytes")  # a second view on the same path
+    other = LMDBDataset(out, decode=Decode(output="bytes"))  # a second view on the same path
     assert other[1][0] == tree.samples[1].data
     for epoch in range(2):
         assert _collect(_loader(ds, "fork", shuffle=bool(epoch)), chw=False) == expected
@@ -142,7 +143,7 @@ def test_parent_read_before_fork(packed_equal):
 @needs_fork
 def test_persistent_workers_two_epochs(packed_equal):
     _, out, expected = packed_equal
-    ds = LMDBDataset(out, output="numpy")
+    ds = LMDBDataset(out, decode=Decode(output="numpy"))
     loader = DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork",
                         shuffle=True, persistent_workers=True, timeout=120)
     for _ in range(2):
@@ -163,7 +164,7 @@ def test_skip_corrupt_record_in_workers(tmp_path):
     # (on_error="raise" across workers is torch's business, and torch takes ~10 s
     # to shut down workers after one raised; the error pickling is tested in
     # test_lmdb.py.)
-    skip = LMDBDataset(out, output="numpy", on_error="skip")
+    skip = LMDBDataset(out, decode=Decode(output="numpy"), on_error="skip")
     labels = []
     # (The skip warnings are issued inside the workers.)
     for _, lbl in DataLoader(skip, batch_size=4, num_workers=2,

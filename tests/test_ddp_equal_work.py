@@ -2,11 +2,11 @@
 process per rank, each with 2 forked DataLoader workers), over tar packs of 7
 and 10 uneven shards whose 47 records divide by neither 2 nor 3 ranks.
 
-What every rank must see, with ``batch_size=B`` on the dataset and its
-DataLoader: the same number of batches (so DistributedDataParallel never
-waits for a rank that ran out); every record at least once and fewer than
-``world`` repeats (padding), or each at most once with fewer than ``world``
-left out (``drop_last``); and, taken round by round (rank 0's batch t, rank
+What every rank must see, with ``Order(batch_size=B)`` on the dataset and
+``batch_size=B`` on its DataLoader: the same number of batches (so
+DistributedDataParallel never waits for a rank that ran out); every record at
+least once and fewer than ``world`` repeats (padding), or each at most once
+with fewer than ``world`` left out (``drop_last``); and, taken round by round (rank 0's batch t, rank
 1's batch t, ...), exactly the one order of the epoch that a single process
 reads. Map-style reading with ``fastdata.EpochBatches`` and the same order
 options gives every rank the stream's batches. A DDP training loop over the
@@ -22,6 +22,7 @@ from collections import Counter
 import pytest
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.order.epochs import Shuffle, epoch_order
 
 from conftest import UNEVEN_COUNTS, build_tree, run_ranks, uneven_spec
@@ -31,7 +32,7 @@ RECORDS = sum(UNEVEN_COUNTS)  # 47: divides by neither 2 nor 3
 SHARD_SIZE = {7: 7, 10: 5}
 BATCH = 4
 #: Small blocks and windows, so the shuffle moves blocks across windows.
-ORDER = dict(seed=5, shuffle_block=2, shuffle_window=8)
+ORDER = dict(seed=5, block=2, window=8)
 EPOCH = 1
 
 SPLIT_SCRIPT = """
@@ -48,24 +49,22 @@ SPLIT_SCRIPT = """
     def digests(samples):  # a sample's identity: its payload's digest and its label
         return [[hashlib.sha1(data).hexdigest(), label] for data, label in samples]
 
+    as_bytes = fastdata.Decode(output="bytes")
     try:
         runs = {}
         for shuffle in (False, True):
             for drop_last in (False, True):
                 # No rank=/world_size=: read from the process group.
-                ds = fastdata.ShardedIterableDataset(manifest, output="bytes", shuffle=shuffle,
-                                                     batch_size=batch, drop_last=drop_last,
-                                                     **order["options"])
+                the_order = fastdata.Order(shuffle=shuffle, batch_size=batch,
+                                           drop_last=drop_last, **order["options"])
+                ds = fastdata.ShardedIterableDataset(manifest, decode=as_bytes, order=the_order)
                 ds.set_epoch(order["epoch"])
                 loader = DataLoader(ds, batch_size=batch, num_workers=2,
                                     multiprocessing_context="fork", collate_fn=digests)
                 runs[f"{shuffle}-{drop_last}"] = {"len": len(ds), "batches": list(loader)}
                 # Map-style, the same engine: the same batches on every rank.
-                mapped = fastdata.open_dataset(manifest, output="bytes")
-                sampler = fastdata.EpochBatches(mapped, fastdata.Order(
-                    batch_size=batch, shuffle=shuffle, seed=order["options"]["seed"],
-                    drop_last=drop_last, block=order["options"]["shuffle_block"],
-                    window=order["options"]["shuffle_window"]))
+                mapped = fastdata.open_dataset(manifest, decode=as_bytes)
+                sampler = fastdata.EpochBatches(mapped, the_order)
                 sampler.set_epoch(order["epoch"])
                 loader = DataLoader(mapped, batch_sampler=sampler, num_workers=2,
                                     multiprocessing_context="fork", collate_fn=digests)
@@ -96,7 +95,8 @@ TRAIN_SCRIPT = """
         torch.manual_seed(rank)  # DDP broadcasts rank 0's weights: they must agree after
         model = DistributedDataParallel(torch.nn.Linear(3 * 8 * 8, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ds = fastdata.ShardedIterableDataset(manifest, shuffle=True, seed=1, batch_size=batch)
+        ds = fastdata.ShardedIterableDataset(
+            manifest, order=fastdata.Order(shuffle=True, seed=1, batch_size=batch))
         ds.set_epoch(0)
         loader = DataLoader(ds, batch_size=batch, num_workers=2, multiprocessing_context="fork")
         steps = samples = 0
@@ -142,8 +142,9 @@ def uneven(tmp_path_factory):
 
 def _single_process_order(manifest: str, shuffle: bool) -> list[int]:
     """The epoch's order as one process with no workers reads it (record numbers)."""
-    ds = fastdata.ShardedIterableDataset(manifest, output="bytes", shuffle=shuffle,
-                                         batch_size=BATCH, rank=0, world_size=1, **ORDER)
+    ds = fastdata.ShardedIterableDataset(
+        manifest, decode=Decode(output="bytes"),
+        order=Order(shuffle=shuffle, batch_size=BATCH, rank=0, world_size=1, **ORDER))
     ds.set_epoch(EPOCH)
     reader = ds.reader
     number = {bytes(reader.read(i)): i for i in range(len(reader))}
@@ -203,7 +204,7 @@ def test_equal_batches_on_every_rank_and_one_job_order(uneven, tmp_path, world, 
         expected = order[:per * world] if drop_last else order + order[:per * world - RECORDS]
         assert _round_by_round(ids) == expected, run
         if shuffle:
-            block, window = ORDER["shuffle_block"], ORDER["shuffle_window"]
+            block, window = ORDER["block"], ORDER["window"]
             assert order == epoch_order(RECORDS, Shuffle(True, ORDER["seed"], block, window),
                                         EPOCH).tolist()
             assert order != list(range(RECORDS))

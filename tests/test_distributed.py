@@ -29,8 +29,9 @@ RANK_SCRIPT = textwrap.dedent("""
         results = {}
         # Spawned workers cost a fresh interpreter each: one pass is enough there.
         for shuffle in (False, True) if epochs > 1 else (False,):
-            ds = fastdata.ShardedIterableDataset(manifest, output="bytes", shuffle=shuffle,
-                                                 shuffle_buffer=3, seed=11)
+            ds = fastdata.ShardedIterableDataset(
+                manifest, decode=fastdata.Decode(output="bytes"),
+                order=fastdata.Order(shuffle=shuffle, window=3, seed=11))
             for epoch in range(epochs):
                 ds.set_epoch(epoch)
                 loader = DataLoader(ds, batch_size=None, num_workers=2,

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, default_collate
 from worker_pids import CollatedIn, assert_workers_did_it
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.errors import DecodeError
 from fastdata.decoding import turbojpeg
 from fastdata.decoding.decode import DecoderChain
@@ -303,8 +304,9 @@ def photo_pack(tmp_path_factory):
     return fastdata.pack(base / "src", base / "photos.lmdb", progress=False).output
 
 
-def _numpy_images(path, **options) -> list[np.ndarray]:
-    ds = fastdata.open_dataset(path, output="numpy", seed=SEED, **options)
+def _numpy_images(path, **decode) -> list[np.ndarray]:
+    ds = fastdata.open_dataset(path, decode=Decode(output="numpy", **decode),
+                               order=Order(seed=SEED))
     return [ds[i][0] for i in range(len(ds))]
 
 
@@ -332,13 +334,14 @@ def test_corrupt_jpegs_are_skipped_as_without_fusing(tmp_path):
     results = {}
     for fused in (True, False):
         crop = fastdata.RandomResizedCrop(FULL_SCALE, fused=fused)
-        ds = fastdata.open_dataset(shard, crop=crop, seed=SEED, output="numpy",
-                                   on_error="skip")
+        ds = fastdata.open_dataset(shard, decode=Decode(crop=crop, output="numpy"),
+                                   order=Order(seed=SEED), on_error="skip")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             batch = ds.__getitems__(list(range(len(ds))))
         results[fused] = ([pixel_digest(image) for image, _ in batch], ds.skipped)
-        raising = fastdata.open_dataset(shard, crop=crop, seed=SEED, output="numpy")
+        raising = fastdata.open_dataset(shard, decode=Decode(crop=crop, output="numpy"),
+                                        order=Order(seed=SEED))
         outcome = []
         for i in range(len(raising)):
             try:
@@ -406,11 +409,12 @@ def test_a_dataset_refuses_images_over_max_pixels_on_the_fused_path(tmp_path):
     data = photo_jpeg("444", seed=9)
     shard = foreign_tar(tmp_path / "two.tar", [data, with_declared_size(data, 60000, 60000)])
     crop = fastdata.RandomResizedCrop(REDUCED)
-    ds = fastdata.open_dataset(shard, crop=crop, seed=SEED)
+    ds = fastdata.open_dataset(shard, decode=Decode(crop=crop), order=Order(seed=SEED))
     assert tuple(ds[0][0].shape) == (3, *REDUCED)
     with pytest.raises(DecodeError, match="60000x60000"):
         ds[1]
-    small = fastdata.open_dataset(shard, crop=crop, seed=SEED, max_pixels=1000)
+    small = fastdata.open_dataset(shard, decode=Decode(crop=crop, max_pixels=1000),
+                                  order=Order(seed=SEED))
     with pytest.raises(DecodeError, match="max_pixels"):
         small[0]
 
@@ -428,17 +432,19 @@ def _digests(ds, workers: int, log) -> list[str]:
 
 def test_fused_crops_do_not_depend_on_workers(photo_pack, tmp_path):
     crop = fastdata.RandomResizedCrop(REDUCED)
-    ds = fastdata.open_dataset(photo_pack, crop=crop, seed=SEED)
+    ds = fastdata.open_dataset(photo_pack, decode=Decode(crop=crop), order=Order(seed=SEED))
     ds.set_epoch(1)
     expected = [pixel_digest(ds[i][0].permute(1, 2, 0).numpy()) for i in range(len(ds))]
-    whole = fastdata.open_dataset(photo_pack, crop=unfused(crop), seed=SEED)
+    whole = fastdata.open_dataset(photo_pack, decode=Decode(crop=unfused(crop)),
+                                  order=Order(seed=SEED))
     whole.set_epoch(1)
     # Reduced DCT scales resample differently from a full decode: the pixels
     # show that the fused path ran.
     assert expected != [pixel_digest(whole[i][0].permute(1, 2, 0).numpy())
                         for i in range(len(whole))]
     for workers in (0, 1, 2):
-        again = fastdata.open_dataset(photo_pack, crop=crop, seed=SEED)
+        again = fastdata.open_dataset(photo_pack, decode=Decode(crop=crop),
+                                      order=Order(seed=SEED))
         again.set_epoch(1)
         log = tmp_path / f"collated-{workers}.pids"
         assert _digests(again, workers, log) == expected, workers

@@ -23,6 +23,7 @@ from conftest import (
 from torch.utils.data import DataLoader
 
 import fastdata
+from fastdata import Decode
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.loaders.datasets import HDF5Dataset
 from fastdata.formats.verify import verify_dataset
@@ -116,7 +117,7 @@ def test_open_reader_and_dataset_pick_hdf5(shared):
     tree, small, _ = shared
     with fastdata.formats.open_reader(small) as reader:
         assert isinstance(reader, HDF5Reader)
-    ds = fastdata.open_dataset(small, output="bytes")
+    ds = fastdata.open_dataset(small, decode=Decode(output="bytes"))
     assert type(ds) is HDF5Dataset
     assert ds.classes == DEFAULT_CLASSES and ds.targets == tree.labels and ds.keys == tree.keys
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
@@ -288,7 +289,7 @@ def test_fork_child_opens_its_own_handle(shared):
 
 def test_pickle_small_and_usable(shared):
     tree, small, _ = shared
-    ds = HDF5Dataset(small, output="bytes")
+    ds = HDF5Dataset(small, decode=Decode(output="bytes"))
     _ = ds[0], ds.targets, ds.keys
     blob = pickle.dumps(ds)
     assert len(blob) < 10_000
@@ -301,9 +302,9 @@ def test_several_readers_of_one_file(shared, tmp_path):
     tree, small, _ = shared
     link = tmp_path / "alias.h5"
     os.symlink(small, link)
-    a = HDF5Dataset(small, output="bytes")
-    b = HDF5Dataset(link, output="bytes")
-    c = fastdata.open_dataset(small, output="numpy")
+    a = HDF5Dataset(small, decode=Decode(output="bytes"))
+    b = HDF5Dataset(link, decode=Decode(output="bytes"))
+    c = fastdata.open_dataset(small, decode=Decode(output="numpy"))
     assert a[0] == b[0] == (tree.samples[0].data, tree.samples[0].label)
     a.reader.close()  # closing one must not break the others
     assert b[3] == (tree.samples[3].data, tree.samples[3].label)
@@ -314,11 +315,11 @@ def test_several_readers_of_one_file(shared, tmp_path):
 def test_overwrite_while_open_sees_new_data(tmp_path, image_tree):
     path = tmp_path / "re.h5"
     fastdata.pack(image_tree.root, path, progress=False)
-    old = HDF5Dataset(path, output="bytes")
+    old = HDF5Dataset(path, decode=Decode(output="bytes"))
     assert len(old) == len(image_tree.samples)
     small = build_tree(tmp_path / "small", ["a/x.png", "b/y.png"])
     fastdata.pack(small.root, path, options=PackOptions(overwrite=True), progress=False)
-    new = HDF5Dataset(path, output="bytes")
+    new = HDF5Dataset(path, decode=Decode(output="bytes"))
     assert [new[i] for i in range(len(new))] == [(s.data, s.label) for s in small.samples]
     assert old[1] == (image_tree.samples[1].data, image_tree.samples[1].label)
 
@@ -464,7 +465,7 @@ def test_corrupted_payload_byte(packed, image_tree, options):
     out = packed(".h5", writer_options=options)
     bad = 6
     _flip_payload_byte(out, bad)
-    ds = HDF5Dataset(out, output="bytes")
+    ds = HDF5Dataset(out, decode=Decode(output="bytes"))
     with pytest.raises(CorruptDataError, match="CRC32") as info:
         ds[bad]
     assert info.value.record == bad and info.value.key == image_tree.samples[bad].key
@@ -472,7 +473,7 @@ def test_corrupted_payload_byte(packed, image_tree, options):
     with pytest.raises(CorruptDataError):
         ds.__getitems__([0, bad, 2])
 
-    skip = HDF5Dataset(out, output="bytes", on_error="skip")
+    skip = HDF5Dataset(out, decode=Decode(output="bytes"), on_error="skip")
     with pytest.warns(RuntimeWarning, match="skipping"):
         batch = skip.__getitems__([bad - 1, bad, bad + 1])
     assert batch == [(image_tree.samples[i].data, image_tree.samples[i].label)

@@ -216,14 +216,15 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     batch = skip.__getitems__([0, 1, 2])
 assert len(batch) == 2 and skip.skipped == 1, (len(batch), skip.skipped)
-stream = fastdata.ShardedIterableDataset(sys.argv[1], on_error="skip", max_pixels=10**6)
+stream = fastdata.ShardedIterableDataset(sys.argv[1], on_error="skip",
+                                         decode=fastdata.Decode(max_pixels=10**6))
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     assert len(list(stream)) == 2 and stream.skipped == 1
-small = fastdata.open_dataset(sys.argv[1], max_pixels=100)
+small = fastdata.open_dataset(sys.argv[1], decode=fastdata.Decode(max_pixels=100))
 try:
     small[0]
-    raise SystemExit("max_pixels=100 let a 16x16 image through")
+    raise SystemExit("Decode(max_pixels=100) let a 16x16 image through")
 except fastdata.errors.DecodeError:
     pass
 """

@@ -30,6 +30,7 @@ from click.testing import CliRunner
 from conftest import build_tree, lmdb_get, lmdb_put, run_python, uniform_spec
 
 import fastdata
+from fastdata import Decode
 from fastdata.cli import main
 from fastdata.errors import CorruptDataError
 from fastdata.formats.verify import verify_dataset
@@ -225,7 +226,7 @@ def test_missing_keys_are_damage_when_the_manifest_has_their_checksum(tree, tmp_
 def test_datasets_packed_before_the_checksums_still_open(tree, tmp_path, fmt):
     path = packed(tree, tmp_path, fmt)
     as_packed_before_checksums(path, fmt)
-    ds = fastdata.open_dataset(path, output="bytes")
+    ds = fastdata.open_dataset(path, decode=Decode(output="bytes"))
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
     assert ds.keys == tree.keys
     assert verify_dataset(path, progress=False).ok
@@ -277,7 +278,7 @@ def test_a_copied_index_row_is_refused_on_open(tree, tmp_path, fmt):
     path = packed(tree, tmp_path, fmt, shard_size=8)
     copy_row(path, 7, 10)
     with pytest.raises(CorruptDataError, match="index rows fail the SHA-256") as info:
-        fastdata.open_dataset(path, output="bytes")
+        fastdata.open_dataset(path, decode=Decode(output="bytes"))
     assert info.value.path == str(sidecar(path, "index"))
     result = verify_cli(path)
     assert result.exit_code == 1 and str(sidecar(path, "index")) in result.stderr
@@ -343,7 +344,8 @@ def test_verify_checks_every_byte_of_a_tar_shard(tree, tmp_path, kind):
     path = packed(tree, tmp_path, "tar", shard_size=6)
     shard = shard_paths(path)[1]
     _tar_damage(shard, kind)
-    assert fastdata.open_dataset(path, output="bytes")[7][0] == tree.samples[7].data
+    as_bytes = fastdata.open_dataset(path, decode=Decode(output="bytes"))
+    assert as_bytes[7][0] == tree.samples[7].data
     result = verify_dataset(path, progress=False)
     assert result.checked == result.count  # every record is fine, the shard is not
     assert [p.get("path") for p in result.problems] == [str(shard)]
@@ -436,7 +438,7 @@ _OPEN_CACHES = """
     for path in sys.argv[1:]:
         for cache in ("ram", "decoded"):
             try:
-                fastdata.open_dataset(path, cache=cache, size=(20, 20))
+                fastdata.open_dataset(path, cache=cache, decode=fastdata.Decode(size=(20, 20)))
                 print(cache, "NO-ERROR")
             except fastdata.FastDataError as exc:
                 print(cache, type(exc).__name__, exc)
@@ -511,5 +513,5 @@ def test_lmdb_walks_run_here_when_no_child_process_can_start(lmdb_pages, monkeyp
     path, _ = lmdb_pages
     monkeypatch.setattr(sys, "executable", str(path / "no-such-python"))
     assert verify_dataset(path, progress=False).ok
-    ds = fastdata.open_dataset(path, cache="ram", output="bytes")
-    assert ds[5] == fastdata.open_dataset(path, output="bytes")[5]
+    ds = fastdata.open_dataset(path, cache="ram", decode=Decode(output="bytes"))
+    assert ds[5] == fastdata.open_dataset(path, decode=Decode(output="bytes"))[5]

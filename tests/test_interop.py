@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import fastdata
+from fastdata import Decode
 from fastdata.cli import main
 from fastdata.errors import FastDataError
 from fastdata.formats.tar.info import INFO_NAME, update_info
@@ -96,7 +97,7 @@ def test_jpeg_spellings_become_jpg_members_and_keys_stay_the_sources(photos):
         with tarfile.open(shard) as tar:
             names += tar.getnames()
     assert names == [f"{key[:-5]}.{ext}" for key, _, _ in want for ext in ("jpg", "cls")]
-    ds = fastdata.open_dataset(photos["train"].output, output="bytes")
+    ds = fastdata.open_dataset(photos["train"].output, decode=Decode(output="bytes"))
     assert ds.keys == [key for key, _, _ in want]
     assert [ds[i] for i in range(len(ds))] == [(data, label) for _, data, label in want]
     assert len(set(label for _, _, label in want)) == 3 and len(shards(photos)) == 5
@@ -284,7 +285,7 @@ def test_convert_to_tar_takes_the_split_and_the_source_spelling(photos, tmp_path
     manifest = json.loads((out / "part.tar.fastdata.json").read_text())
     assert manifest["pack_options"]["split"] == "train"
     assert manifest["pack_options"]["source_extensions"] is True
-    ds = fastdata.open_dataset(out / "part.tar.fastdata.json", output="bytes")
+    ds = fastdata.open_dataset(out / "part.tar.fastdata.json", decode=Decode(output="bytes"))
     assert [ds[i] for i in range(len(ds))] == [(d, lab) for _, d, lab in expected(photos)]
 
 

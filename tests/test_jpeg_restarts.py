@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, default_collate
 from worker_pids import CollatedIn, assert_workers_did_it
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.cli import main
 from fastdata.demo.palette import class_palette, image_rng
 from fastdata.demo.photos import photo_image
@@ -443,7 +444,7 @@ def test_re_encoding_preprocess_writes_restarts_without_libjpeg_turbo_3_1():
 def crops(path, fused: bool, workers: int, log=None) -> list[np.ndarray]:
     """``log``: a file to record the process collating each batch in."""
     crop = fastdata.RandomResizedCrop(64, fused=fused)
-    ds = fastdata.open_dataset(path, crop=crop, seed=9)
+    ds = fastdata.open_dataset(path, decode=Decode(crop=crop), order=Order(seed=9))
     ds.set_epoch(2)
     loader = DataLoader(ds, batch_size=4, num_workers=workers, timeout=60 if workers else 0,
                         collate_fn=CollatedIn(log, default_collate))
@@ -466,7 +467,7 @@ def test_packed_restart_crops_equal_unfused_crops_with_any_workers(restart_packs
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             assert np.array_equal(a, b)
-    other_epoch = fastdata.open_dataset(path, crop=crop, seed=9)
+    other_epoch = fastdata.open_dataset(path, decode=Decode(crop=crop), order=Order(seed=9))
     other_epoch.set_epoch(3)
     assert any(not np.array_equal(other_epoch[i][0].numpy(), expected[i]) for i in range(12))
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import build_tree, run_python, uniform_spec
 
 import fastdata
+from fastdata import Decode
 from fastdata.loaders import cache as cache_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def test_dropped_datasets_give_back_their_descriptors(datasets, fmt, cache, roun
         cache = None if cache == "-" else cache
         counts = []
         for i in range(rounds):
-            ds = fastdata.open_dataset(path, output="bytes", cache=cache)
+            ds = fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes"), cache=cache)
             ds[0], ds[len(ds) - 1]  # a descriptor for each shard
             del ds
             if i % 50 == 0:
@@ -87,13 +88,13 @@ def test_with_and_close_give_back_descriptors(datasets):
     number, which a descriptor of another library or of pytest would change."""
     folder = os.path.dirname(os.path.realpath(datasets["tar"]))
     assert _held(folder) == []
-    with fastdata.open_dataset(datasets["tar"], output="bytes") as ds:
+    with fastdata.open_dataset(datasets["tar"], decode=Decode(output="bytes")) as ds:
         shards = sorted(os.path.realpath(p) for p in ds.reader.shard_paths)
         ds[0], ds[len(ds) - 1]  # a record of each of its 2 shards
         assert len(shards) == 2 and _held(folder) == shards
     assert _held(folder) == []
     folder = os.path.dirname(os.path.realpath(datasets["tfrecord"]))
-    ds = fastdata.open_dataset(datasets["tfrecord"], output="bytes")
+    ds = fastdata.open_dataset(datasets["tfrecord"], decode=Decode(output="bytes"))
     first = os.path.realpath(ds.reader.shard_paths[0])
     ds[0]
     assert _held(folder) == [first]
@@ -115,8 +116,9 @@ def test_exhausted_descriptor_limit_is_not_corruption(datasets, fmt, on_error):
         import fastdata
         from fastdata.errors import CorruptDataError, FastDataError
         path, on_error = sys.argv[1], sys.argv[2]
-        ds = fastdata.open_dataset(path, output="bytes", on_error=on_error)
-        stream = fastdata.ShardedIterableDataset(path, output="bytes", on_error=on_error)
+        as_bytes = fastdata.Decode(output="bytes")
+        ds = fastdata.open_dataset(path, decode=as_bytes, on_error=on_error)
+        stream = fastdata.ShardedIterableDataset(path, decode=as_bytes, on_error=on_error)
         held = []
         while True:  # use up every descriptor
             try:

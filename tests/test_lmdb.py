@@ -36,6 +36,7 @@ from fastdata.errors import (
     ManifestError,
     UnknownFormatError,
 )
+from fastdata import Decode
 from fastdata.loaders.datasets import LMDBDataset
 from fastdata.formats.lmdb.reader import LMDBReader
 from fastdata.formats.verify import verify_dataset
@@ -207,9 +208,9 @@ def test_dataset_tensor_output(shared):
 
 def test_dataset_other_outputs(shared):
     tree, out, _ = shared
-    as_np = LMDBDataset(out, output="numpy")
-    as_pil = LMDBDataset(out, output="pil")
-    as_bytes = LMDBDataset(out, output="bytes")
+    as_np = LMDBDataset(out, decode=Decode(output="numpy"))
+    as_pil = LMDBDataset(out, decode=Decode(output="pil"))
+    as_bytes = LMDBDataset(out, decode=Decode(output="bytes"))
     for i, s in enumerate(tree.samples):
         arr, label = as_np[i]
         assert isinstance(arr, np.ndarray) and arr.dtype == np.uint8 and arr.shape[2] == 3
@@ -222,14 +223,14 @@ def test_dataset_other_outputs(shared):
         raw, label = as_bytes[i]
         assert isinstance(raw, bytes) and raw == s.data and label == s.label
     with pytest.raises(ValueError, match="output"):
-        LMDBDataset(out, output="jpeg")
+        LMDBDataset(out, decode=Decode(output="jpeg"))
     with pytest.raises(ValueError, match="on_error"):
         LMDBDataset(out, on_error="ignore")
 
 
 def test_dataset_indexing(shared):
     tree, out, _ = shared
-    ds = LMDBDataset(out, output="bytes")
+    ds = LMDBDataset(out, decode=Decode(output="bytes"))
     n = len(ds)
     assert ds[-1] == ds[n - 1] == (tree.samples[-1].data, tree.samples[-1].label)
     assert ds[-n] == ds[0]
@@ -258,7 +259,7 @@ def test_dataset_metadata(shared):
 
 def test_transforms(shared):
     tree, out, _ = shared
-    ds = LMDBDataset(out, output="numpy", transform=lambda a: a.shape,
+    ds = LMDBDataset(out, decode=Decode(output="numpy"), transform=lambda a: a.shape,
                      target_transform=lambda y: f"label-{y}")
     for i, s in enumerate(tree.samples):
         shape, label = ds[i]
@@ -287,9 +288,10 @@ def test_getitems_equals_getitem(shared):
 
 def test_two_datasets_on_one_path(shared):
     tree, out, _ = shared
-    a = LMDBDataset(out, output="bytes")
-    b = LMDBDataset(str(out) + "/", output="bytes")  # same folder, spelled differently
-    c = fastdata.open_dataset(out, output="numpy")
+    a = LMDBDataset(out, decode=Decode(output="bytes"))
+    # The same folder, spelled differently.
+    b = LMDBDataset(str(out) + "/", decode=Decode(output="bytes"))
+    c = fastdata.open_dataset(out, decode=Decode(output="numpy"))
     assert a[0] == b[0] == (tree.samples[0].data, tree.samples[0].label)
     assert c[1][1] == tree.samples[1].label
     a.reader.close()  # closing one must not break the others
@@ -303,7 +305,7 @@ def test_two_datasets_on_one_path(shared):
 
 def test_pickle_small_and_usable(shared):
     tree, out, _ = shared
-    ds = LMDBDataset(out, output="bytes")
+    ds = LMDBDataset(out, decode=Decode(output="bytes"))
     _ = ds[0], ds.targets, ds.keys  # load everything that could bloat the pickle
     blob = pickle.dumps(ds)
     assert len(blob) < 10_000
@@ -318,8 +320,8 @@ def test_same_dataset_through_a_symlink(shared, tmp_path):
     tree, out, _ = shared
     link = tmp_path / "alias.lmdb"
     os.symlink(out, link)
-    a = LMDBDataset(out, output="bytes")
-    b = LMDBDataset(link, output="bytes")
+    a = LMDBDataset(out, decode=Decode(output="bytes"))
+    b = LMDBDataset(link, decode=Decode(output="bytes"))
     assert a[0] == b[0] == (tree.samples[0].data, tree.samples[0].label)
 
 
@@ -404,14 +406,14 @@ def test_corrupted_record_fails_crc(packed, image_tree):
         CorruptDataError, err.key, err.record, err.offset, str(err))
 
     # Without verification the damaged bytes come through unchecked.
-    raw = LMDBDataset(out, output="bytes", verify=False)
+    raw = LMDBDataset(out, decode=Decode(output="bytes"), verify=False)
     assert raw[bad][0] == bytes(value)
     # read_many(check=) overrides the reader's own setting, either way.
     assert ds.reader.read_many([bad], check=False) == [bytes(value)]
     with pytest.raises(CorruptDataError):
         raw.reader.read_many([bad], check=True)
 
-    skip = LMDBDataset(out, output="bytes", on_error="skip")
+    skip = LMDBDataset(out, decode=Decode(output="bytes"), on_error="skip")
     with pytest.warns(RuntimeWarning, match="skipping corrupt record"):
         batch = skip.__getitems__(list(range(len(skip))))
     assert batch == [(s.data, s.label) for i, s in enumerate(image_tree.samples) if i != bad]
@@ -422,11 +424,11 @@ def test_corrupted_record_fails_crc(packed, image_tree):
     assert skip.skipped == 2
 
     # Decoded batches check the CRC32s in their decode threads: the same errors.
-    threaded = LMDBDataset(out, size=(8, 8), decode_threads=2)
+    threaded = LMDBDataset(out, decode=Decode(size=(8, 8)), decode_threads=2)
     with pytest.raises(CorruptDataError) as info:
         threaded.__getitems__(list(range(len(threaded))))
     assert (info.value.record, info.value.key) == (bad, image_tree.samples[bad].key)
-    skip_threads = LMDBDataset(out, size=(8, 8), decode_threads=2, on_error="skip")
+    skip_threads = LMDBDataset(out, decode=Decode(size=(8, 8)), decode_threads=2, on_error="skip")
     with pytest.warns(RuntimeWarning, match=f"skipping corrupt record {bad} "):
         batch = skip_threads.__getitems__(list(range(len(skip_threads))))
     assert [label for _, label in batch] == [
@@ -458,11 +460,12 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" in words.
     assert "not an image Pillow can identify" in str(info.value)
     assert " at 0x" not in str(info.value) and "BytesIO" not in str(info.value)
-    assert LMDBDataset(out, output="bytes")[bad] == (garbage, image_tree.samples[bad].label)
+    as_bytes = LMDBDataset(out, decode=Decode(output="bytes"))
+    assert as_bytes[bad] == (garbage, image_tree.samples[bad].label)
     with pytest.raises(DecodeError):
-        LMDBDataset(out, output="pil")[bad]
+        LMDBDataset(out, decode=Decode(output="pil"))[bad]
 
-    skip = LMDBDataset(out, output="numpy", on_error="skip")
+    skip = LMDBDataset(out, decode=Decode(output="numpy"), on_error="skip")
     with pytest.warns(RuntimeWarning, match="undecodable"):
         batch = skip.__getitems__([bad - 1, bad, bad + 1])
     assert [lbl for _, lbl in batch] == [image_tree.samples[bad - 1].label,
@@ -572,7 +575,7 @@ def test_missing_record_key(packed, image_tree):
     with env.begin(write=True) as txn:
         txn.delete(b"0000000003")
     env.close()
-    ds = LMDBDataset(out, output="bytes")
+    ds = LMDBDataset(out, decode=Decode(output="bytes"))
     with pytest.raises(CorruptDataError, match="missing") as info:
         ds[3]
     assert info.value.record == 3
@@ -596,11 +599,11 @@ def test_reopen_after_failed_open_and_repack(tmp_path, image_tree):
 def test_new_dataset_after_overwrite_sees_new_data(tmp_path, image_tree):
     path = tmp_path / "re.lmdb"
     fastdata.pack(image_tree.root, path, progress=False)
-    old = LMDBDataset(path, output="bytes")
+    old = LMDBDataset(path, decode=Decode(output="bytes"))
     assert len(old) == len(image_tree.samples)
     small = build_tree(tmp_path / "small", ["a/x.png", "b/y.png"])
     fastdata.pack(small.root, path, options=PackOptions(overwrite=True), progress=False)
-    new = LMDBDataset(path, output="bytes")
+    new = LMDBDataset(path, decode=Decode(output="bytes"))
     assert len(new) == 2
     assert [new[i] for i in range(2)] == [(s.data, s.label) for s in small.samples]
 
@@ -609,12 +612,12 @@ def test_reopen_after_overwrite_when_closed(tmp_path, image_tree):
     # The supported way today: close the old dataset's reader first.
     path = tmp_path / "re.lmdb"
     fastdata.pack(image_tree.root, path, progress=False)
-    old = LMDBDataset(path, output="bytes")
+    old = LMDBDataset(path, decode=Decode(output="bytes"))
     assert len(old) == len(image_tree.samples)
     old.reader.close()
     small = build_tree(tmp_path / "small", ["a/x.png", "b/y.png"])
     fastdata.pack(small.root, path, options=PackOptions(overwrite=True), progress=False)
-    new = LMDBDataset(path, output="bytes")
+    new = LMDBDataset(path, decode=Decode(output="bytes"))
     assert [new[i] for i in range(len(new))] == [(s.data, s.label) for s in small.samples]
 
 
@@ -634,7 +637,7 @@ def test_16bit_pgm_is_scaled_not_blacked_out(tmp_path, output):
     (root / "k" / "deep.pgm").write_bytes(data)
     out = tmp_path / "pgm.lmdb"
     fastdata.pack(root, out, progress=False)
-    img, _ = LMDBDataset(out, output=output)[0]
+    img, _ = LMDBDataset(out, decode=Decode(output=output))[0]
     arr = np.asarray(img)
     assert arr.shape == (8, 8, 3)
     for c in range(3):
@@ -649,7 +652,7 @@ def test_16bit_png_is_scaled(tmp_path, output):
     Image.fromarray(values).save(root / "k" / "deep.png")
     out = tmp_path / "png16.lmdb"
     fastdata.pack(root, out, progress=False)
-    img, _ = LMDBDataset(out, output=output)[0]
+    img, _ = LMDBDataset(out, decode=Decode(output=output))[0]
     arr = np.asarray(img)
     assert arr.shape == (8, 8, 3)
     for c in range(3):

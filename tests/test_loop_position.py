@@ -109,9 +109,8 @@ def test_a_resume_point_loads_with_other_workers(packs):
 
 
 def test_a_loader_fastdata_does_not_order_says_so(packs):
-    ds = _open(packs, "map")
-    loader = fastdata.loader(ds, num_workers=0, sampler=torch.utils.data.RandomSampler(ds),
-                             batch_size=8)
+    ds = _open(packs, "map")  # batches of 8, from its order
+    loader = fastdata.loader(ds, num_workers=0, sampler=torch.utils.data.RandomSampler(ds))
     with pytest.raises(TypeError, match="no position to save"):
         loader.state_dict()
     foreign = fastdata.CUDAPrefetcher(torch.utils.data.DataLoader(ds, batch_size=8),

@@ -1,7 +1,6 @@
 """One set of read options: fastdata.Decode and fastdata.Order mean the same to
 map-style Datasets, streams, fastdata.loader() and DALI; open_dataset opens
-either way of reading; the old flat keywords still work, each with a
-DeprecationWarning naming the new spelling, and give the same samples."""
+either way of reading."""
 
 from __future__ import annotations
 
@@ -112,40 +111,12 @@ def test_the_loader_reads_in_the_datasets_order(packs):
     sampler = fastdata.EpochBatches(ds)
     want = [i for batch in sampler for i in batch]
     assert _labels(batches) == want and len(want) == N
-    # The old loader keywords still work, with a warning naming the new place.
-    with pytest.warns(DeprecationWarning, match=r"loader\(batch_size=\).*order=fastdata.Order"):
-        old = fastdata.loader(ds, batch_size=4, num_workers=0, device="cpu")
-    assert len(next(iter(old))[1]) == 4
-    # A map-style dataset opened without an order is still shuffled by loader(),
-    # for one release, and says so.
+    # A map-style dataset opened without an order is read in its stored order,
+    # in batches of 64.
     plain = fastdata.open_dataset(packs["lmdb"], decode=Decode(size=(8, 8)))
-    with pytest.warns(DeprecationWarning, match="opened without order="):
-        shuffled = fastdata.loader(plain, num_workers=0, device="cpu")
-    assert sorted(_labels(shuffled)) == sorted(plain.targets) != _labels(shuffled)
-
-
-def test_old_flat_names_warn_and_give_the_same_samples(packs):
-    with pytest.warns(DeprecationWarning, match=r"Decode\(size=\(8, 8\), output='numpy'\)"):
-        old = fastdata.open_dataset(packs["lmdb"], size=(8, 8), output="numpy")
-    new = fastdata.open_dataset(packs["lmdb"], decode=Decode(size=(8, 8), output="numpy"))
-    assert old.decoding == new.decoding
-    assert all(np.array_equal(old[i][0], new[i][0]) for i in range(N))
-    with pytest.warns(DeprecationWarning) as caught:
-        old = fastdata.ShardedIterableDataset(packs["tar"], shuffle=True, seed=3,
-                                              shuffle_window=6, shuffle_block=2, batch_size=4,
-                                              output="bytes")
-    text = " ".join(str(w.message) for w in caught)
-    assert "Order(shuffle=True, seed=3, batch_size=4, block=2, window=6)" in text
-    new = fastdata.ShardedIterableDataset(
-        packs["tar"], decode=Decode(output="bytes"),
-        order=Order(shuffle=True, seed=3, batch_size=4, block=2, window=6))
-    assert old.order == new.order
-    assert [d for d, _ in old] == [d for d, _ in new]
-    with pytest.warns(DeprecationWarning, match="shuffle_buffer"):
-        buffered = fastdata.ShardedIterableDataset(packs["tar"], shuffle_buffer=7)
-    assert buffered.order.window == 7
-    with pytest.raises(ValueError, match="beside decode="):
-        fastdata.open_dataset(packs["lmdb"], decode=Decode(), size=8)
+    stored = list(fastdata.loader(plain, num_workers=0, device="cpu"))
+    assert [len(labels) for _, labels in stored] == [N]
+    assert _labels(stored) == plain.targets == list(range(N))
 
 
 def test_a_center_crop_is_the_middle_of_the_resized_image(packs):
@@ -168,13 +139,14 @@ def test_a_center_crop_is_the_middle_of_the_resized_image(packs):
         too_big[0]
 
 
-def test_epoch_batches_take_the_datasets_order_or_the_old_names(packs):
-    ds = fastdata.open_dataset(packs["lmdb"], order=Order(shuffle=True, seed=2, batch_size=4))
+def test_epoch_batches_take_the_datasets_order_or_their_own(packs):
+    order = Order(shuffle=True, seed=2, batch_size=4)
+    ds = fastdata.open_dataset(packs["lmdb"], order=order)
     want = list(fastdata.EpochBatches(ds))
     assert [len(b) for b in want] == [4] * 5 + [3]
-    with pytest.warns(DeprecationWarning, match=r"EpochBatches\(batch_size=, shuffle=, seed=\)"):
-        old = fastdata.EpochBatches(ds, batch_size=4, shuffle=True, seed=2)
-    assert list(old) == want
+    assert sorted(i for b in want for i in b) == list(range(N))
+    plain = fastdata.open_dataset(packs["lmdb"])
+    assert list(fastdata.EpochBatches(plain, order)) == want
     with pytest.raises(TypeError, match="unexpected keyword"):
         fastdata.EpochBatches(ds, colour=True)
 

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import fastdata
+from fastdata import Decode, Order
 from fastdata.cli import main
 from fastdata.packers.pack import PackSummary
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
@@ -83,14 +84,14 @@ def webdataset_shards(folder: Path, n: int = 10, per_shard: int = 4, *, cls: boo
 def test_one_shard_of_a_set_opens_with_the_sets_classes_and_keys(small_tree, tmp_path, ext):
     out = tmp_path / "out" / f"ds-%06d{ext}"
     summary = pack(small_tree.root, out, shard_size=5)  # shards of 5, 5 and 2
-    whole = fastdata.open_dataset(summary.output, output="bytes")
+    whole = fastdata.open_dataset(summary.output, decode=Decode(output="bytes"))
     names = [s["path"] for s in whole.manifest.shards]
-    one = fastdata.open_dataset(out.parent / names[1], output="bytes")
+    one = fastdata.open_dataset(out.parent / names[1], decode=Decode(output="bytes"))
     assert len(one) == 5 and one.classes == whole.classes
     assert one.keys == whole.keys[5:10] and one.targets == whole.targets[5:10]
     assert [one[i] for i in range(5)] == [whole[i] for i in range(5, 10)]
     assert one.manifest.extra["shard_of"] == os.path.basename(summary.output)
-    stream = fastdata.ShardedIterableDataset(out.parent / names[1], output="bytes")
+    stream = fastdata.ShardedIterableDataset(out.parent / names[1], decode=Decode(output="bytes"))
     assert list(stream) == [whole[i] for i in range(5, 10)]
     assert verify_dataset(out.parent / names[1], progress=False).ok
     result = CliRunner().invoke(main, ["info", str(out.parent / names[1])])
@@ -137,7 +138,7 @@ def test_tar_dataset_map_style(image_tree, tmp_path):
         image, label = ds[i]
         assert label == image_tree.labels[i]
         assert np.array_equal(image.numpy(), expected_chw(image_tree.payloads[i]))
-    raw = fastdata.TarDataset(out, output="bytes")
+    raw = fastdata.TarDataset(out, decode=Decode(output="bytes"))
     assert raw.__getitems__([3, 1]) == [(image_tree.payloads[i], image_tree.labels[i])
                                        for i in (3, 1)]
 
@@ -234,7 +235,7 @@ def test_source_extensions_writes_the_shards_earlier_versions_wrote(tmp_path):
     assert "source_extensions" not in json.loads(Path(plain.output).read_text())["pack_options"]
     read = []
     for path in (kept.output, plain.output, legacy / "old.fastdata.json"):
-        ds = fastdata.open_dataset(path, output="bytes")
+        ds = fastdata.open_dataset(path, decode=Decode(output="bytes"))
         read.append((ds.keys, [ds[i] for i in range(len(ds))]))
     assert read[0] == read[1] == read[2]
     for summary in (kept, plain):
@@ -333,7 +334,7 @@ def test_renamed_member_keys_are_reported(tmp_path):
         assert [n for n in tar.getnames() if not n.endswith(".cls")] == [
             "a/china.bmp", "a/china_1.jpg", "a/x_y.png", "b/ok.png"]
     # The dataset's keys stay the source's (keys.json).
-    ds = fastdata.open_dataset(summary.output, output="bytes")
+    ds = fastdata.open_dataset(summary.output, decode=Decode(output="bytes"))
     assert ds.keys == tree.keys == ["a/china.bmp", "a/china.jpg", "a/x.y.png", "b/ok.png"]
     assert [ds[i] for i in range(len(ds))] == [(s.data, s.label) for s in tree.samples]
 
@@ -410,7 +411,7 @@ def test_we_read_webdataset_shards(tmp_path):
         assert reader.classes == ["0", "1", "2"]
     with TarReader(tmp_path / "wds" / "wds-%06d.tar") as reader:  # a pattern finds them too
         assert len(reader) == 10
-    ds = fastdata.ShardedIterableDataset([str(p) for p in paths], output="bytes")
+    ds = fastdata.ShardedIterableDataset([str(p) for p in paths], decode=Decode(output="bytes"))
     assert [(d, lab) for d, lab in ds] == [(d, lab) for _, d, lab in samples]
 
 
@@ -551,10 +552,11 @@ def test_corrupted_payload_fails_crc(sharded, small_tree):
         with pytest.raises(CorruptDataError, match="CRC32") as err:
             reader.read(4)
         assert err.value.key == small_tree.keys[4]
-    ds = fastdata.ShardedIterableDataset(sharded.output, output="bytes")
+    ds = fastdata.ShardedIterableDataset(sharded.output, decode=Decode(output="bytes"))
     with pytest.raises(CorruptDataError):
         list(ds)
-    skipping = fastdata.ShardedIterableDataset(sharded.output, output="bytes", on_error="skip")
+    skipping = fastdata.ShardedIterableDataset(sharded.output, decode=Decode(output="bytes"),
+                                               on_error="skip")
     with pytest.warns(RuntimeWarning, match="skipping corrupt record 4"):
         assert len(list(skipping)) == len(small_tree) - 1 and skipping.skipped == 1
 
@@ -581,8 +583,8 @@ def _keys_seen(ds, tree, workers=2) -> list[str]:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_iterable_dataloader_two_workers_exactly_once(sharded, small_tree, shuffle):
-    ds = fastdata.ShardedIterableDataset(sharded.output, output="bytes", shuffle=shuffle,
-                                         shuffle_buffer=4, seed=3)
+    ds = fastdata.ShardedIterableDataset(sharded.output, decode=Decode(output="bytes"),
+                                         order=Order(shuffle=shuffle, window=4, seed=3))
     seen = _keys_seen(ds, small_tree)
     assert sorted(seen) == sorted(small_tree.keys)
     if not shuffle:
@@ -606,8 +608,8 @@ def test_iterable_tensor_batches(sharded, small_tree):
 
 def test_shuffle_reproducible_and_changes_with_epoch(sharded, small_tree):
     def order(epoch, seed=7, workers=2):
-        ds = fastdata.ShardedIterableDataset(sharded.output, output="bytes", shuffle=True,
-                                             shuffle_buffer=5, seed=seed)
+        ds = fastdata.ShardedIterableDataset(sharded.output, decode=Decode(output="bytes"),
+                                             order=Order(shuffle=True, window=5, seed=seed))
         ds.set_epoch(epoch)
         return _keys_seen(ds, small_tree, workers)
 
@@ -621,9 +623,10 @@ def test_shuffle_reproducible_and_changes_with_epoch(sharded, small_tree):
 
 def test_fewer_shards_than_workers(small_tree, tmp_path):
     summary = pack(small_tree.root, tmp_path / "one.tar")  # a single shard
-    ds = fastdata.ShardedIterableDataset(summary.output, output="bytes")
+    ds = fastdata.ShardedIterableDataset(summary.output, decode=Decode(output="bytes"))
     assert sorted(_keys_seen(ds, small_tree)) == sorted(small_tree.keys)
-    ds = fastdata.ShardedIterableDataset(summary.output, output="bytes", shuffle=True)
+    ds = fastdata.ShardedIterableDataset(summary.output, decode=Decode(output="bytes"),
+                                         order=Order(shuffle=True))
     assert sorted(_keys_seen(ds, small_tree)) == sorted(small_tree.keys)
 
 
@@ -640,8 +643,9 @@ def test_split_across_ranks_equal_work(small_tree, tmp_path, shard_size, world, 
     out = pack(small_tree.root, tmp_path / "s" / "ds.tar", shard_size=shard_size).output
     counts, seen = [], Counter()
     for rank in range(world):
-        ds = fastdata.ShardedIterableDataset(out, output="bytes", rank=rank, world_size=world,
-                                             drop_last=drop_last)
+        ds = fastdata.ShardedIterableDataset(out, decode=Decode(output="bytes"),
+                                             order=Order(rank=rank, world_size=world,
+                                                         drop_last=drop_last))
         assert len(ds) == per_rank and ds.plan().repeats == repeats
         got = [d for d, _ in ds]
         counts.append(len(got))
@@ -657,7 +661,7 @@ def test_split_across_ranks_equal_work(small_tree, tmp_path, shard_size, world, 
 def test_iterable_pickles_with_rank(sharded):
     import pickle
 
-    ds = fastdata.ShardedIterableDataset(sharded.output, output="bytes")
+    ds = fastdata.ShardedIterableDataset(sharded.output, decode=Decode(output="bytes"))
     clone = pickle.loads(pickle.dumps(ds))
     assert (clone._rank, clone._world) == (0, 1)  # resolved at pickling: no process group here
     assert len(list(clone)) == 12
