@@ -199,7 +199,7 @@ def _check_prefetcher(args) -> bool:
             rate = seen / (time.perf_counter() - start)
             once = seen == len(ds) * args.epochs
             ok = ok and once and first[0].type == "cuda" and first[4] < 0.05
-            print(f"CUDAPrefetcher, {workers} workers (background={loader.background}): "
+            print(f"CUDAPrefetcher, {workers} workers (run_ahead={loader.run_ahead}): "
                   f"{rate:8.1f} img/s over {args.epochs} epochs; images {first[0]} {first[1]} "
                   f"{first[2]} channels_last={first[3]}; max |gpu - cpu normalise| "
                   f"{first[4]:.4f}; every sample once per epoch: {once}")

@@ -128,10 +128,10 @@ def test_loader_without_workers_makes_batches_ahead_with_the_same_crops(lmdb_pho
         return loader, out
 
     ahead, batches = epochs()
-    assert ahead.background == 2
+    assert ahead.run_ahead == 2
     assert isinstance(ahead.loader, torch.utils.data.DataLoader)
     plain, expected = epochs(run_ahead=0)
-    assert plain.background == 0
+    assert plain.run_ahead == 0
     assert len(batches) == len(expected) == 10
     for (images, labels), (want_images, want_labels) in zip(batches, expected):
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
@@ -141,7 +141,7 @@ def test_loader_with_workers_leaves_them_to_run_ahead(lmdb_photos):
     ds = fastdata.open_dataset(lmdb_photos, decode=Decode(size=(16, 16)),
                                order=Order(shuffle=True, batch_size=8))
     loader = fastdata.loader(ds, num_workers=1, device="cpu", persistent_workers=False)
-    assert loader.background == 0
+    assert loader.run_ahead == 0
     assert sum(len(labels) for _, labels in loader) == len(ds)
 
 
@@ -222,7 +222,7 @@ def test_a_stream_run_ahead_still_has_the_position_of_what_the_loop_took(tmp_pat
     whole = records(fastdata.loader(stream(), num_workers=0, device="cpu"))
     assert len(whole) == 4 and sorted(sum(whole, [])) == list(range(16))
     loader = fastdata.loader(ds, num_workers=0, device="cpu")
-    assert loader.background == 2   # batches made ahead on a thread, a batch at a time
+    assert loader.run_ahead == 2   # batches made ahead on a thread, a batch at a time
     it = iter(loader)
     taken = next(it)[1].tolist()
     state = ds.state_dict()  # after the one batch the loop took, not later ones
@@ -241,5 +241,5 @@ def test_a_loader_that_keeps_a_resume_state_is_refused(lmdb_photos):
     with pytest.raises(ValueError, match="StatefulDataLoader keeps a state_dict"):
         BackgroundBatches(stateful)
     with pytest.raises(ValueError, match="StatefulDataLoader keeps a state_dict"):
-        fastdata.CUDAPrefetcher(stateful, "cpu", background=2)
+        fastdata.CUDAPrefetcher(stateful, "cpu", run_ahead=2)
     assert len(list(fastdata.CUDAPrefetcher(stateful, "cpu"))) == 10  # without: as before

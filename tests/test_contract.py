@@ -247,7 +247,7 @@ def _invoke(*args):
 
 
 def _toy_records(path) -> list[tuple[str, bytes, int]]:
-    with fastdata.open_dataset(path, output="bytes") as ds:
+    with fastdata.open_dataset(path, decode=fastdata.Decode(output="bytes")) as ds:
         return [(ds.keys[i], bytes(img), label) for i, (img, label) in enumerate(_items(ds))]
 
 

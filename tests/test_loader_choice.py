@@ -33,7 +33,7 @@ def test_fastdatas_own_decoding_runs_on_threads_then_one_process_per_8_cores(
         packs, cores, workers, background):
     ds = fastdata.open_dataset(packs[0], order=ORDER)
     choice = choose_loading(ds, cores, 2, streaming=False)
-    assert (choice.num_workers, choice.background) == (workers, background)
+    assert (choice.num_workers, choice.run_ahead) == (workers, background)
     assert choice == choose_loading(ds, cores, 2, streaming=False)  # the same every time
 
 
@@ -41,10 +41,10 @@ def test_fastdatas_own_decoding_runs_on_threads_then_one_process_per_8_cores(
 def test_a_stream_is_read_in_this_process_up_to_8_cores(packs, cores, workers, background):
     ds = fastdata.open_dataset(packs[1], streaming=True, order=ORDER)
     choice = choose_loading(ds, cores, 2, streaming=True)
-    assert (choice.num_workers, choice.background) == (workers, background)
+    assert (choice.num_workers, choice.run_ahead) == (workers, background)
     numpy = fastdata.open_dataset(packs[1], streaming=True, order=ORDER,
                                   decode=fastdata.Decode(output="numpy"))
-    assert choose_loading(numpy, 2, 2, streaming=True).background == 0  # read per sample
+    assert choose_loading(numpy, 2, 2, streaming=True).run_ahead == 0  # read per sample
 
 
 def test_python_per_sample_gets_worker_processes(packs):
@@ -81,7 +81,7 @@ def test_the_choice_changes_no_sample_and_no_order(packs, streaming, caplog, tmp
         "collate_fn": CollatedIn(log, fastdata.collate)}
     assert got == batches(num_workers=2, **recorded)[1] == batches(num_workers=0)[1]
     assert_other_processes(log, count=2)
-    assert (chosen.choice.num_workers, chosen.choice.background) == (0, 2)
+    assert (chosen.choice.num_workers, chosen.choice.run_ahead) == (0, 2)
     how = ("fastdata decodes the stream on 2 threads in this process, a batch at a time"
            if streaming else "fastdata decodes on 2 threads in this process with the GIL released")
     assert repr(chosen) == ("CUDAPrefetcher(device='cpu', no worker processes, "

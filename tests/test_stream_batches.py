@@ -101,7 +101,7 @@ def test_loader_runs_a_stream_ahead_and_its_state_is_the_loops(shards, stop_afte
     want = [b[:2] for b in _per_sample(_open(shards), 0)]
     ds = _open(shards)
     loader = fastdata.loader(ds, device="cpu", num_workers=0, run_ahead=3)
-    assert loader.background == 3
+    assert loader.run_ahead == 3
     head, it = [], iter(loader)
     for _ in range(stop_after):
         x, y = next(it)
