@@ -275,7 +275,7 @@ def test_tfrecord_package_file_converts(tmp_path, feature_keys):
         writer.write({image: (data, "byte"), label: (i % 2 + 1, "int")})
     writer.close()
     options = {"feature_keys": feature_keys} if feature_keys else None
-    summary = _convert(str(path), tmp_path / "theirs.lmdb", reader_options=options)
+    summary = _convert(str(path), tmp_path / "theirs.lmdb", reader_settings=options)
     got = _contents(summary.output)
     assert got["payloads"] == images
     assert got["labels"] == [i % 2 + 1 for i in range(6)]
