@@ -12,7 +12,8 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 
-from fastdata.decoding.options import DECODE_NAMES
+from fastdata.decoding.options import DECODE_NAMES, Decode
+from fastdata.order.options import Order
 
 #: An order field's other spellings -> the field.
 _ORDER_SPELLINGS = {"shuffle": "shuffle", "seed": "seed", "batch_size": "batch_size",
@@ -64,9 +65,6 @@ def check_read_values(decode, order) -> None:
     Raises:
         TypeError: naming the value given.
     """
-    from fastdata.decoding.options import Decode
-    from fastdata.order.options import Order
-
     if decode is not None and not isinstance(decode, Decode):
         raise TypeError(f"decode must be a fastdata.Decode, not {decode!r}")
     if order is not None and not isinstance(order, Order):

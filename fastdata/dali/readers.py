@@ -59,7 +59,8 @@ class NativeRequest:
         mode: "encoded" or "raw" (see ``PipelinePlan.mode``).
         transcode: some records hold encodings DALI cannot decode.
         shard_id, num_shards: the pipeline's part of the data.
-        options: the pipeline's options (shuffle, seed, shuffle_buffer, index_dir).
+        options: the pipeline's options (its order's shuffle, seed and window;
+            index_dir).
     """
 
     path: str | list[str]

@@ -197,9 +197,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     shuffle = property(lambda self: self.order.shuffle)
     seed = property(lambda self: self.order.seed)
     drop_last = property(lambda self: self.order.drop_last)
-    shuffle_block = property(lambda self: self.shuffle_mode.block)
-    shuffle_window = property(lambda self: self.shuffle_mode.window)
-
     @property
     def batch_size(self) -> int | None:
         return self.order.batch_size

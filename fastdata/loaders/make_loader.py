@@ -198,14 +198,11 @@ def _stream_in_batches(dataset, options: dict):
 
 def _match_stream_batches(dataset, batch_size) -> None:
     """A ShardedIterableDataset hands whole batches to its workers in turn when
-    it knows the DataLoader's batch size: give it this loader's, or refuse a
-    different one (the job's order would then depend on the worker count)."""
+    it knows the DataLoader's batch size: a stream opened without one gets this
+    loader's (the loader's comes from the stream's own order otherwise, so the
+    two cannot differ)."""
     from fastdata.loaders.iterable import ShardedIterableDataset
 
-    if not isinstance(dataset, ShardedIterableDataset) or batch_size is None:
-        return
-    if dataset.batch_size is None:
+    if isinstance(dataset, ShardedIterableDataset) and batch_size is not None \
+            and dataset.batch_size is None:
         dataset.batch_size = int(batch_size)
-    elif dataset.batch_size != batch_size:
-        raise ValueError(f"the dataset was made with batch_size={dataset.batch_size} but the "
-                         f"loader's batch_size is {batch_size}; give both the same value")
