@@ -206,7 +206,7 @@ def test_equal_batches_on_every_rank_and_one_job_order(uneven, tmp_path, world, 
         if shuffle:
             block, window = ORDER["block"], ORDER["window"]
             assert order == epoch_order(RECORDS, Shuffle(True, ORDER["seed"], block, window),
-                                        EPOCH).tolist()
+                                        EPOCH)[:].tolist()
             assert order != list(range(RECORDS))
         else:
             assert order == list(range(RECORDS))  # the stored (ImageFolder) order

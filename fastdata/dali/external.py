@@ -3,7 +3,8 @@
 Used for LMDB and HDF5 (DALI has no reader for them), for pre-decoded (raw)
 datasets and encodings DALI cannot decode (GIF), and for every format with
 ``reader="external"``. Its order is the order engine's (:mod:`fastdata.order`):
-each epoch a permutation of the whole dataset (shuffled) or the stored order,
+each epoch a permutation of the whole dataset (shuffled, computed per batch) or
+the stored order,
 each pipeline shard an equal part of it (padded, as every fastdata reader is),
 so with the same seed it reads a map-style Dataset's and a stream's batches.
 It checks fastdata's CRC32s, which DALI's own readers do not.
@@ -90,7 +91,7 @@ class ExternalBatches:
         self._reader = reader
         self.count = len(self.reader)
         self._decode = None
-        self._order: tuple[int, np.ndarray] | None = None
+        self._order: tuple[int, Any] | None = None
 
     @property
     def reader(self) -> Any:
@@ -114,21 +115,17 @@ class ExternalBatches:
         n = self.shard_size()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def indices(self, epoch: int) -> np.ndarray:
-        """The record indices of this shard in epoch ``epoch``, in order."""
+    def batch_indices(self, epoch: int, iteration: int) -> list[int]:
+        """The record indices of this shard's batch ``iteration`` of epoch
+        ``epoch``: computed for that batch alone (the order engine's
+        per-position order), whatever the dataset's size."""
         if self._order is None or self._order[0] != epoch:
             o = self.order
             window = self.count if o.window is None else int(o.window)
             block = 1 if o.block is None else int(o.block)
-            order = epoch_order(self.count, Shuffle(o.shuffle, o.seed, block, max(1, window)),
-                                epoch)
-            plan = self._slice()
-            positions = np.concatenate(
-                [np.arange(r.start, r.stop) for r in map(plan.batch_positions,
-                                                           range(plan.batches()))]
-                or [np.zeros(0, dtype=np.int64)])
-            self._order = (epoch, plan.record_indices(order, positions))
-        return self._order[1]
+            self._order = (epoch, epoch_order(
+                self.count, Shuffle(o.shuffle, o.seed, block, max(1, window)), epoch))
+        return self._slice().batch_records(self._order[1], iteration).tolist()
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], np.ndarray]:
         """The batch of ``info`` (DALI's ``BatchInfo``, or an iteration number).
@@ -140,8 +137,7 @@ class ExternalBatches:
         epoch = getattr(info, "epoch_idx", 0)
         if iteration >= len(self):
             raise StopIteration
-        mine = self.indices(epoch)
-        batch = mine[iteration * self.batch_size:(iteration + 1) * self.batch_size].tolist()
+        batch = self.batch_indices(epoch, iteration)
         reader = self.reader
         payloads = reader.read_many(batch)
         labels = reader.labels[batch].astype(np.int64)

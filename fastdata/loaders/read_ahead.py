@@ -50,12 +50,12 @@ class Chunks:
     def __getitem__(self, k: int) -> list[int]:
         if not 0 <= k < len(self):
             raise IndexError(k)
-        part = self.positions[k * READ_CHUNK:(k + 1) * READ_CHUNK]
+        part = np.asarray(self.positions[k * READ_CHUNK:(k + 1) * READ_CHUNK])
         return self.plan.record_indices(self.order, part).tolist()
 
     def all_records(self):
         """Every remaining record index, in order of use, and the chunk of each."""
-        return (self.plan.record_indices(self.order, self.positions),
+        return (self.plan.record_indices(self.order, np.asarray(self.positions)),
                 np.arange(len(self.positions), dtype=np.int64) // READ_CHUNK)
 
 

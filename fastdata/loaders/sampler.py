@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 from torch.utils.data import Sampler
 
 from fastdata.keywords import check_read_values, explain_keywords
@@ -97,8 +96,7 @@ class EpochBatches(Sampler[list[int]]):
             self.dataset.set_epoch(self.epoch)  # crops follow the epoch read
         self._announce(plan)
         for t in range(plan.batches()):
-            positions = plan.batch_positions(t)
-            batch = plan.record_indices(order, np.arange(positions.start, positions.stop)).tolist()
+            batch = plan.batch_records(order, t).tolist()  # this batch's positions alone
             self._taken = t + 1  # counted before it is handed on: state_dict() is after it
             yield batch
         # A whole pass read: the next one reads the next epoch (set_epoch() may

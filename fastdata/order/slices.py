@@ -87,6 +87,12 @@ class Slice:
             return self.n  # the epoch is done (padding included)
         return self.start + self.world * batches * self.batch_size
 
+    def batch_records(self, order, t: int) -> np.ndarray:
+        """The record indices of this rank's batch ``t`` in ``order`` (an
+        epoch's :class:`~fastdata.order.epochs.EpochOrder`)."""
+        span = self.batch_positions(t)
+        return self.record_indices(order, np.arange(span.start, span.stop, dtype=np.int64))
+
     def record_indices(self, order: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Record indices at ``positions``; positions past the end wrap to the
         start of the remaining order (padding)."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from fastdata.order.bijection import ALGORITHM
 from fastdata.order.slices import Slice, batches_delivered, worker_batches
 
 TAG = "fastdata_stream"
@@ -87,12 +88,46 @@ class WorkerPosition:
         return done
 
 
-def worker_positions(plan: Slice, worker: int, workers: int) -> np.ndarray:
+class WorkerPositions:
+    """The positions (counted from ``plan.start`` in the padded order) that
+    one worker reads, batch by batch, computed when asked for: ``len()``,
+    slices (lazy) and ``numpy.asarray`` (the whole share)."""
+
+    def __init__(self, plan: Slice, worker: int, workers: int,
+                 lo: int = 0, hi: int | None = None) -> None:
+        self.plan, self.worker, self.workers = plan, worker, workers
+        ts = worker_batches(plan.batches(), worker, workers)
+        last = plan.batches() - 1
+        size = len(ts) * plan.batch_size
+        if len(ts) and ts[-1] == last:  # the rank's last batch may be short
+            size -= plan.batch_size - len(plan.batch_positions(last))
+        self.lo = lo
+        self.hi = size if hi is None else min(hi, size)
+
+    def __len__(self) -> int:
+        return max(0, self.hi - self.lo)
+
+    def __getitem__(self, where: slice) -> WorkerPositions:
+        if not isinstance(where, slice) or where.step not in (None, 1):
+            raise TypeError("worker positions are sliced by a contiguous range")
+        lo, hi, _ = where.indices(len(self))
+        return WorkerPositions(self.plan, self.worker, self.workers, self.lo + lo,
+                               self.lo + max(lo, hi))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        k = np.arange(self.lo, self.hi, dtype=np.int64)
+        plan = self.plan
+        b, world = plan.batch_size, plan.world
+        t = self.worker + (k // b) * self.workers
+        size = np.minimum(b, plan.per_rank - t * b)
+        out = world * t * b + plan.rank * size + k % b
+        return out if dtype is None else out.astype(dtype)
+
+
+def worker_positions(plan: Slice, worker: int, workers: int) -> WorkerPositions:
     """Positions (counted from ``plan.start`` in the padded order) that one
-    worker reads, batch by batch."""
-    parts = [np.arange(r.start, r.stop, dtype=np.int64)
-             for r in map(plan.batch_positions, worker_batches(plan.batches(), worker, workers))]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    worker reads, batch by batch (:class:`WorkerPositions`)."""
+    return WorkerPositions(plan, worker, workers)
 
 
 def _found(state, out: list) -> list:
@@ -128,10 +163,11 @@ def order_description(order, epoch: int, *, shaping: Mapping | None = None,
     and window, or a mixture's sources, shares and schedule), the shards'
     bounds when whole shards are the blocks (``starts``, as a digest), and
     what else draws from the sample's randomness (``shaping``: a random crop's
-    settings, under ``"samples"``). A state whose description differs in any
-    field is refused.
+    settings, under ``"samples"``), and the order algorithm's version
+    (:data:`fastdata.order.bijection.ALGORITHM`). A state whose description
+    differs in any field is refused.
     """
-    out = dict(order.describe(epoch))
+    out = {"algorithm": ALGORITHM, **order.describe(epoch)}
     if starts is not None:
         digest = hashlib.blake2b(np.asarray(starts, dtype="<i8").tobytes(), digest_size=16)
         out["shards"] = {"count": len(starts), "digest": digest.hexdigest()}
@@ -199,6 +235,14 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict],
                          f"this one has {records}")
     if not entry.order:
         return
+    algorithm = entry.order.get("algorithm", 1)
+    if algorithm != ALGORITHM:
+        raise ValueError(
+            f"this state was saved with order algorithm {algorithm!r} (a fastdata that made "
+            f"each epoch's order as a permutation of every record); this one computes orders "
+            f"with algorithm {ALGORITHM}, in which the rest of the epoch is other samples. "
+            f"Resume from the start of epoch {entry.epoch}: load no state and call "
+            f"set_epoch({entry.epoch})")
     # As JSON has them (a state may have been through JSON: tuples become lists).
     saved, now = (json.loads(json.dumps(d)) for d in (entry.order, describe(entry.epoch)))
     if indices_only:

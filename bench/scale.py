@@ -1,0 +1,167 @@
+"""What fastdata costs per process as a dataset grows, measured past this machine.
+
+    python bench/scale.py plan                  # 10^9 and 10^10 samples, 4,096 ranks x 8 workers
+    python bench/scale.py open --sizes 200000,2000000   # pack tiny records, open, first batch
+
+``plan`` needs no data: for each size and order mode (a permutation of every
+record, as map-style reading has it; blocks of 16 in windows of 8192, as a
+stream has it) a fresh process plans the first batch of every worker of every
+rank (the rank's steps 0-7) with the torch-free engine
+(``fastdata.order.batch_records``), and prints the time and peak memory,
+rank 0's and rank 4095's first records, and whether all those positions map
+to distinct records.
+
+``open`` packs ``N`` tiny records (1x1 raw pixels, TFRecord, ``N / 10,000``
+shards) and, in a fresh process per size, opens the dataset shuffled and
+reads its first batch: the memory after import, after open and after the
+batch, and the growth per record between the sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PLAN = r"""
+import json, sys, time
+import numpy as np
+from fastdata.order import batch_records
+def peak():  # VmHWM: this program's own peak (ru_maxrss keeps a forking parent's)
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+from fastdata.order.options import Order
+n, block, window, ranks, workers, batch = map(int, sys.argv[1:7])
+extra = {} if block == 0 else {"block": block, "window": window}
+start = time.perf_counter()
+firsts, every = {}, []
+first_batch_s = None
+for rank in range(ranks):
+    order = Order(shuffle=True, batch_size=batch, rank=rank, world_size=ranks, **extra)
+    for worker in range(workers):  # worker k's first batch is the rank's step k
+        t = time.perf_counter()
+        records = batch_records(n, order, epoch=0, step=worker, stream=block != 0)
+        if first_batch_s is None:
+            first_batch_s = time.perf_counter() - t
+        every.append(records)
+        if worker == 0 and rank in (0, ranks - 1):
+            firsts[rank] = records[:6].tolist()
+seconds = time.perf_counter() - start
+every = np.concatenate(every)
+print(json.dumps({"seconds": seconds, "first_batch_s": first_batch_s,
+                  "positions": int(every.size), "distinct": int(np.unique(every).size),
+                  "peak_rss": peak(), "firsts": firsts}))
+"""
+
+OPEN = r"""
+import json, os, sys
+def rss(field="VmRSS:"):
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith(field))
+import fastdata, torch
+after_import = rss()
+path = sys.argv[1]
+ds = fastdata.open_dataset(path, order=fastdata.Order(shuffle=True, batch_size=256))
+after_open = rss()
+batch = next(iter(fastdata.loader(ds, device="cpu")))
+after_batch = rss()
+print(json.dumps({"records": len(ds), "after_import": after_import, "after_open": after_open,
+                  "after_batch": after_batch,
+                  "peak_rss": rss("VmHWM:")}))
+"""
+
+
+class TinySource:
+    """``n`` records of 1x1 raw RGB pixels in 10 classes (a fastdata Source)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.classes = [f"c{k}" for k in range(10)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        from fastdata.packers.source import SourceEntry
+
+        for i in range(self.n):
+            yield SourceEntry(key=f"{i:010d}", label=i % 10,
+                              data=bytes((i & 255, (i >> 8) & 255, (i >> 16) & 255)),
+                              raw_shape=(1, 1, 3))
+
+    def describe(self) -> dict:
+        return {"root": None, "files": self.n, "kind": "bench/scale.py tiny records"}
+
+    def warnings(self) -> list[str]:
+        return []
+
+
+def run_plan(args) -> None:
+    print(f"{'records':>16} {'mode':<18} {'batches':>8} {'all s':>7} {'1st ms':>7} "
+          f"{'peak MB':>8} {'distinct':>9}  rank 0 | rank {args.ranks - 1} first records")
+    for n in map(int, args.sizes.split(",")):
+        for block, window, mode in ((0, 0, "permutation"), (16, 8192, "block 16, win 8192")):
+            out = subprocess.run([sys.executable, "-c", PLAN, str(n), str(block), str(window),
+                                  str(args.ranks), str(args.workers), str(args.batch)],
+                                 capture_output=True, text=True, check=True, cwd=ROOT)
+            r = json.loads(out.stdout)
+            ok = "yes" if r["distinct"] == r["positions"] else "NO"
+            firsts = r["firsts"]
+            print(f"{n:>16,} {mode:<18} {args.ranks * args.workers:>8,} {r['seconds']:>7.2f} "
+                  f"{r['first_batch_s'] * 1e3:>7.2f} {r['peak_rss'] / 2**20:>8.0f} {ok:>9}  "
+                  f"{firsts['0'][:3]} | {firsts[str(args.ranks - 1)][:3]}")
+
+
+def run_open(args) -> None:
+    import fastdata
+    from fastdata.packers.options import PackOptions
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        for n in map(int, args.sizes.split(",")):
+            out = os.path.join(folder, f"tiny{n}.tfrecord")
+            t = time.perf_counter()
+            fastdata.pack(TinySource(n), out,
+                          options=PackOptions(shard_size=max(1, n // max(1, n // 10_000))),
+                          progress=False)
+            packed = time.perf_counter() - t
+            manifest = os.path.join(folder, f"tiny{n}.tfrecord.fastdata.json")
+            result = subprocess.run([sys.executable, "-c", OPEN, manifest], capture_output=True,
+                                    text=True, check=True, cwd=ROOT)
+            r = json.loads(result.stdout)
+            rows.append(r)
+            print(f"{n:>10,} records (packed in {packed:.0f} s): after import "
+                  f"{r['after_import'] / 2**20:.0f} MB, open +"
+                  f"{(r['after_open'] - r['after_import']) / 2**20:.1f} MB, first batch +"
+                  f"{(r['after_batch'] - r['after_open']) / 2**20:.1f} MB")
+    for a, b in zip(rows, rows[1:]):
+        grow = (b["after_batch"] - b["after_import"]) - (a["after_batch"] - a["after_import"])
+        print(f"growth {a['records']:,} -> {b['records']:,} records: "
+              f"{grow / 2**20:+.1f} MB, {grow / (b['records'] - a['records']):.1f} bytes "
+              f"per record")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    plan = sub.add_parser("plan", help="plan epochs of huge datasets, without data")
+    plan.add_argument("--sizes", default=f"{10**9},{10**10}")
+    plan.add_argument("--ranks", type=int, default=4096)
+    plan.add_argument("--workers", type=int, default=8)
+    plan.add_argument("--batch", type=int, default=256)
+    opened = sub.add_parser("open", help="pack tiny records, open, read the first batch")
+    opened.add_argument("--sizes", default="200000,2000000")
+    opened.add_argument("--dir", default=None, help="where to pack (default: the temp folder)")
+    args = parser.parse_args()
+    run_plan(args) if args.what == "plan" else run_open(args)
+
+
+if __name__ == "__main__":
+    main()
