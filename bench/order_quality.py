@@ -18,8 +18,11 @@ below as it was). Same sizes, same number of seeds. Figures, per mode:
   of class ``i * classes // n``), the mean entropy (bits) of each batch's
   labels over the entropy of i.i.d. draws' batches (1.000: as mixed).
 - streams (block/window mode, shards of ``--shard`` records): distinct
-  shards per batch, and the read-ahead working set: the most shards open
-  at once, a shard open from its first record's position to its last's.
+  shards per batch, and the read-ahead working set: distinct shards per
+  window of 8,192 consecutive positions (what a reader reads from at once).
+
+Each figure is the mean over ``--seeds`` seeds, with its standard deviation
+over them (the noise against which the two columns compare).
 """
 
 from __future__ import annotations
@@ -91,17 +94,10 @@ def stream_figures(order: np.ndarray, shard: int, batch: int) -> dict:
     shards = order // shard
     full = len(shards) // batch * batch
     per_batch = [len(np.unique(r)) for r in shards[:full].reshape(-1, batch)]
-    count = int(shards.max()) + 1
-    first = np.full(count, len(order))
-    last = np.zeros(count, dtype=np.int64)
-    positions = np.arange(len(order))
-    np.minimum.at(first, shards, positions)
-    np.maximum.at(last, shards, positions)
-    opens = np.zeros(len(order) + 1, dtype=np.int64)
-    np.add.at(opens, first, 1)
-    np.add.at(opens, last + 1, -1)
+    span = DEFAULT_WINDOW
+    per_window = [len(np.unique(shards[k:k + span])) for k in range(0, len(shards), span)]
     return {"shards_per_batch": float(np.mean(per_batch)),
-            "working_set": int(np.cumsum(opens).max())}
+            "working_set": float(np.mean(per_window))}
 
 
 def measure(n: int, mode: str, seeds: int, classes: int, shard: int, batch: int) -> dict:
@@ -127,8 +123,9 @@ def measure(n: int, mode: str, seeds: int, classes: int, shard: int, batch: int)
             if mode == "stream":
                 row.update(stream_figures(order, shard, batch))
             rows.append(row)
-        out[name] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-        out[name]["seconds_whole_order"] = seconds / seeds
+        out[name] = {k: (float(np.mean([r[k] for r in rows])),
+                         float(np.std([r[k] for r in rows]))) for k in rows[0]}
+        out[name]["seconds_whole_order"] = (seconds / seeds, 0.0)
     return out
 
 
@@ -136,9 +133,10 @@ def show(n: int, mode: str, result: dict) -> None:
     names = list(result)
     keys = list(result[names[0]])
     print(f"\n{mode} order, n = {n:,}")
-    print(f"{'figure':<26}" + "".join(f"{name:>14}" for name in names))
+    print(f"{'figure':<26}" + "".join(f"{name + ' (sd)':>22}" for name in names))
     for k in keys:
-        print(f"{k:<26}" + "".join(f"{result[name][k]:>14.4f}" for name in names))
+        print(f"{k:<26}" + "".join(f"{result[name][k][0]:>14.4f} ({result[name][k][1]:.4f})"
+                                   for name in names))
 
 
 def main() -> None:

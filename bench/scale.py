@@ -7,14 +7,18 @@
 record, as map-style reading has it; blocks of 16 in windows of 8192, as a
 stream has it) a fresh process plans the first batch of every worker of every
 rank (the rank's steps 0-7) with the torch-free engine
-(``fastdata.order.batch_records``), and prints the time and peak memory,
-rank 0's and rank 4095's first records, and whether all those positions map
-to distinct records.
+(``fastdata.order.batch_records``), and prints the time and peak memory of
+one rank's plan, the time of all ranks', rank 0's and rank 4095's first
+records, and whether all those positions map to distinct records.
 
 ``open`` packs ``N`` tiny records (1x1 raw pixels, TFRecord, ``N / 10,000``
 shards) and, in a fresh process per size, opens the dataset shuffled and
 reads its first batch: the memory after import, after open and after the
 batch, and the growth per record between the sizes.
+
+It imports the ``fastdata`` Python finds: ``PYTHONPATH=OTHER_TREE python
+bench/scale.py open`` measures another checkout (the ``plan`` part needs
+``fastdata.order.batch_records``).
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 PLAN = r"""
 import json, sys, time
@@ -40,24 +42,20 @@ def peak():  # VmHWM: this program's own peak (ru_maxrss keeps a forking parent'
 from fastdata.order.options import Order
 n, block, window, ranks, workers, batch = map(int, sys.argv[1:7])
 extra = {} if block == 0 else {"block": block, "window": window}
-start = time.perf_counter()
-firsts, every = {}, []
-first_batch_s = None
-for rank in range(ranks):
+def plan(rank):  # a rank's worker k reads the rank's step k first
     order = Order(shuffle=True, batch_size=batch, rank=rank, world_size=ranks, **extra)
-    for worker in range(workers):  # worker k's first batch is the rank's step k
-        t = time.perf_counter()
-        records = batch_records(n, order, epoch=0, step=worker, stream=block != 0)
-        if first_batch_s is None:
-            first_batch_s = time.perf_counter() - t
-        every.append(records)
-        if worker == 0 and rank in (0, ranks - 1):
-            firsts[rank] = records[:6].tolist()
+    return [batch_records(n, order, epoch=0, step=k, stream=block != 0) for k in range(workers)]
+start = time.perf_counter()
+last = plan(ranks - 1)  # one rank alone, in this fresh process: its time and memory
+one_rank_s, one_rank_peak = time.perf_counter() - start, peak()
+start = time.perf_counter()
+every = [plan(rank) for rank in range(ranks)]
 seconds = time.perf_counter() - start
-every = np.concatenate(every)
-print(json.dumps({"seconds": seconds, "first_batch_s": first_batch_s,
+firsts = {r: every[r][0][:6].tolist() for r in (0, ranks - 1)}
+every = np.concatenate([b for rank in every for b in rank])
+print(json.dumps({"seconds": seconds, "one_rank_s": one_rank_s, "one_rank_peak": one_rank_peak,
                   "positions": int(every.size), "distinct": int(np.unique(every).size),
-                  "peak_rss": peak(), "firsts": firsts}))
+                  "firsts": firsts}))
 """
 
 OPEN = r"""
@@ -104,18 +102,22 @@ class TinySource:
 
 
 def run_plan(args) -> None:
-    print(f"{'records':>16} {'mode':<18} {'batches':>8} {'all s':>7} {'1st ms':>7} "
-          f"{'peak MB':>8} {'distinct':>9}  rank 0 | rank {args.ranks - 1} first records")
+    print(f"one rank: its {args.workers} workers' first batches of {args.batch}, planned in a "
+          f"fresh process (peak: VmHWM, imports included); all ranks: every rank's, and "
+          f"whether those {args.ranks * args.workers * args.batch:,} positions give distinct "
+          f"records")
+    print(f"{'records':>16} {'mode':<18} {'rank ms':>8} {'rank MB':>8} {'all s':>7} "
+          f"{'distinct':>9}  rank 0 | rank {args.ranks - 1} first records")
     for n in map(int, args.sizes.split(",")):
         for block, window, mode in ((0, 0, "permutation"), (16, 8192, "block 16, win 8192")):
             out = subprocess.run([sys.executable, "-c", PLAN, str(n), str(block), str(window),
                                   str(args.ranks), str(args.workers), str(args.batch)],
-                                 capture_output=True, text=True, check=True, cwd=ROOT)
+                                 capture_output=True, text=True, check=True)
             r = json.loads(out.stdout)
             ok = "yes" if r["distinct"] == r["positions"] else "NO"
             firsts = r["firsts"]
-            print(f"{n:>16,} {mode:<18} {args.ranks * args.workers:>8,} {r['seconds']:>7.2f} "
-                  f"{r['first_batch_s'] * 1e3:>7.2f} {r['peak_rss'] / 2**20:>8.0f} {ok:>9}  "
+            print(f"{n:>16,} {mode:<18} {r['one_rank_s'] * 1e3:>8.1f} "
+                  f"{r['one_rank_peak'] / 2**20:>8.0f} {r['seconds']:>7.1f} {ok:>9}  "
                   f"{firsts['0'][:3]} | {firsts[str(args.ranks - 1)][:3]}")
 
 
@@ -134,7 +136,7 @@ def run_open(args) -> None:
             packed = time.perf_counter() - t
             manifest = os.path.join(folder, f"tiny{n}.tfrecord.fastdata.json")
             result = subprocess.run([sys.executable, "-c", OPEN, manifest], capture_output=True,
-                                    text=True, check=True, cwd=ROOT)
+                                    text=True, check=True)
             r = json.loads(result.stdout)
             rows.append(r)
             print(f"{n:>10,} records (packed in {packed:.0f} s): after import "

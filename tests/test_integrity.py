@@ -1,12 +1,14 @@
 """Integrity of everything a manifest covers, and damage that must never be silent
 or abort the process:
 
-- labels, CRC32s, offsets, keys and the sharded index are under a SHA-256 in
-  the manifest, checked on open (keys when loaded); labels outside the classes
-  are refused even without one (datasets packed before these checksums);
-- a copied index row is refused on open, and ``verify`` finds one in an index
-  without a checksum; TFRecord messages name the record and the byte offset
-  apart;
+- labels, CRC32s, offsets and keys are under a SHA-256 in the manifest,
+  checked on open (keys when loaded); the sharded index is under a CRC-32 per
+  piece of rows, each piece checked when a record of it is first read; labels
+  outside the classes are refused even without one (datasets packed before
+  these checksums);
+- a copied index row is refused when its piece is first read, and ``verify``
+  finds one in an index without a checksum; TFRecord messages name the record
+  and the byte offset apart;
 - ``verify`` checks every byte of tar/TFRecord shards (their SHA-256), the
   ``.idx`` files and shards mixed in from another pack;
 - a damaged LMDB gives an error naming the file from ``verify`` and the RAM
@@ -117,8 +119,22 @@ def edit_manifest(path: Path, fmt: str, change) -> None:
 
 
 def as_packed_before_checksums(path: Path, fmt: str) -> None:
-    """Make the dataset look packed before the per-array checksums existed."""
-    edit_manifest(path, fmt, lambda m: m["checksums"].pop("metadata_sha256", None))
+    """Make the dataset look packed before the per-array checksums existed
+    (and the sharded index's per-piece ones)."""
+    def change(manifest: dict) -> None:
+        manifest["checksums"].pop("metadata_sha256", None)
+        manifest.get("extra", {}).pop("index_pieces", None)
+
+    edit_manifest(path, fmt, change)
+
+
+def first_use_error(path: Path) -> CorruptDataError:
+    """The error of reading a damaged sharded dataset's record 3 (the dataset opens:
+    its index is checked a piece at a time, when first used)."""
+    ds = fastdata.open_dataset(path, decode=Decode(output="bytes"))
+    with pytest.raises(CorruptDataError) as info:
+        ds[3]
+    return info.value
 
 
 def shard_paths(path: Path) -> list[Path]:
@@ -133,15 +149,21 @@ def shard_paths(path: Path) -> list[Path]:
 def test_a_changed_label_fails_on_open_and_in_verify(tree, tmp_path, fmt, value):
     path = packed(tree, tmp_path, fmt)
     set_label(path, fmt, 3, value)  # record 3 is of class 0
+    if fmt in SHARDED:
+        error = first_use_error(path)
+        assert "rows 0..19 of the dataset index fail their CRC-32" in str(error)
+        assert error.path == str(sidecar(path, "index"))
+        result = verify_cli(path)
+        assert result.exit_code == 1 and "CRC-32" in result.output
+        assert str(sidecar(path, "index")) in result.output
+        return
     with pytest.raises(CorruptDataError, match="SHA-256") as info:
         fastdata.open_dataset(path)
-    where = str(sidecar(path, "index")) if fmt in SHARDED else str(path)
-    assert info.value.path == where
-    assert ("index" if fmt in SHARDED else "labels") in str(info.value)
+    assert info.value.path == str(path) and "labels" in str(info.value)
     result = verify_cli(path)
     assert result.exit_code == 1
     assert result.stderr.startswith("error:") and "SHA-256" in result.stderr
-    assert where in result.stderr
+    assert str(path) in result.stderr
 
 
 @pytest.mark.parametrize("fmt,name", [("lmdb", "__crc32__"), ("hdf5", "crc32"),
@@ -238,10 +260,15 @@ def test_a_label_outside_the_classes_is_refused_without_checksums(tree, tmp_path
     path = packed(tree, tmp_path, fmt)
     as_packed_before_checksums(path, fmt)
     set_label(path, fmt, 3, value)
-    with pytest.raises(CorruptDataError, match="not a class index") as info:
-        fastdata.open_dataset(path)
-    assert f"record 3 has label {value}" in str(info.value)
-    assert info.value.record == 3
+    if fmt in SHARDED:
+        error = first_use_error(path)
+    else:
+        with pytest.raises(CorruptDataError) as info:
+            fastdata.open_dataset(path)
+        error = info.value
+    assert "not a class index" in str(error)
+    assert f"record 3 has label {value}" in str(error)
+    assert error.record == 3
 
 
 def test_a_label_changed_within_the_classes_disagrees_with_the_class_counts(tree, tmp_path):
@@ -274,14 +301,14 @@ def copy_row(path: Path, source: int, target: int) -> None:
 
 
 @pytest.mark.parametrize("fmt", SHARDED)
-def test_a_copied_index_row_is_refused_on_open(tree, tmp_path, fmt):
+def test_a_copied_index_row_is_refused_on_first_use(tree, tmp_path, fmt):
     path = packed(tree, tmp_path, fmt, shard_size=8)
     copy_row(path, 7, 10)
-    with pytest.raises(CorruptDataError, match="index rows fail the SHA-256") as info:
-        fastdata.open_dataset(path, decode=Decode(output="bytes"))
-    assert info.value.path == str(sidecar(path, "index"))
+    error = first_use_error(path)
+    assert "dataset index fail their CRC-32" in str(error)
+    assert error.path == str(sidecar(path, "index"))
     result = verify_cli(path)
-    assert result.exit_code == 1 and str(sidecar(path, "index")) in result.stderr
+    assert result.exit_code == 1 and str(sidecar(path, "index")) in result.output
 
 
 @pytest.mark.parametrize("fmt", SHARDED)

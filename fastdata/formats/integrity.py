@@ -132,23 +132,9 @@ def check_labels(labels: np.ndarray, manifest: Manifest, *, path: str) -> None:
     if not isinstance(manifest.classes, list):
         return  # not a manifest this reader accepts; refused where the manifest is read
     n_classes = len(manifest.classes)
-    if n_classes == 0:  # unlabelled records: every label is -1
-        bad = np.flatnonzero(labels != -1)
-        if len(bad):
-            i = int(bad[0])
-            raise CorruptDataError(
-                f"record {i} has label {int(labels[i])}, but the dataset has no classes (its "
-                f"records are unlabelled, label -1): the labels are damaged; re-pack it",
-                path=path, record=i)
+    check_label_range(labels, n_classes, path=path)
+    if n_classes == 0:
         return
-    bad = np.flatnonzero((labels < 0) | (labels >= n_classes))
-    if len(bad):
-        i = int(bad[0])
-        more = f", and {len(bad) - 1} more records" if len(bad) > 1 else ""
-        raise CorruptDataError(
-            f"record {i} has label {int(labels[i])}, not a class index (0..{n_classes - 1} for "
-            f"{n_classes} classes){more}: the labels are damaged (fastdata does not read "
-            f"negative labels as unlabelled records); re-pack it", path=path, record=i)
     counts = manifest.class_counts
     if (isinstance(counts, list) and len(counts) == n_classes and len(labels)
             and all(type(c) is int for c in counts)):
@@ -160,3 +146,27 @@ def check_labels(labels: np.ndarray, manifest: Manifest, *, path: str) -> None:
                 f"the labels give {int(actual[c])} records of class {manifest.classes[c]!r} "
                 f"but the manifest counts {counts[c]}: the labels are damaged; re-pack it",
                 path=path)
+
+
+def check_label_range(labels: np.ndarray, n_classes: int, *, path: str, first: int = 0) -> None:
+    """Raise CorruptDataError when a label is not a class index (-1 for every
+    record of a dataset without classes); ``labels`` are those of records
+    ``first`` on."""
+    labels = np.asarray(labels)
+    if n_classes == 0:  # unlabelled records: every label is -1
+        bad = np.flatnonzero(labels != -1)
+        if len(bad):
+            i = int(bad[0])
+            raise CorruptDataError(
+                f"record {first + i} has label {int(labels[i])}, but the dataset has no "
+                f"classes (its records are unlabelled, label -1): the labels are damaged; "
+                f"re-pack it", path=path, record=first + i)
+        return
+    bad = np.flatnonzero((labels < 0) | (labels >= n_classes))
+    if len(bad):
+        i = int(bad[0])
+        more = f", and {len(bad) - 1} more records" if len(bad) > 1 else ""
+        raise CorruptDataError(
+            f"record {first + i} has label {int(labels[i])}, not a class index (0..{n_classes - 1} "
+            f"for {n_classes} classes){more}: the labels are damaged (fastdata does not read "
+            f"negative labels as unlabelled records); re-pack it", path=path, record=first + i)

@@ -166,7 +166,8 @@ class Reader:
     def _load(self) -> None:
         """Load the metadata and refuse labels that are not class indices."""
         self._load_metadata()
-        check_labels(self._labels, self._manifest, path=self.path)
+        if isinstance(self._labels, np.ndarray):  # an index's column checks its own pieces
+            check_labels(self._labels, self._manifest, path=self.path)
 
     def check_layout(self) -> list[dict]:
         """Problems with the tables that locate records, for ``fastdata verify``:

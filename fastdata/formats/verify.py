@@ -5,8 +5,10 @@ What is checked, in order:
 1. on open, the per-record arrays against their SHA-256 in the manifest and
    every label against the classes (a failure there is raised: nothing can be
    checked with a damaged index or label array; see fastdata.formats.integrity);
-2. the tables that locate records (sharded formats: the index rows in order,
-   without overlap, inside their shards) and the keys' SHA-256;
+2. the tables that locate records (sharded formats: every piece of the index
+   rows against its CRC-32, which reading checks only as pieces are used, and
+   the rows in order, without overlap, inside their shards) and the keys'
+   SHA-256;
 3. every record's CRC32 (and with ``decode`` its decoding, JPEGs strictly:
    libjpeg's corrupt-data warnings count as damage, see
    ``fastdata.decoding.strict``); damage that stops a sequential read is

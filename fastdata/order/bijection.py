@@ -2,13 +2,14 @@
 
 The order engine never makes an array of a dataset's size: the record at
 position ``p`` of an epoch is ``Bijection(n, key).at(p)``, for a batch of
-positions at once (numpy, O(batch) time, O(1) state). It is a balanced
-Feistel network on the smallest even number of bits that holds ``n - 1``
-(a domain under ``4n``), made a bijection on ``[0, n)`` by cycle-walking:
-a value that lands at ``n`` or above is encrypted again until it is below
-``n``, which on average takes fewer than four passes.
+positions at once (numpy, O(batch) time, O(1) state). It is a Feistel
+network on the smallest number of bits that holds ``n - 1`` (a domain under
+``2n``; its two parts differ by at most a bit), made a bijection on
+``[0, n)`` by cycle-walking: a value that lands at ``n`` or above is
+encrypted again until it is below ``n``, which on average takes fewer than
+two passes.
 
-The round function is the splitmix64 finaliser of the right half mixed with
+The round function is the splitmix64 finaliser of one part mixed with
 a round key: a strong 64-bit mixer, so a few rounds give orders whose
 displacement, neighbour correlation and class mixing match a uniform random
 permutation's (``bench/order_quality.py`` measures them against numpy's).
@@ -40,23 +41,28 @@ _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 
 
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    x = np.asarray(x, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * _MUL1
-        x = (x ^ (x >> np.uint64(27))) * _MUL2
-    return x ^ (x >> np.uint64(31))
+    """splitmix64's finaliser, elementwise on a uint64 array (wrapping
+    arithmetic, which numpy arrays do without a warning)."""
+    x = np.array(x, dtype=np.uint64, ndmin=1)
+    x ^= x >> _S30
+    x *= _MUL1
+    x ^= x >> _S27
+    x *= _MUL2
+    x ^= x >> _S31
+    return x
 
 
 def subkeys(key, count: int) -> np.ndarray:
     """``count`` keys drawn from ``key`` (an integer or an array of them):
     shape ``(count, *key.shape)``, uint64."""
     base = np.asarray(key, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        steps = (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN).reshape(
-            (count,) + (1,) * base.ndim)
-        return mix64(base ^ steps)
+    steps = np.arange(1, count + 1, dtype=np.uint64).reshape((count,) + (1,) * base.ndim)
+    steps *= _GOLDEN
+    return mix64(base ^ steps).reshape((count,) + base.shape)
 
 
 class Bijection:
@@ -74,16 +80,37 @@ class Bijection:
         if not 0 <= n <= 1 << 62:
             raise ValueError(f"a bijection's domain is 0 to 2**62 values, not {n}")
         self.n = n
-        self.half = max(1, ((n - 1).bit_length() + 1) // 2)
-        self.mask = np.uint64((1 << self.half) - 1)
-        self._round_keys = subkeys(np.asarray(key, dtype=np.uint64) & _M64, ROUNDS)
+        # The smallest number of bits that holds n - 1 (at least 2): a domain
+        # under 2n, cut into a high part of hi bits and a low part of lo bits.
+        self.bits = max(2, (n - 1).bit_length())
+        self.lo = self.bits - self.bits // 2
+        key = np.asarray(key, dtype=np.uint64)
+        if key.ndim:  # one key per position: each distinct key's round keys once
+            distinct, where = np.unique(key, return_inverse=True)
+            self._round_keys = subkeys(distinct, ROUNDS)[:, where.reshape(-1)].reshape(
+                (ROUNDS, *key.shape))
+        else:
+            self._round_keys = subkeys(key, ROUNDS)
 
     def _encrypt(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        h, mask = np.uint64(self.half), self.mask
-        left, right = x >> h, x & mask
+        """One pass of the (unbalanced) Feistel network over ``self.bits`` bits:
+        each round mixes the low part into the high part, then swaps them."""
+        lo_bits = self.lo
         for r in range(ROUNDS):
-            left, right = right, left ^ (mix64(right ^ keys[r]) & mask)
-        return (left << h) | right
+            hi_bits = self.bits - lo_bits
+            lo_mask = np.uint64((1 << lo_bits) - 1)
+            hi = x >> np.uint64(lo_bits)
+            f = (x & lo_mask) ^ keys[r]  # the round function, in place: mix64(lo ^ key)
+            f ^= f >> _S30
+            f *= _MUL1
+            f ^= f >> _S27
+            f *= _MUL2
+            f ^= f >> _S31
+            f &= np.uint64((1 << hi_bits) - 1)
+            f ^= hi
+            x = ((x & lo_mask) << np.uint64(hi_bits)) | f  # the low part goes on top
+            lo_bits = hi_bits
+        return x
 
     def at(self, positions) -> np.ndarray:
         """The values at ``positions`` (integers in ``[0, n)``), int64, in their shape.

@@ -12,6 +12,7 @@ import numpy as np
 from fastdata.contained import check_inside
 from fastdata.errors import ManifestError
 from fastdata.formats.remote_files import is_remote, local_copy
+from fastdata.formats.sharded.index_rows import IndexRows
 from fastdata.formats.sharded.layout import INDEX_DTYPE, ShardLayout, expand_shards
 from fastdata.records import MANIFEST_VERSION, Manifest
 
@@ -67,7 +68,9 @@ class ForeignShards:
         for s, n in zip(self._manifest.shards, np.bincount(index["shard"],
                                                           minlength=len(paths)).tolist()):
             s["count"] = n
-        self._index = index
+        # Built by the scan: every row is good.
+        self._index = IndexRows(index, shard_sizes=[os.path.getsize(p) for p in paths],
+                                path=self.path, classes=n_classes, checked=True)
         self._labels = labels
         self._crcs = None
         self._shard_paths = paths

@@ -24,7 +24,7 @@ from fastdata.formats.sharded.layout import INDEX_DTYPE
 #: tokenize.TokenError from its literal parser; ValueError covers UnicodeError).
 _HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, IndexError, OverflowError,
                   TypeError, KeyError, RecursionError)
-_ADVICE = "re-pack the dataset or restore the file"
+ADVICE = "re-pack the dataset or restore the file"
 
 
 def load_index(path: str, count: int) -> np.ndarray:
@@ -41,11 +41,31 @@ def load_index(path: str, count: int) -> np.ndarray:
             rows = np.fromfile(f, dtype=INDEX_DTYPE, count=count)
     except OSError as exc:
         raise CorruptDataError(f"cannot read the dataset index ({exc.strerror or exc}); "
-                               f"{_ADVICE}", path=path) from None
+                               f"{ADVICE}", path=path) from None
     if len(rows) != count:
         raise CorruptDataError(f"dataset index ends after {len(rows)} of its {count} rows; "
-                               f"{_ADVICE}", path=path)
+                               f"{ADVICE}", path=path)
     return rows
+
+
+def open_rows(path: str, count: int) -> np.ndarray:
+    """The ``count`` rows of the dataset index at ``path``, memory-mapped
+    (read from disk as they are used), after the header is checked.
+
+    Raises:
+        CorruptDataError: as :func:`load_index`.
+    """
+    try:
+        with open(path, "rb") as f:
+            shape, dtype = _read_header(f, path)
+            start = f.tell()
+            _check_header(shape, dtype, count, os.fstat(f.fileno()).st_size - start, path)
+        if count == 0:
+            return np.zeros(0, dtype=INDEX_DTYPE)
+        return np.memmap(path, dtype=INDEX_DTYPE, mode="r", offset=start, shape=(count,))
+    except OSError as exc:
+        raise CorruptDataError(f"cannot read the dataset index ({exc.strerror or exc}); "
+                               f"{ADVICE}", path=path) from None
 
 
 def _read_header(f, path: str) -> tuple[tuple, np.dtype]:
@@ -60,9 +80,9 @@ def _read_header(f, path: str) -> tuple[tuple, np.dtype]:
             raise ValueError(f".npy format version {version} (fastdata writes 1.0)")
     except _HEADER_ERRORS as exc:
         raise CorruptDataError(f"dataset index has a damaged .npy header ({type(exc).__name__}: "
-                               f"{str(exc)[:120]}); {_ADVICE}", path=path) from None
+                               f"{str(exc)[:120]}); {ADVICE}", path=path) from None
     if fortran and len(shape) > 1:
-        raise CorruptDataError(f"dataset index is a Fortran-order array; {_ADVICE}", path=path)
+        raise CorruptDataError(f"dataset index is a Fortran-order array; {ADVICE}", path=path)
     return shape, dtype
 
 
@@ -70,15 +90,17 @@ def _check_header(shape: tuple, dtype: np.dtype, count: int, data_bytes: int,
                   path: str) -> None:
     if dtype != INDEX_DTYPE or shape != (count,):
         raise CorruptDataError(f"dataset index holds {shape} of {dtype}, expected ({count},) "
-                               f"rows of {INDEX_DTYPE}; {_ADVICE}", path=path)
+                               f"rows of {INDEX_DTYPE}; {ADVICE}", path=path)
     if count * INDEX_DTYPE.itemsize > data_bytes:
         raise CorruptDataError(f"dataset index is truncated ({data_bytes} bytes of rows, "
-                               f"{count} rows need {count * INDEX_DTYPE.itemsize}); {_ADVICE}",
+                               f"{count} rows need {count * INDEX_DTYPE.itemsize}); {ADVICE}",
                                path=path)
 
 
-def check_rows(index: np.ndarray, shard_sizes: list[int], path: str) -> None:
-    """Check that every row names an existing shard and lies inside that shard file.
+def check_rows(index: np.ndarray, shard_sizes: list[int], path: str, *,
+               first: int = 0) -> None:
+    """Check that every row names an existing shard and lies inside that shard file
+    (``index`` holds the rows from row ``first`` on: errors name the dataset's row).
 
     Raises:
         CorruptDataError: naming the index file and the first bad row.
@@ -89,10 +111,10 @@ def check_rows(index: np.ndarray, shard_sizes: list[int], path: str) -> None:
     bad = np.flatnonzero(shard >= len(shard_sizes))
     if len(bad):
         i = int(bad[0])
-        raise CorruptDataError(f"row {i} of the dataset index (record {i}) names shard "
-                               f"{int(shard[i])}, but the dataset has {len(shard_sizes)} "
-                               f"shard(s); {_ADVICE}",
-                               path=path, record=i)
+        raise CorruptDataError(f"row {first + i} of the dataset index (record {first + i}) "
+                               f"names shard {int(shard[i])}, but the dataset has "
+                               f"{len(shard_sizes)} shard(s); {ADVICE}",
+                               path=path, record=first + i)
     limit = np.asarray(shard_sizes, dtype=np.uint64)[shard]
     offset, size = index["offset"], index["size"]
     # offset <= limit first, so limit - offset cannot wrap around.
@@ -101,6 +123,6 @@ def check_rows(index: np.ndarray, shard_sizes: list[int], path: str) -> None:
     if len(bad):
         i = int(bad[0])
         raise CorruptDataError(
-            f"row {i} of the dataset index puts record {i} at byte offset {int(offset[i])} with "
-            f"{int(size[i])} bytes, past the end of shard {int(shard[i])} ({int(limit[i])} "
-            f"bytes); {_ADVICE}", path=path, record=i)
+            f"row {first + i} of the dataset index puts record {first + i} at byte offset "
+            f"{int(offset[i])} with {int(size[i])} bytes, past the end of shard "
+            f"{int(shard[i])} ({int(limit[i])} bytes); {ADVICE}", path=path, record=first + i)

@@ -20,7 +20,8 @@ import numpy as np
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256
 from fastdata.formats.remote_files import index_limit, is_remote, local_copy
-from fastdata.formats.sharded.index_file import check_rows, load_index
+from fastdata.formats.sharded.index_file import load_index
+from fastdata.formats.sharded.index_rows import IndexRows
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
 
 
@@ -38,33 +39,39 @@ class ShardedMetadata:
     """The metadata side of :class:`~fastdata.formats.sharded.reader.ShardedReader`
     (a mixin: it uses the reader's index, shard paths and file descriptors)."""
 
-    def _metadata_rows(self) -> np.ndarray:
+    def _metadata_rows(self) -> IndexRows:
         """The metadata index (see layout.py), loaded and checked on first use."""
         self._ensure_index()
         if self._meta_index is None:
             self._meta_index = self._load_metadata_index()
         return self._meta_index
 
-    def _load_metadata_index(self) -> np.ndarray:
+    def _load_metadata_index(self) -> IndexRows:
         path = self._meta_index_path  # resolved with the manifest's other names
         if path is None:
             raise ManifestError("manifest field extra.metadata.index is missing (the name of "
                                 "the metadata index); re-pack the dataset",
                                 path=self._layout().manifest_path)
-        name = self.manifest.extra["metadata"]["index"]
+        meta = self.manifest.extra["metadata"]
         # One shard of a set (``_records``): the set's file, its rows sliced.
         first, count, total = self._records or (0, self.manifest.count, self.manifest.count)
         local = local_copy(path, limit=index_limit(total))
-        check_file_sha256(self.manifest, name, local, what="the metadata index rows")
-        rows = load_index(local, total)[first:first + count]
-        if self._records is not None:
-            rows = rows.copy()
-            rows["shard"] = 0
-        check_rows(rows, self._shard_sizes, path)  # before any row sizes a read
-        if not np.array_equal(rows["shard"], self._index["shard"]):
-            raise CorruptDataError("the metadata index puts records in other shards than the "
-                                   "dataset index; re-pack it", path=path)
-        return rows
+        pieces = meta.get("index_pieces")
+        if pieces is None or self._records is not None:
+            # Packed before per-piece checksums, or one shard of a set: checked whole.
+            check_file_sha256(self.manifest, meta["index"], local,
+                              what="the metadata index rows")
+            rows = load_index(local, total)[first:first + count]
+            if self._records is not None:
+                rows = rows.copy()
+                rows["shard"] = 0
+            return IndexRows(rows, shard_sizes=self._shard_sizes, path=path,
+                             classes=self._index.classes, same_shards_as=self._index)
+        # Memory-mapped; a piece is checked (CRC-32, rows inside their shards,
+        # the same shards as the dataset index's rows) when first used.
+        return IndexRows.open(local, total, path=path, shard_sizes=self._shard_sizes,
+                              classes=self._index.classes, pieces=pieces,
+                              same_shards_as=self._index)
 
     def _load_metadata_crcs(self) -> np.ndarray | None:
         if self._foreign_keys is not None:

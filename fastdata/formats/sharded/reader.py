@@ -25,7 +25,7 @@ from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetche
                                            manifest_bytes, parallel_map, process_cache,
                                            read_bytes)
 from fastdata.formats.registry import manifest_format
-from fastdata.formats.sharded.index_file import check_rows, load_index
+from fastdata.formats.sharded.index_rows import IndexRows
 from fastdata.formats.sharded.foreign import ForeignShards
 from fastdata.formats.sharded.layout import ShardLayout, parse_output
 from fastdata.formats.sharded.metadata import ShardedMetadata
@@ -87,7 +87,7 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         self._fds: dict[int, int] = {}
         self._ranged = RangedReads()  # records of shards at URLs
         self._local_shards: dict[int, str] = {}  # remote shards with a downloaded copy
-        self._index: np.ndarray | None = None
+        self._index: IndexRows | None = None
         self._shard_paths: list[str] = []
         self._shard_sizes: list[int] = []
         self._foreign_keys: list[str] | None = None
@@ -147,15 +147,15 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         """Become shard ``shard`` of the set just loaded: its records only, with
         the set's classes, keys and checksums (see fastdata.formats.sharded.one_shard)."""
         first, count = self.shard_ranges()[shard]
-        rows = slice(first, first + count)
-        index = self._index[rows].copy()
+        index = self._index[first:first + count]  # checked as it is read
         index["shard"] = 0
         self._records = (first, count, len(self._index))  # rows of the set's files kept
-        self._manifest = shard_manifest(self._manifest, shard, index, self._labels[rows],
-                                        set_name)
-        self._index, self._labels, self._crcs = index, self._labels[rows], self._crcs[rows]
+        self._manifest = shard_manifest(self._manifest, shard, index, index["label"], set_name)
         self._shard_paths = [self._shard_paths[shard]]
         self._shard_sizes = [self._shard_sizes[shard]]
+        self._index = IndexRows(index, shard_sizes=self._shard_sizes, path=self._index.path,
+                                classes=self._index.classes, checked=True)
+        self._labels, self._crcs = self._index["label"], self._index["crc32"]
 
     def _manifest_path(self, layout: ShardLayout) -> str | None:
         """This dataset's manifest: under the current name, or else under the
@@ -185,19 +185,8 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         # Loaded on first use, but refused now like every other name.
         self._meta_index_path = None if meta_name is None else inside(
             meta_name, "extra.metadata.index")
-        local_index = local_copy(index_path, limit=index_limit(manifest.count))
-        # Checked before parsing: a damaged header never reaches np.load.
-        check_file_sha256(manifest, manifest.extra["index"], local_index,
-                          what="the dataset index rows")
-        index = load_index(local_index, manifest.count)
-        self._manifest = manifest
-        self._index = index
-        self._labels = index["label"].astype(np.int64)
-        self._crcs = index["crc32"]
-        self._shard_paths = shard_paths
-        self._keys_path = keys_path
         sizes = []
-        for p, s in zip(self._shard_paths, manifest.shards):
+        for p, s in zip(shard_paths, manifest.shards):
             if is_remote(p):
                 # One request per shard at open would cost more than the reads;
                 # a shard shorter than the manifest says fails its ranged reads.
@@ -210,7 +199,24 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
                 raise CorruptDataError(
                     f"shard is truncated ({sizes[-1]} of {s['bytes']} bytes); re-pack "
                     f"it or restore the file", path=p)
-        check_rows(index, sizes, index_path)  # before any row sizes an allocation
+        local_index = local_copy(index_path, limit=index_limit(manifest.count))
+        pieces = manifest.extra.get("index_pieces")
+        if pieces is None:
+            # Packed before per-piece checksums: the file is checked whole,
+            # before its header is parsed.
+            check_file_sha256(manifest, manifest.extra["index"], local_index,
+                              what="the dataset index rows")
+        classes = len(manifest.classes) if isinstance(manifest.classes, list) else 0
+        # Memory-mapped; each piece checked (CRC-32, rows inside their shards,
+        # labels) when a record of it is first used.
+        index = IndexRows.open(local_index, manifest.count, path=index_path, shard_sizes=sizes,
+                               classes=classes, pieces=pieces)
+        self._manifest = manifest
+        self._index = index
+        self._labels = index["label"]
+        self._crcs = index["crc32"]
+        self._shard_paths = shard_paths
+        self._keys_path = keys_path
         self._shard_sizes = sizes
 
     def __getstate__(self):
@@ -235,21 +241,29 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
 
     def shard_ranges(self) -> list[tuple[int, int]]:
         """(first record, record count) of every shard, in shard order."""
-        index = self._ensure_index()
-        counts = np.bincount(index["shard"], minlength=len(self._shard_paths))
+        self._ensure_index()
+        # The manifest's per-shard counts (a dataset's rows are in shard order).
+        counts = np.asarray([int(s["count"]) for s in self._manifest.shards], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         return [(int(s), int(c)) for s, c in zip(starts, counts)]
 
-    def shard_rows(self, shard: int) -> np.ndarray:
+    def shard_rows(self, shard: int, *, checked: bool = True) -> np.ndarray:
         """The dataset index rows of one shard's records, in order (``INDEX_DTYPE``:
-        shard, offset, size, label, crc32)."""
+        shard, offset, size, label, crc32); ``checked=False``: as stored, for
+        ``verify``, which reports a damaged piece of the index on its own."""
         first, count = self.shard_ranges()[shard]
-        return self._ensure_index()[first:first + count]
+        index = self._ensure_index()
+        return index[first:first + count] if checked else index.unchecked(first, first + count)
 
     def check_layout(self) -> list[dict]:
         index = self._ensure_index()
         where = os.path.join(self._layout().directory, self.manifest.extra.get("index", ""))
-        return index_problems(index, self.manifest.shards, self._shard_paths, where)
+        try:
+            index.check_all()
+        except CorruptDataError as exc:
+            return [{"index": None, "path": where, "reason": exc.message}]
+        return index_problems(np.asarray(index), self.manifest.shards, self._shard_paths,
+                              where)
 
     def shard_copy(self, shard: int, cache=None) -> str:
         """A local file of shard ``shard``: itself, or a download into ``cache``
@@ -344,7 +358,7 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
 
     def shards_of(self, indices: Sequence[int]) -> list[int]:
         """The shards holding ``indices``, each once, in order of first use."""
-        shards = self._ensure_index()["shard"][np.asarray(indices, dtype=np.int64)]
+        shards = self._ensure_index()[np.asarray(indices, dtype=np.int64)]["shard"]
         return list(dict.fromkeys(shards.tolist()))
 
     def attach_local(self, shard: int, path: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.registry import manifest_format
+from fastdata.formats.sharded.index_rows import piece_checksums
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.sharded.metadata import metadata_rows
 from fastdata.formats.sharded.publish import PublishPlan, publish
@@ -356,12 +357,14 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         with open(os.path.join(self.temp_path, "keys.json"), "w", encoding="utf-8") as f:
             json.dump(self.keys, f, ensure_ascii=False)
         extra = {"index": os.path.basename(self.layout.index_path),
+                 "index_pieces": piece_checksums(index),
                  "keys": os.path.basename(self.layout.keys_path),
                  "prefix": self.layout.prefix, **self._manifest_extra()}
         if self.has_metadata:
-            self._save_metadata_index(index)
+            meta_rows = self._save_metadata_index(index)
             extra["metadata"] = {"records": self.metadata_records,
                                  "index": os.path.basename(self.layout.metadata_path),
+                                 "index_pieces": piece_checksums(meta_rows),
                                  **self._metadata_extra()}
         manifest = with_metadata_sha256(manifest, self._sidecar_digests())
         manifest = dataclasses.replace(
@@ -379,10 +382,12 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         ``extra["metadata"]`` (the tar member, the TFRecord feature)."""
         return {}
 
-    def _save_metadata_index(self, index: np.ndarray) -> None:
-        """``metadata.npy``: the index's rows, pointing at each record's metadata."""
-        np.save(os.path.join(self.temp_path, "metadata.npy"),
-                metadata_rows(index, self._meta_rows, self.metadata_crcs), allow_pickle=False)
+    def _save_metadata_index(self, index: np.ndarray) -> np.ndarray:
+        """``metadata.npy``: the index's rows, pointing at each record's metadata
+        (returned, for their checksums)."""
+        rows = metadata_rows(index, self._meta_rows, self.metadata_crcs)
+        np.save(os.path.join(self.temp_path, "metadata.npy"), rows, allow_pickle=False)
+        return rows
 
     def _sidecars(self) -> list[tuple[str, str]]:
         """(name in the temporary folder, final name) of every sidecar but the manifest."""

@@ -164,7 +164,7 @@ class TFRecordReader(ShardedReader):
         if self.manifest.extra.get("foreign"):
             return problems  # other tools' .idx files are theirs
         for shard in range(len(self.shard_paths)):
-            rows = self.shard_rows(shard)
+            rows = self.shard_rows(shard, checked=False)
             idx = self.side_path(shard, SHARD_INDEX_SUFFIX)
             try:
                 # At a URL: a copy of at most what a right index of these rows takes.

@@ -1,0 +1,102 @@
+"""The dataset index of tar/TFRecord is never whole in memory: memory-mapped,
+its rows read for the records used, each piece checked (CRC-32, rows inside
+their shards, labels) when a record of it is first read, so damage is refused
+where it is, naming the rows, and other pieces read on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_tree, uniform_spec
+
+import fastdata
+from fastdata import Decode
+from fastdata.errors import CorruptDataError
+from fastdata.formats.sharded import index_rows
+from fastdata.formats.verify import verify_dataset
+
+BYTES = Decode(output="bytes")
+
+
+@pytest.fixture(params=["tar", "tfrecord"])
+def small_pieces(request, tmp_path, monkeypatch):
+    """24 records in 3 classes, 6 shards, index pieces of 4 rows."""
+    monkeypatch.setattr(index_rows, "PIECE_ROWS", 4)
+    tree = build_tree(tmp_path / "src", uniform_spec(classes=("a", "b", "c"), per_class=8),
+                      size=(8, 8))
+    summary = fastdata.pack(tree.root, tmp_path / "out" / f"ds.{request.param}",
+                            options=fastdata.PackOptions(shard_size=4), progress=False)
+    return tree, Path(summary.output)
+
+
+def _index_file(manifest: Path) -> Path:
+    return manifest.parent / json.loads(manifest.read_text())["extra"]["index"]
+
+
+def _damage_label(manifest: Path, row: int, value: int) -> None:
+    """Change one label in the index file, in place (as damage would)."""
+    path = _index_file(manifest)
+    rows = np.load(path, allow_pickle=False)
+    rows["label"][row] = value
+    np.save(path, rows, allow_pickle=False)
+
+
+def test_the_manifest_holds_a_crc_per_piece(small_pieces):
+    _, manifest = small_pieces
+    pieces = json.loads(manifest.read_text())["extra"]["index_pieces"]
+    assert pieces["rows"] == 4 and len(pieces["crc32"]) == 6
+    rows = np.load(_index_file(manifest), allow_pickle=False)
+    assert pieces == index_rows.piece_checksums(rows) | {"rows": 4}
+
+
+def test_an_open_reads_no_rows_and_a_read_checks_its_pieces_only(small_pieces):
+    tree, manifest = small_pieces
+    ds = fastdata.open_dataset(manifest, decode=BYTES)
+    index = ds.reader._index
+    assert isinstance(index._rows, np.memmap)  # the file, not a copy of it
+    assert not index._checked.any()
+    assert ds[13] == (tree.samples[13].data, tree.samples[13].label)
+    assert index._checked.tolist() == [False, False, False, True, False, False]
+    assert ds.reader.labels[[0, 23]].tolist() == [tree.samples[0].label,
+                                                  tree.samples[23].label]
+    assert index._checked.tolist() == [True, False, False, True, False, True]
+
+
+def test_a_damaged_piece_is_refused_where_it_is_and_the_rest_reads(small_pieces):
+    tree, manifest = small_pieces
+    _damage_label(manifest, 13, 2)  # another class: only the CRC-32 can tell
+    ds = fastdata.open_dataset(manifest, decode=BYTES)
+    assert [ds[i][1] for i in range(12)] == [s.label for s in tree.samples[:12]]
+    with pytest.raises(CorruptDataError, match=r"rows 12\.\.15 of the dataset index fail "
+                                               r"their CRC-32") as info:
+        ds[14]
+    assert info.value.path == str(_index_file(manifest))
+    assert ds[16][1] == tree.samples[16].label
+    result = verify_dataset(manifest, progress=False)
+    assert not result.ok
+    assert any(p["index"] is None and "rows 12..15" in p["reason"] for p in result.problems)
+
+
+def test_without_piece_checksums_a_label_outside_the_classes_is_still_named(small_pieces):
+    _, manifest = small_pieces
+    data = json.loads(manifest.read_text())
+    del data["extra"]["index_pieces"]  # as packed before them
+    data["checksums"].pop("metadata_sha256", None)
+    manifest.write_text(json.dumps(data))
+    _damage_label(manifest, 21, 7)
+    ds = fastdata.open_dataset(manifest, decode=BYTES)
+    assert ds[3][0]  # another piece
+    with pytest.raises(CorruptDataError, match="record 21 has label 7, not a class index"):
+        ds[20]
+
+
+def test_manifest_pieces_that_do_not_fit_the_index_are_refused(small_pieces):
+    _, manifest = small_pieces
+    data = json.loads(manifest.read_text())
+    data["extra"]["index_pieces"]["crc32"].pop()
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(CorruptDataError, match="index_pieces does not describe"):
+        fastdata.open_dataset(manifest, decode=BYTES)
