@@ -128,7 +128,8 @@ def _check_shards(data: dict, count: int, path: str | None) -> None:
 
 
 #: The fields of ``extra`` that name a file beside the manifest (sharded formats).
-SIDECAR_FIELDS = (("index",), ("keys",), ("metadata", "index"))
+SIDECAR_FIELDS = (("index",), ("keys",), ("metadata", "index"), ("index_pieces", "file"),
+                  ("metadata", "index_pieces", "file"))
 
 
 def _check_sidecar_names(extra: dict, path: str | None) -> None:

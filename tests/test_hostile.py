@@ -374,9 +374,16 @@ def _edit_index(manifest: Path, field: str, row: int, value: int) -> Path:
     np.save(path, index)
     data = json.loads(manifest.read_text(encoding="utf-8"))
     sums = data["checksums"].get("metadata_sha256", {})
+    pieces = data["extra"].get("index_pieces")
+    if pieces:  # and the checksum of each piece of rows
+        from fastdata.formats.sharded.index_rows import piece_checksums
+
+        crcs = path.with_name(pieces["file"])
+        np.save(crcs, piece_checksums(index, pieces["rows"]))
+        sums[crcs.name] = hashlib.sha256(crcs.read_bytes()).hexdigest()
     if path.name in sums:
         sums[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
-        manifest.write_text(json.dumps(data), encoding="utf-8")
+    manifest.write_text(json.dumps(data), encoding="utf-8")
     return path
 
 

@@ -1,7 +1,8 @@
 """The dataset index of tar/TFRecord is never whole in memory: memory-mapped,
-its rows read for the records used, each piece checked (CRC-32, rows inside
-their shards, labels) when a record of it is first read, so damage is refused
-where it is, naming the rows, and other pieces read on."""
+its rows read for the records used, each piece checked (its CRC-32 from the
+pack's ``-crc.npy`` file, rows inside their shards, labels) when a record of
+it is first read, so damage is refused where it is, naming the rows, and
+other pieces read on."""
 
 from __future__ import annotations
 
@@ -44,25 +45,31 @@ def _damage_label(manifest: Path, row: int, value: int) -> None:
     np.save(path, rows, allow_pickle=False)
 
 
-def test_the_manifest_holds_a_crc_per_piece(small_pieces):
+def test_the_pack_writes_a_crc_per_piece(small_pieces):
     _, manifest = small_pieces
     pieces = json.loads(manifest.read_text())["extra"]["index_pieces"]
-    assert pieces["rows"] == 4 and len(pieces["crc32"]) == 6
+    assert pieces == {"rows": 4, "file": "ds.tar.fastdata.index-crc.npy"
+                      if manifest.name.startswith("ds.tar") else
+                      "ds.tfrecord.fastdata.index-crc.npy"}
+    crcs = np.load(manifest.parent / pieces["file"], allow_pickle=False)
     rows = np.load(_index_file(manifest), allow_pickle=False)
-    assert pieces == index_rows.piece_checksums(rows) | {"rows": 4}
+    assert crcs.dtype == np.dtype("<u4") and len(crcs) == 6
+    assert crcs.tolist() == index_rows.piece_checksums(rows, 4).tolist()
 
 
-def test_an_open_reads_no_rows_and_a_read_checks_its_pieces_only(small_pieces):
+def test_an_open_reads_no_rows_and_a_read_reads_its_pieces_only(small_pieces, monkeypatch):
     tree, manifest = small_pieces
     ds = fastdata.open_dataset(manifest, decode=BYTES)
     index = ds.reader._index
-    assert isinstance(index._rows, np.memmap)  # the file, not a copy of it
-    assert not index._checked.any()
+    assert index._rows is None and index.pieces_kept() == []  # nothing read at open
     assert ds[13] == (tree.samples[13].data, tree.samples[13].label)
-    assert index._checked.tolist() == [False, False, False, True, False, False]
+    assert index.pieces_kept() == [3]
     assert ds.reader.labels[[0, 23]].tolist() == [tree.samples[0].label,
                                                   tree.samples[23].label]
-    assert index._checked.tolist() == [True, False, False, True, False, True]
+    assert index.pieces_kept() == [3, 0, 5]
+    monkeypatch.setattr(index_rows, "PIECES_KEPT", 2)  # the least recently used go
+    ds[9]
+    assert index.pieces_kept() == [5, 2]
 
 
 def test_a_damaged_piece_is_refused_where_it_is_and_the_rest_reads(small_pieces):
@@ -74,6 +81,8 @@ def test_a_damaged_piece_is_refused_where_it_is_and_the_rest_reads(small_pieces)
                                                r"their CRC-32") as info:
         ds[14]
     assert info.value.path == str(_index_file(manifest))
+    with pytest.raises(CorruptDataError, match=r"rows 12\.\.15"):
+        ds[13]  # refused again: a damaged piece is never kept
     assert ds[16][1] == tree.samples[16].label
     result = verify_dataset(manifest, progress=False)
     assert not result.ok
@@ -93,10 +102,11 @@ def test_without_piece_checksums_a_label_outside_the_classes_is_still_named(smal
         ds[20]
 
 
-def test_manifest_pieces_that_do_not_fit_the_index_are_refused(small_pieces):
+def test_a_damaged_piece_checksum_file_is_refused_on_open(small_pieces):
     _, manifest = small_pieces
-    data = json.loads(manifest.read_text())
-    data["extra"]["index_pieces"]["crc32"].pop()
-    manifest.write_text(json.dumps(data))
-    with pytest.raises(CorruptDataError, match="index_pieces does not describe"):
+    crcs = manifest.parent / json.loads(manifest.read_text())["extra"]["index_pieces"]["file"]
+    data = bytearray(crcs.read_bytes())
+    data[-1] ^= 0x01
+    crcs.write_bytes(bytes(data))
+    with pytest.raises(CorruptDataError, match="piece checksums fail the SHA-256"):
         fastdata.open_dataset(manifest, decode=BYTES)

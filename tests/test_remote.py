@@ -176,6 +176,7 @@ def test_opening_a_dataset_at_a_url_asks_for_each_file_once(tree, tmp_path, cach
         server.server_close()
     assert asked == Counter({("GET", "/d.tar.fastdata.json"): 1,
                              ("GET", "/d.tar.fastdata.index.npy"): 1,
+                             ("GET", "/d.tar.fastdata.index-crc.npy"): 1,
                              ("GET", "/d-000000.tar"): 1})
 
 

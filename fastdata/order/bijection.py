@@ -56,6 +56,18 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values and where each value is among them
+    (``np.unique(values, return_inverse=True)``, without its lazy import of
+    ``numpy.ma``, which fails when the process has no descriptor left)."""
+    flat = np.asarray(values).reshape(-1)
+    ordered = np.sort(flat)
+    keep = np.ones(len(ordered), dtype=bool)
+    keep[1:] = ordered[1:] != ordered[:-1]
+    values_ = ordered[keep]
+    return values_, np.searchsorted(values_, flat)
+
+
 def subkeys(key, count: int) -> np.ndarray:
     """``count`` keys drawn from ``key`` (an integer or an array of them):
     shape ``(count, *key.shape)``, uint64."""
@@ -86,8 +98,8 @@ class Bijection:
         self.lo = self.bits - self.bits // 2
         key = np.asarray(key, dtype=np.uint64)
         if key.ndim:  # one key per position: each distinct key's round keys once
-            distinct, where = np.unique(key, return_inverse=True)
-            self._round_keys = subkeys(distinct, ROUNDS)[:, where.reshape(-1)].reshape(
+            keys, where = distinct(key)
+            self._round_keys = subkeys(keys, ROUNDS)[:, where].reshape(
                 (ROUNDS, *key.shape))
         else:
             self._round_keys = subkeys(key, ROUNDS)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdata.order.bijection import Bijection, mix64
+from fastdata.order.bijection import Bijection, distinct, mix64
 
 #: Records that stay together in a streamed shuffled order, and records mixed at once.
 DEFAULT_BLOCK = 16
@@ -154,7 +154,7 @@ class EpochOrder:
         window, offset = np.divmod(pos, self.per_window)
         size = np.minimum(self.per_window, self.n - window * self.per_window)
         mixed = np.empty_like(pos)
-        for s in np.unique(size):  # every window is whole but the last
+        for s in distinct(size)[0]:  # every window is whole but the last
             here = size == s
             keys = mix64(np.uint64(self._key) ^ window[here].astype(np.uint64))
             mixed[here] = Bijection(int(s), keys).at(offset[here])
@@ -190,7 +190,7 @@ class _ShardWindows:
         begin = np.where(window > 0, self.window_ends[window - 1], 0)
         size = self.window_ends[window] - begin
         mixed = np.empty_like(pos)
-        for s in np.unique(size):
+        for s in distinct(size)[0]:
             here = size == s
             keys = mix64(np.uint64(self.key) ^ window[here].astype(np.uint64))
             mixed[here] = begin[here] + Bijection(int(s), keys).at(pos[here] - begin[here])

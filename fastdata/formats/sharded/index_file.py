@@ -12,12 +12,13 @@ record inside its shard file) before any of them is used to allocate a read.
 
 from __future__ import annotations
 
+import errno
 import os
 import tokenize
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError
+from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats.sharded.layout import INDEX_DTYPE
 
 #: What numpy's header parser raises on damaged bytes (SyntaxError and
@@ -25,6 +26,28 @@ from fastdata.formats.sharded.layout import INDEX_DTYPE
 _HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, IndexError, OverflowError,
                   TypeError, KeyError, RecursionError)
 ADVICE = "re-pack the dataset or restore the file"
+
+
+def file_error(exc: OSError, path: str, *, doing: str = "open",
+               what: str = "shard") -> FastDataError:
+    """The error for a file of the dataset that cannot be opened or read:
+    CorruptDataError, except for an exhausted file-descriptor limit, which is
+    no damage and says what to do."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return FastDataError(
+            f"cannot {doing} {what}: too many open files ({exc.strerror}); close datasets "
+            f"no longer used (ds.close(), or open them in a with block) or raise the limit "
+            f"(ulimit -n; now {_fd_limit()} for this process)", path=path)
+    return CorruptDataError(f"cannot {doing} {what} ({exc.strerror or exc})", path=path)
+
+
+def _fd_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
 
 
 def load_index(path: str, count: int) -> np.ndarray:
@@ -48,24 +71,36 @@ def load_index(path: str, count: int) -> np.ndarray:
     return rows
 
 
-def open_rows(path: str, count: int) -> np.ndarray:
-    """The ``count`` rows of the dataset index at ``path``, memory-mapped
-    (read from disk as they are used), after the header is checked.
+def rows_start(path: str, count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
+    """Where the ``count`` rows (of ``dtype``) of the ``.npy`` file at ``path``
+    begin, after its header is checked.
 
     Raises:
         CorruptDataError: as :func:`load_index`.
     """
     try:
         with open(path, "rb") as f:
-            shape, dtype = _read_header(f, path)
+            shape, found = _read_header(f, path)
             start = f.tell()
-            _check_header(shape, dtype, count, os.fstat(f.fileno()).st_size - start, path)
-        if count == 0:
-            return np.zeros(0, dtype=INDEX_DTYPE)
-        return np.memmap(path, dtype=INDEX_DTYPE, mode="r", offset=start, shape=(count,))
+            _check_header(shape, found, count, os.fstat(f.fileno()).st_size - start, path,
+                          dtype)
+            return start
     except OSError as exc:
         raise CorruptDataError(f"cannot read the dataset index ({exc.strerror or exc}); "
                                f"{ADVICE}", path=path) from None
+
+
+def load_array(path: str, count: int, dtype: np.dtype) -> np.ndarray:
+    """The ``count`` values (of ``dtype``) of the ``.npy`` file at ``path``,
+    read after the header is checked.
+
+    Raises:
+        CorruptDataError: as :func:`load_index`.
+    """
+    start = rows_start(path, count, dtype)
+    with open(path, "rb") as f:
+        f.seek(start)
+        return np.fromfile(f, dtype=dtype, count=count)
 
 
 def _read_header(f, path: str) -> tuple[tuple, np.dtype]:
@@ -87,13 +122,13 @@ def _read_header(f, path: str) -> tuple[tuple, np.dtype]:
 
 
 def _check_header(shape: tuple, dtype: np.dtype, count: int, data_bytes: int,
-                  path: str) -> None:
-    if dtype != INDEX_DTYPE or shape != (count,):
+                  path: str, expected: np.dtype = INDEX_DTYPE) -> None:
+    if dtype != expected or shape != (count,):
         raise CorruptDataError(f"dataset index holds {shape} of {dtype}, expected ({count},) "
-                               f"rows of {INDEX_DTYPE}; {ADVICE}", path=path)
-    if count * INDEX_DTYPE.itemsize > data_bytes:
+                               f"rows of {expected}; {ADVICE}", path=path)
+    if count * expected.itemsize > data_bytes:
         raise CorruptDataError(f"dataset index is truncated ({data_bytes} bytes of rows, "
-                               f"{count} rows need {count * INDEX_DTYPE.itemsize}); {ADVICE}",
+                               f"{count} rows need {count * expected.itemsize}); {ADVICE}",
                                path=path)
 
 

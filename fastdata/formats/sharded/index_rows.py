@@ -1,62 +1,79 @@
 """A dataset index that is never whole in memory (no torch).
 
-The index file (``NAME.fastdata.index.npy``) is memory-mapped after its
-header is checked (:mod:`~fastdata.formats.sharded.index_file`), and its rows
-are read for the records asked for. The rows come in pieces of
-:data:`PIECE_ROWS`; a piece is checked the first time one of its rows is used:
-its CRC-32 against the manifest's ``extra.index_pieces`` (written by the
-pack), every row inside its shard file, every label a class index. So an open
-costs the header and the shards' sizes, and a process pays for the pieces its
-records lie in, shared with the other processes through the page cache.
+The index file (``NAME.fastdata.index.npy``) is read a piece at a time:
+:data:`PIECE_ROWS` rows (4 KiB, a page) with one ``pread`` when a record of the
+piece is first asked for, checked (its CRC-32 against the pack's
+``NAME.fastdata.index-crc.npy``, which the manifest's ``extra.index_pieces``
+names; every row inside its shard file; every label a class index), and kept
+in a bounded cache (:data:`PIECES_KEPT`, least recently used out). No file
+stays open between reads (a memory map would hold a descriptor per index).
+So an open costs the header, the checksums and the shards' sizes, and a
+process pays for the pieces its records lie in.
 
-What grows with the dataset: the checked-piece flags (one byte per piece of
-8,192 rows) and the pieces' CRC-32s from the manifest (4 bytes per piece as
-an array, about 10 bytes each in the manifest's JSON).
+What grows with the dataset, per process: the pieces' CRC-32s (4 bytes per
+128 records: 31 MB at 10^9). The cache is at most 8 MiB.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import zlib
+from collections import OrderedDict
 
 import numpy as np
 
 from fastdata.errors import CorruptDataError
 from fastdata.formats.integrity import check_label_range
-from fastdata.formats.sharded.index_file import ADVICE, check_rows, open_rows
+from fastdata.formats.sharded.index_file import (ADVICE, check_rows, file_error, load_array,
+                                                rows_start)
 from fastdata.formats.sharded.layout import INDEX_DTYPE
 
-#: Rows per checked piece (256 KiB of rows).
-PIECE_ROWS = 8192
+#: Rows per checked piece (4 KiB of rows: one page).
+PIECE_ROWS = 128
+#: The piece checksums' array type.
+PIECE_DTYPE = np.dtype("<u4")
 
 
-def piece_checksums(index: np.ndarray) -> dict:
-    """``extra.index_pieces`` of a manifest: the CRC-32 of every piece of the
-    index rows as stored (``INDEX_DTYPE``)."""
+def piece_checksums(index: np.ndarray, rows: int | None = None) -> np.ndarray:
+    """The CRC-32 of every piece of ``rows`` (default :data:`PIECE_ROWS`)
+    rows of an index as stored (``INDEX_DTYPE``): the ``-crc.npy`` file."""
+    rows = PIECE_ROWS if rows is None else rows
     raw = np.ascontiguousarray(index, dtype=INDEX_DTYPE)
-    return {"rows": PIECE_ROWS,
-            "crc32": [zlib.crc32(raw[k:k + PIECE_ROWS].tobytes())
-                      for k in range(0, len(raw), PIECE_ROWS)]}
+    return np.fromiter((zlib.crc32(raw[k:k + rows].tobytes()) for k in range(0, len(raw), rows)),
+                       dtype=PIECE_DTYPE, count=-(-len(raw) // rows))
+
+
+#: Pieces kept in memory per index (8 MiB of rows).
+PIECES_KEPT = 2048
 
 
 class IndexRows:
-    """The rows of a dataset index (``INDEX_DTYPE``), each piece checked on first use.
+    """The rows of a dataset index (``INDEX_DTYPE``), each piece checked when read.
 
     Args:
-        rows: the rows (a memory map of the file, or an array).
+        rows: the rows in memory (an index built by a scan, one shard's
+            rows), or None to read them from ``local``.
         shard_sizes: every shard's size in bytes (rows must lie inside).
-        path: the index file, named by errors.
+        path: the index file as the dataset names it (errors name it).
         classes: the number of classes (labels are checked against it).
-        pieces: the manifest's ``extra.index_pieces`` (None: no CRC-32s;
-            the caller checked the file whole).
-        checked: every row is known good already (an index built by a scan).
+        pieces: the CRC-32 of every piece and the rows of a piece (None:
+            none; the caller checked the file whole).
+        checked: every row in ``rows`` is known good already.
         same_shards_as: the dataset index, when these rows are its metadata
             index's: a row must name the shard the dataset index's row does.
+        local, start, count: the file holding the rows (a URL's local
+            copy), where its rows begin, and how many it holds.
     """
 
-    def __init__(self, rows: np.ndarray, *, shard_sizes: list[int], path: str, classes: int,
-                 pieces: dict | None = None, checked: bool = False,
-                 same_shards_as: IndexRows | None = None) -> None:
+    def __init__(self, rows: np.ndarray | None, *, shard_sizes: list[int], path: str,
+                 classes: int, pieces: tuple[np.ndarray, int] | None = None,
+                 checked: bool = False, same_shards_as: IndexRows | None = None,
+                 local: str | None = None, start: int = 0, count: int | None = None) -> None:
         self._rows = rows
+        self._local, self._start = local, start
+        self._count = len(rows) if rows is not None else int(count)
+        self._checked_all = checked
         self._same_shards_as = same_shards_as
         self.shard_sizes = shard_sizes
         self.path = path
@@ -64,22 +81,33 @@ class IndexRows:
         self._crcs = None
         self.piece_rows = PIECE_ROWS
         if pieces is not None:
-            self._crcs, self.piece_rows = _pieces(pieces, len(rows), path)
-        self._checked = np.full(-(-len(rows) // self.piece_rows), checked, dtype=bool)
+            self._crcs, self.piece_rows = pieces
+        self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, local: str, count: int, *, path: str | None = None, **options) -> IndexRows:
-        """The index file ``local`` (``count`` rows), memory-mapped; errors name
-        ``path`` (the dataset's name of it: a URL's local copy is ``local``).
+        """The index file ``local`` (``count`` rows), read a piece at a time;
+        errors name ``path`` (the dataset's name of it: a URL's local copy is
+        ``local``).
 
         Raises:
             CorruptDataError: the file is missing, or its header is damaged
                 or does not describe ``count`` rows.
         """
-        return cls(open_rows(local, count), path=path or local, **options)
+        start = rows_start(local, count)
+        return cls(None, local=local, start=start, count=count, path=path or local, **options)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_kept=OrderedDict(), _lock=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._count
 
     def __getitem__(self, where):
         """Rows at an int, a slice or an integer array (a copy); a field name
@@ -87,14 +115,18 @@ class IndexRows:
         if isinstance(where, str):
             return Column(self, where)
         if isinstance(where, slice):
-            lo, hi, step = where.indices(len(self._rows))
-            self._check_range(lo, hi)
-            return np.array(self._rows[lo:hi:step])
+            lo, hi, step = where.indices(self._count)
+            return self._range(lo, hi)[::step] if hi > lo else np.zeros(0, INDEX_DTYPE)
         at = np.asarray(where, dtype=np.int64)
-        if at.size:
-            at = np.where(at < 0, at + len(self._rows), at)
-            self._check_pieces(np.unique(at // self.piece_rows))
-        return self._rows[at]
+        at = np.where(at < 0, at + self._count, at)
+        if at.size and (int(at.min()) < 0 or int(at.max()) >= self._count):
+            raise IndexError(f"record {int(at.max())} is outside the index's {self._count} rows")
+        out = np.empty(at.shape, dtype=INDEX_DTYPE)
+        piece, within = np.divmod(at, self.piece_rows)
+        for p in dict.fromkeys(piece.tolist()):  # (np.unique would import numpy.ma)
+            here = piece == p
+            out[here] = self._piece(p)[within[here]]
+        return out
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self[:]
@@ -103,53 +135,122 @@ class IndexRows:
     def unchecked(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo..hi`` as stored, not checked: for ``verify``, which
         reports a damaged piece once and compares the rows with other files."""
-        return np.array(self._rows[lo:hi])
+        if self._rows is not None:
+            return np.array(self._rows[lo:hi])
+        return self._read(lo, hi)
 
     def check_all(self) -> None:
-        """Check every piece not checked yet."""
-        self._check_range(0, len(self._rows))
+        """Check every piece (without keeping them)."""
+        step = self.piece_rows * 1024
+        for lo in range(0, self._count, step):
+            rows = self.unchecked(lo, min(self._count, lo + step))
+            for k in range(0, len(rows), self.piece_rows):
+                self._check(lo // self.piece_rows + k // self.piece_rows,
+                            rows[k:k + self.piece_rows])
 
-    def _check_range(self, lo: int, hi: int) -> None:
-        if hi > lo:
-            self._check_pieces(np.arange(lo // self.piece_rows, (hi - 1) // self.piece_rows + 1))
+    def _range(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo..hi`` (contiguous), their pieces checked."""
+        first, last = lo // self.piece_rows, (hi - 1) // self.piece_rows
+        with self._lock:
+            missing = [p for p in range(first, last + 1) if p not in self._kept]
+        if len(missing) > 2:  # read the span at once, then check it piece by piece
+            base = first * self.piece_rows
+            rows = self.unchecked(base, min(self._count, (last + 1) * self.piece_rows))
+            for p in range(first, last + 1):
+                k = (p - first) * self.piece_rows
+                self._check(p, rows[k:k + self.piece_rows])
+            return rows[lo - base:hi - base]
+        parts = [self._piece(p) for p in range(first, last + 1)]
+        rows = np.concatenate(parts)
+        return rows[lo - first * self.piece_rows:hi - first * self.piece_rows]
 
-    def _check_pieces(self, pieces: np.ndarray) -> None:
-        for piece in pieces[~self._checked[pieces]].tolist():
-            first = piece * self.piece_rows
-            rows = np.array(self._rows[first:first + self.piece_rows])
-            if self._crcs is not None:
-                actual = zlib.crc32(rows.tobytes())
-                if actual != int(self._crcs[piece]):
-                    raise CorruptDataError(
-                        f"rows {first}..{first + len(rows) - 1} of the dataset index fail "
-                        f"their CRC-32 (the manifest records {int(self._crcs[piece]):08x}, "
-                        f"the file gives {actual:08x}): the index is damaged or was changed "
-                        f"after packing; {ADVICE}", path=self.path, record=first)
-            check_rows(rows, self.shard_sizes, self.path, first=first)
-            check_label_range(rows["label"], self.classes, path=self.path, first=first)
-            if self._same_shards_as is not None:
-                theirs = self._same_shards_as[first:first + len(rows)]["shard"]
-                if not np.array_equal(rows["shard"], theirs):
-                    raise CorruptDataError("the metadata index puts records in other shards "
-                                           "than the dataset index; re-pack it",
-                                           path=self.path)
-            self._checked[piece] = True
+    def _piece(self, p: int) -> np.ndarray:
+        with self._lock:
+            rows = self._kept.get(p)
+            if rows is not None:
+                self._kept.move_to_end(p)
+                return rows
+        first = p * self.piece_rows
+        rows = self.unchecked(first, min(self._count, first + self.piece_rows))
+        self._check(p, rows)
+        with self._lock:
+            self._kept[p] = rows
+            while len(self._kept) > PIECES_KEPT:
+                self._kept.popitem(last=False)
+        return rows
+
+    def _read(self, lo: int, hi: int) -> np.ndarray:
+        size = INDEX_DTYPE.itemsize
+        try:
+            fd = os.open(self._local, os.O_RDONLY)
+            try:
+                raw = os.pread(fd, (hi - lo) * size, self._start + lo * size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise file_error(exc, self.path, doing="read", what=f"rows {lo}..{hi - 1} of the "
+                             f"dataset index") from None
+        if len(raw) != (hi - lo) * size:
+            raise CorruptDataError(f"the dataset index ends before row {hi - 1}; {ADVICE}",
+                                   path=self.path, record=lo)
+        return np.frombuffer(raw, dtype=INDEX_DTYPE).copy()
+
+    def _check(self, piece: int, rows: np.ndarray) -> None:
+        if self._checked_all:
+            return
+        first = piece * self.piece_rows
+        if self._crcs is not None:
+            actual = zlib.crc32(rows.tobytes())
+            if actual != int(self._crcs[piece]):
+                raise CorruptDataError(
+                    f"rows {first}..{first + len(rows) - 1} of the dataset index fail "
+                    f"their CRC-32 (the checksums file records {int(self._crcs[piece]):08x}, "
+                    f"the index gives {actual:08x}): the index is damaged or was changed "
+                    f"after packing; {ADVICE}", path=self.path, record=first)
+        check_rows(rows, self.shard_sizes, self.path, first=first)
+        check_label_range(rows["label"], self.classes, path=self.path, first=first)
+        if self._same_shards_as is not None:
+            theirs = self._same_shards_as[first:first + len(rows)]["shard"]
+            if not np.array_equal(rows["shard"], theirs):
+                raise CorruptDataError("the metadata index puts records in other shards "
+                                       "than the dataset index; re-pack it", path=self.path)
+
+    def pieces_kept(self) -> list[int]:
+        """The pieces in memory now, least recently used first."""
+        with self._lock:
+            return list(self._kept)
 
 
-def _pieces(pieces, rows: int, path: str) -> tuple[np.ndarray, int]:
-    """The CRC-32s and rows per piece of a manifest's ``extra.index_pieces``.
+def piece_rows_of(extra_pieces, where: str) -> int:
+    """The rows per piece a manifest's ``index_pieces`` gives.
 
     Raises:
-        CorruptDataError: they do not describe ``rows`` rows.
+        CorruptDataError: not a positive whole number.
     """
-    size = pieces.get("rows") if isinstance(pieces, dict) else None
-    crcs = pieces.get("crc32") if isinstance(pieces, dict) else None
-    if type(size) is not int or size < 1 or not isinstance(crcs, list) \
-            or len(crcs) != -(-rows // size) or not all(type(c) is int for c in crcs):
-        raise CorruptDataError(f"the manifest's extra.index_pieces does not describe pieces "
-                               f"of the index's {rows} rows (rows per piece, and a CRC-32 "
-                               f"per piece); {ADVICE}", path=path)
-    return np.asarray(crcs, dtype=np.int64), size
+    rows = extra_pieces.get("rows") if isinstance(extra_pieces, dict) else None
+    if type(rows) is not int or rows < 1:
+        raise CorruptDataError(f"the manifest's index_pieces.rows is {rows!r}, not a number of "
+                               f"rows per piece; {ADVICE}", path=where)
+    return rows
+
+
+def load_pieces(manifest, pieces: dict, path: str, count: int) -> tuple[np.ndarray, int]:
+    """The piece checksums of an index of ``count`` rows: the file ``path``
+    (named by ``pieces``, a manifest's ``index_pieces``) checked whole
+    against the manifest's SHA-256 and read (4 bytes per piece: 31 MB for
+    10^9 records). Returns (CRC-32s, rows per piece).
+
+    Raises:
+        CorruptDataError: the file is missing, damaged or of another size.
+    """
+    from fastdata.formats.integrity import check_file_sha256
+    from fastdata.formats.remote_files import local_copy
+
+    rows = piece_rows_of(pieces, path)
+    n = -(-count // rows)
+    local = local_copy(path, limit=n * PIECE_DTYPE.itemsize + 4096)
+    check_file_sha256(manifest, pieces["file"], local, what="the index's piece checksums")
+    return load_array(local, n, PIECE_DTYPE), rows
 
 
 class Column:

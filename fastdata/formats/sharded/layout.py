@@ -15,7 +15,11 @@ datasets of two formats with one prefix never share a sidecar:
 - ``NAME.fastdata.keys.json``: the source keys;
 - ``NAME.fastdata.metadata.npy``: only when records carry metadata: rows of
   the index's dtype pointing at each record's metadata JSON inside its shard
-  instead of its payload (size 0: the record has none; crc32: of the JSON).
+  instead of its payload (size 0: the record has none; crc32: of the JSON);
+- ``NAME.fastdata.index-crc.npy`` (and ``NAME.fastdata.metadata-crc.npy``):
+  the CRC-32 of every piece of 128 rows of the index (of the metadata
+  index), uint32, so a reader checks the rows it uses, a page at a time,
+  without reading the whole index (``extra.index_pieces``).
 
 Datasets packed with the earlier naming have sidecars named after the prefix
 alone (``out.fastdata.json``): readers still find such a manifest when it is
@@ -43,6 +47,8 @@ from fastdata.formats.registry import MANIFEST_SUFFIX
 INDEX_SUFFIX = ".fastdata.index.npy"
 KEYS_SUFFIX = ".fastdata.keys.json"
 METADATA_SUFFIX = ".fastdata.metadata.npy"
+INDEX_PIECES_SUFFIX = ".fastdata.index-crc.npy"
+METADATA_PIECES_SUFFIX = ".fastdata.metadata-crc.npy"
 
 INDEX_DTYPE = np.dtype([
     ("shard", "<u4"), ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("crc32", "<u4"),
@@ -98,6 +104,14 @@ class ShardLayout:
     @property
     def metadata_path(self) -> str:
         return os.path.join(self.directory, self.sidecar_stem + METADATA_SUFFIX)
+
+    @property
+    def index_pieces_path(self) -> str:
+        return os.path.join(self.directory, self.sidecar_stem + INDEX_PIECES_SUFFIX)
+
+    @property
+    def metadata_pieces_path(self) -> str:
+        return os.path.join(self.directory, self.sidecar_stem + METADATA_PIECES_SUFFIX)
 
     @property
     def legacy_manifest_path(self) -> str:

@@ -204,10 +204,15 @@ def remove_old(plan: PublishPlan, old: dict) -> None:
 
 def _sidecar_fields(extra: dict) -> list[tuple[dict, str]]:
     """(the object holding it, its field) of each sidecar a manifest's ``extra``
-    names: the index, the keys, and the metadata index when there is one."""
+    names: the index, the keys, the metadata index when there is one, and
+    their pieces' checksums."""
     fields = [(extra, "index"), (extra, "keys")]
+    holders = [extra]
     if isinstance(extra.get("metadata"), dict):
         fields.append((extra["metadata"], "index"))
+        holders.append(extra["metadata"])
+    fields += [(h["index_pieces"], "file") for h in holders
+               if isinstance(h.get("index_pieces"), dict)]
     return fields
 
 

@@ -8,7 +8,6 @@ fastdata manifest) are scanned once on open to build the same index in memory.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -25,7 +24,8 @@ from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetche
                                            manifest_bytes, parallel_map, process_cache,
                                            read_bytes)
 from fastdata.formats.registry import manifest_format
-from fastdata.formats.sharded.index_rows import IndexRows
+from fastdata.formats.sharded.index_file import file_error
+from fastdata.formats.sharded.index_rows import IndexRows, load_pieces
 from fastdata.formats.sharded.foreign import ForeignShards
 from fastdata.formats.sharded.layout import ShardLayout, parse_output
 from fastdata.formats.sharded.metadata import ShardedMetadata
@@ -37,21 +37,7 @@ from fastdata.records import Manifest
 def shard_error(exc: OSError, path: str, doing: str = "open") -> FastDataError:
     """The error for a shard that cannot be opened or read: CorruptDataError,
     except for an exhausted file-descriptor limit, which is no damage."""
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        return FastDataError(
-            f"cannot {doing} shard: too many open files ({exc.strerror}); close datasets "
-            f"no longer used (ds.close(), or open them in a with block) or raise the limit "
-            f"(ulimit -n; now {_fd_limit()} for this process)", path=path)
-    return CorruptDataError(f"cannot {doing} shard ({exc.strerror or exc})", path=path)
-
-
-def _fd_limit() -> str:
-    try:
-        import resource
-
-        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    except (ImportError, OSError, ValueError):
-        return "unknown"
+    return file_error(exc, path, doing=doing, what="shard")
 
 
 def _sidecar(manifest: Manifest, field: str, where: str) -> str:
@@ -94,6 +80,7 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         #: Rows (INDEX_DTYPE) locating each record's metadata JSON; loaded on first use.
         self._meta_index: np.ndarray | None = None
         self._meta_index_path: str | None = None
+        self._meta_pieces_path: str | None = None
         #: Opened by one shard's name: the set's layout, and (first, count, set
         #: count) of the set's records kept (see ``_keep_shard``).
         self._set_layout: ShardLayout | None = None
@@ -185,6 +172,16 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         # Loaded on first use, but refused now like every other name.
         self._meta_index_path = None if meta_name is None else inside(
             meta_name, "extra.metadata.index")
+        piece_paths = {}
+        for field, holder in (("extra.index_pieces", manifest.extra),
+                              ("extra.metadata.index_pieces", meta)):
+            found = holder.get("index_pieces") if isinstance(holder, dict) else None
+            if found is not None:
+                if not isinstance(found, dict) or "file" not in found:
+                    raise ManifestError(f"manifest field {field} names no file (its "
+                                        f"\"file\"); re-pack the dataset", path=manifest_path)
+                piece_paths[field] = inside(found["file"], field + ".file")
+        self._meta_pieces_path = piece_paths.get("extra.metadata.index_pieces")
         sizes = []
         for p, s in zip(shard_paths, manifest.shards):
             if is_remote(p):
@@ -200,8 +197,11 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
                     f"shard is truncated ({sizes[-1]} of {s['bytes']} bytes); re-pack "
                     f"it or restore the file", path=p)
         local_index = local_copy(index_path, limit=index_limit(manifest.count))
-        pieces = manifest.extra.get("index_pieces")
-        if pieces is None:
+        pieces = None
+        if "extra.index_pieces" in piece_paths:
+            pieces = load_pieces(manifest, manifest.extra["index_pieces"],
+                                 piece_paths["extra.index_pieces"], manifest.count)
+        else:
             # Packed before per-piece checksums: the file is checked whole,
             # before its header is parsed.
             check_file_sha256(manifest, manifest.extra["index"], local_index,

@@ -35,7 +35,8 @@ def dataset_objects(url: str, extensions: tuple[str, ...],
     manifest = json.loads(open_remote(layout.manifest_path).read(limit=MANIFEST_LIMIT))
     manifest = manifest if isinstance(manifest, dict) else {}
     folder = layout.directory
-    sidecars = {basename(p) for p in (layout.index_path, layout.keys_path, layout.metadata_path)}
+    sidecars = {basename(p) for p in (layout.index_path, layout.keys_path, layout.metadata_path,
+                                      layout.index_pieces_path, layout.metadata_pieces_path)}
     names = []
     for shard in manifest.get("shards") if isinstance(manifest.get("shards"), list) else []:
         name = shard.get("path") if isinstance(shard, dict) else None
@@ -43,8 +44,11 @@ def dataset_objects(url: str, extensions: tuple[str, ...],
             names += [join(folder, n) for n in shard_files(name)]
     extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
     metadata = extra.get("metadata") if isinstance(extra.get("metadata"), dict) else {}
+    pieces = [holder.get("index_pieces") for holder in (extra, metadata)]
+    pieces = [p.get("file") for p in pieces if isinstance(p, dict)]
     names += [join(folder, n) for n in (extra.get("index"), extra.get("keys"),
-                                        metadata.get("index")) if _plain(n) and n in sidecars]
+                                        metadata.get("index"), *pieces)
+              if _plain(n) and n in sidecars]
     return names + [layout.manifest_path]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.registry import manifest_format
-from fastdata.formats.sharded.index_rows import piece_checksums
+from fastdata.formats.sharded import index_rows
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.sharded.metadata import metadata_rows
 from fastdata.formats.sharded.publish import PublishPlan, publish
@@ -354,17 +354,22 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             info["temp"] = temp
         index = np.array(self._rows, dtype=INDEX_DTYPE)
         np.save(os.path.join(self.temp_path, "index.npy"), index, allow_pickle=False)
+        np.save(os.path.join(self.temp_path, "index-crc.npy"), index_rows.piece_checksums(index),
+                allow_pickle=False)
         with open(os.path.join(self.temp_path, "keys.json"), "w", encoding="utf-8") as f:
             json.dump(self.keys, f, ensure_ascii=False)
         extra = {"index": os.path.basename(self.layout.index_path),
-                 "index_pieces": piece_checksums(index),
+                 "index_pieces": {"rows": index_rows.PIECE_ROWS,
+                                  "file": os.path.basename(self.layout.index_pieces_path)},
                  "keys": os.path.basename(self.layout.keys_path),
                  "prefix": self.layout.prefix, **self._manifest_extra()}
         if self.has_metadata:
-            meta_rows = self._save_metadata_index(index)
+            self._save_metadata_index(index)
             extra["metadata"] = {"records": self.metadata_records,
                                  "index": os.path.basename(self.layout.metadata_path),
-                                 "index_pieces": piece_checksums(meta_rows),
+                                 "index_pieces": {
+                                     "rows": index_rows.PIECE_ROWS,
+                                     "file": os.path.basename(self.layout.metadata_pieces_path)},
                                  **self._metadata_extra()}
         manifest = with_metadata_sha256(manifest, self._sidecar_digests())
         manifest = dataclasses.replace(
@@ -383,19 +388,23 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         return {}
 
     def _save_metadata_index(self, index: np.ndarray) -> np.ndarray:
-        """``metadata.npy``: the index's rows, pointing at each record's metadata
-        (returned, for their checksums)."""
+        """``metadata.npy``: the index's rows, pointing at each record's
+        metadata, and their pieces' checksums (``metadata-crc.npy``)."""
         rows = metadata_rows(index, self._meta_rows, self.metadata_crcs)
         np.save(os.path.join(self.temp_path, "metadata.npy"), rows, allow_pickle=False)
+        np.save(os.path.join(self.temp_path, "metadata-crc.npy"), index_rows.piece_checksums(rows),
+                allow_pickle=False)
         return rows
 
     def _sidecars(self) -> list[tuple[str, str]]:
         """(name in the temporary folder, final name) of every sidecar but the manifest."""
         layout = self.layout
         found = [("index.npy", os.path.basename(layout.index_path)),
+                 ("index-crc.npy", os.path.basename(layout.index_pieces_path)),
                  ("keys.json", os.path.basename(layout.keys_path))]
         if self.has_metadata:
-            found.append(("metadata.npy", os.path.basename(layout.metadata_path)))
+            found += [("metadata.npy", os.path.basename(layout.metadata_path)),
+                      ("metadata-crc.npy", os.path.basename(layout.metadata_pieces_path))]
         return found
 
     def _sidecar_digests(self) -> dict[str, str]:
@@ -420,7 +429,9 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             overwrite=self.overwrite, shard_files=self._shard_files,
             owns_shard=lambda name: layout.owns(name, self.extensions),
             sidecars=(os.path.basename(layout.index_path), os.path.basename(layout.keys_path),
-                      os.path.basename(layout.metadata_path), *layout.legacy_sidecars),
+                      os.path.basename(layout.metadata_path),
+                      os.path.basename(layout.index_pieces_path),
+                      os.path.basename(layout.metadata_pieces_path), *layout.legacy_sidecars),
             legacy_manifest=os.path.basename(legacy) if legacy else None,
         ))
         self.replaced_legacy = [legacy] if legacy else []
