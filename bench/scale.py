@@ -2,6 +2,7 @@
 
     python bench/scale.py plan                  # 10^9 and 10^10 samples, 4,096 ranks x 8 workers
     python bench/scale.py open --sizes 200000,2000000   # pack tiny records, open, first batch
+    python bench/scale.py startup               # open 10^9 records in 10^5 shards (sparse)
 
 ``plan`` needs no data: for each size and order mode (a permutation of every
 record, as map-style reading has it; blocks of 16 in windows of 8192, as a
@@ -10,6 +11,14 @@ rank (the rank's steps 0-7) with the torch-free engine
 (``fastdata.order.batch_records``), and prints the time and peak memory of
 one rank's plan, the time of all ranks', rank 0's and rank 4095's first
 records, and whether all those positions map to distinct records.
+
+``startup`` makes a dataset of 10^9 records in 10^5 TFRecord shards
+without writing its data: the manifest of a real pack rewritten to name
+10^5 empty shard files, a sparse index file whose rows are zeros (each an
+empty record of shard 0), and the index's piece checksums. A fresh process
+then opens it shuffled, plans its first batch and locates the batch's
+records in the index (their shards, sizes and labels): time and memory of
+the start-up, payload reads left out (the records are empty).
 
 ``open`` packs ``N`` tiny records (1x1 raw pixels, TFRecord, ``N / 10,000``
 shards) and, in a fresh process per size, opens the dataset shuffled and
@@ -101,6 +110,87 @@ class TinySource:
         return []
 
 
+STARTUP = r"""
+import json, sys, time
+def rss(field="VmRSS:"):
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith(field))
+import fastdata, torch
+base = rss()
+start = time.perf_counter()
+ds = fastdata.open_dataset(sys.argv[1], decode=fastdata.Decode(output="bytes"),
+                           order=fastdata.Order(shuffle=True, batch_size=256, rank=4095,
+                                                world_size=4096))
+opened = time.perf_counter() - start
+batch = next(iter(fastdata.EpochBatches(ds)))
+shards, sizes = ds.reader.placement(batch)
+labels = ds.reader.labels[batch]
+total = time.perf_counter() - start
+print(json.dumps({"records": len(ds), "shards": len(ds.reader.shard_paths), "open_s": opened,
+                  "first_batch_s": total, "grown": rss() - base, "peak": rss("VmHWM:"),
+                  "distinct": len(set(batch)), "sizes": int(sizes.sum())}))
+"""
+
+
+def make_synthetic(folder: str, records: int, shards: int) -> str:
+    """A dataset of ``records`` empty records in ``shards`` empty TFRecord
+    shards, from a tiny real pack's manifest (see the module docstring)."""
+    import hashlib
+    import zlib
+
+    import numpy as np
+
+    import fastdata
+    from fastdata.formats.sharded.index_rows import PIECE_ROWS
+    from fastdata.formats.sharded.layout import INDEX_DTYPE
+    from fastdata.packers.options import PackOptions
+
+    out = os.path.join(folder, "syn.tfrecord")
+    fastdata.pack(TinySource(10), out, progress=False, options=PackOptions(shard_size=10))
+    manifest_path = out + ".fastdata.json"
+    with open(manifest_path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    per = records // shards
+    manifest["count"] = per * shards
+    manifest["class_counts"] = [per * shards] + [0] * (len(manifest["classes"]) - 1)
+    manifest["shards"] = [{"path": f"syn-{n:06d}.tfrecord", "count": per, "bytes": 0,
+                           "first": n * per} for n in range(shards)]
+    for entry in manifest["shards"]:
+        open(os.path.join(folder, entry["path"]), "wb").close()
+    extra = manifest["extra"]
+    index = os.path.join(folder, extra["index"])
+    count = per * shards
+    header = {"descr": np.lib.format.dtype_to_descr(INDEX_DTYPE), "fortran_order": False,
+              "shape": (count,)}
+    with open(index, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.truncate(f.tell() + count * INDEX_DTYPE.itemsize)  # sparse: rows of zeros
+    zero = zlib.crc32(np.zeros(PIECE_ROWS, dtype=INDEX_DTYPE).tobytes())
+    crcs = os.path.join(folder, extra["index_pieces"]["file"])
+    np.save(crcs, np.full(-(-count // PIECE_ROWS), zero, dtype="<u4"))
+    sums = manifest["checksums"]["metadata_sha256"]
+    with open(crcs, "rb") as f:
+        sums[os.path.basename(crcs)] = hashlib.sha256(f.read()).hexdigest()
+    sums.pop(extra["index"], None)  # never read whole
+    with open(manifest_path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    return manifest_path
+
+
+def run_startup(args) -> None:
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        t = time.perf_counter()
+        manifest = make_synthetic(folder, int(float(args.records)), int(float(args.shards)))
+        print(f"made in {time.perf_counter() - t:.0f} s")
+        result = subprocess.run([sys.executable, "-c", STARTUP, manifest], capture_output=True,
+                                text=True, check=True)
+        r = json.loads(result.stdout)
+        print(f"{r['records']:,} records in {r['shards']:,} shards: open {r['open_s']:.2f} s, "
+              f"open + first batch planned and located {r['first_batch_s']:.2f} s, "
+              f"+{r['grown'] / 2**20:.0f} MB after torch's import (peak {r['peak'] / 2**20:.0f} "
+              f"MB); {r['distinct']} distinct records")
+
+
 def run_plan(args) -> None:
     print(f"one rank: its {args.workers} workers' first batches of {args.batch}, planned in a "
           f"fresh process (peak: VmHWM, imports included); all ranks: every rank's, and "
@@ -161,8 +251,12 @@ def main() -> None:
     opened = sub.add_parser("open", help="pack tiny records, open, read the first batch")
     opened.add_argument("--sizes", default="200000,2000000")
     opened.add_argument("--dir", default=None, help="where to pack (default: the temp folder)")
+    startup = sub.add_parser("startup", help="open a synthetic 10^9-record dataset")
+    startup.add_argument("--records", default="1e9")
+    startup.add_argument("--shards", default="1e5")
+    startup.add_argument("--dir", default=None, help="where to make it (sparse files)")
     args = parser.parse_args()
-    run_plan(args) if args.what == "plan" else run_open(args)
+    {"plan": run_plan, "open": run_open, "startup": run_startup}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -419,8 +419,10 @@ def test_truncated_shard_raises(sharded, cut):
         assert reader.read(16) == tree.payloads[16]
         with pytest.raises(CorruptDataError, match="truncated"):
             list(reader.iter_shard(5))
+        reopened = TFRecordReader(summary.output)  # a shard is checked as it is read
         with pytest.raises(CorruptDataError, match="truncated"):
-            TFRecordReader(summary.output)  # the manifest knows the size
+            reopened.read(17)
+        assert reopened.read(16) == tree.payloads[16]
         with pytest.raises(CorruptDataError, match="truncated") as info:
             TFRecordReader([shard])  # scanned without a manifest
         assert info.value.offset == offset
