@@ -155,3 +155,46 @@ def test_a_state_of_the_earlier_order_algorithm_is_refused():
     with pytest.raises(ValueError, match="order algorithm 1.*start of epoch 0"):
         fastdata.EpochBatches(1000, order=fastdata.Order(shuffle=True, batch_size=10)
                               ).load_state_dict(old)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.floats(0.05, 5.0)), min_size=1, max_size=5),
+       st.integers(1, 400), st.integers(0, 3), st.integers(1, 40), st.integers(0, 2**31))
+def test_a_mixtures_epoch_per_position_is_the_sorted_one(sources, per_epoch, epoch, chunk,
+                                                         seed):
+    """Chunks of any size give the epoch that sorting every sample's key gives."""
+    from fastdata.order import interleave
+    from fastdata.order.epochs import stable_seed
+    from fastdata.order.mixture import Mixture, MixSource
+
+    mixture = Mixture([MixSource(f"s{k}", n, weight=w) for k, (n, w) in enumerate(sources)],
+                      samples_per_epoch=per_epoch, seed=seed)
+    counts = mixture.counts(epoch)
+    phases = np.random.Generator(np.random.PCG64(stable_seed("mix", seed, epoch))).random(
+        len(sources))
+    keys = np.concatenate([(np.arange(c) + phases[s]) / c for s, c in enumerate(counts)])
+    owner = np.concatenate([np.full(c, s) for s, c in enumerate(counts)])
+    expected = owner[np.lexsort((owner, keys))]
+    saved = interleave.CHUNK
+    interleave.CHUNK = chunk
+    try:
+        source, _, _ = Mixture([MixSource(f"s{k}", n, weight=w) for k, (n, w)
+                                in enumerate(sources)], samples_per_epoch=per_epoch,
+                               seed=seed).epoch_at(epoch, np.arange(per_epoch))
+    finally:
+        interleave.CHUNK = saved
+    assert source.tolist() == expected.tolist()
+
+
+def test_a_mixture_of_a_billion_samples_is_read_per_position():
+    from fastdata.order.mixture import Mixture, MixSource
+
+    mixture = Mixture([MixSource("a", 10**9, weight=3), MixSource("b", 5 * 10**8, weight=1)],
+                      samples_per_epoch=10**9, seed=1)
+    positions = np.arange(7 * 10**8, 7 * 10**8 + 256)
+    source, record, cycle = mixture.epoch_at(2, positions)
+    assert len(set(zip(source.tolist(), record.tolist()))) == 256
+    assert abs(int((source == 0).sum()) - 192) < 1  # its share, to within 1 + (k-2) f
+    taken = mixture.taken_at(2, 7 * 10**8)
+    assert taken["a"] + taken["b"] == 2 * 10**9 + 7 * 10**8  # epochs 0 and 1, then 7e8
+    assert cycle.max() <= 4

@@ -172,7 +172,7 @@ class MixedDataset(Dataset):
         self._check_shapes(decode or Decode())
         self._classes, self._relabel = self._combine_classes(classes)
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-        self._entries: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._entries: int | None = None  # the epoch the sources were last told
 
     # -- classes ------------------------------------------------------------------
 
@@ -224,19 +224,20 @@ class MixedDataset(Dataset):
         for ds in self.sources.values():
             ds.set_epoch(int(epoch))
 
-    def _epoch_entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The current epoch's (source, record, cycle) arrays, made once per epoch."""
+    def _entries_at(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, record, cycle) at positions ``indices`` of the current epoch,
+        computed for those positions (the mixture's order per position)."""
         epoch = self.epoch
-        if self._entries is None or self._entries[0] != epoch:
+        if self._entries != epoch:
             for ds in self.sources.values():  # workers read the epoch from shared memory
                 ds.set_epoch(epoch)
-            self._entries = (epoch, *self.mixture.epoch_with_cycles(epoch))
-        return self._entries[1:]
+            self._entries = epoch
+        return self.mixture.epoch_at(epoch, indices)
 
     def locate(self, index: int) -> tuple[str, int]:
         """(source name, record index) at position ``index`` of the current epoch."""
-        source, record, _ = self._epoch_entries()
-        return self.names[int(source[index])], int(record[index])
+        source, record, _ = self._entries_at(np.asarray([index], dtype=np.int64))
+        return self.names[int(source[0])], int(record[0])
 
     def counts(self, epoch: int | None = None) -> dict[str, int]:
         """Samples of each source in ``epoch`` (default: the current one)."""
@@ -291,9 +292,8 @@ class MixedDataset(Dataset):
         return self.__getitems__([index % n])[0]
 
     def __getitems__(self, indices: Sequence[int]):
-        source, record, cycles = self._epoch_entries()
         indices = np.asarray(indices, dtype=np.int64)
-        which, records = source[indices], record[indices]
+        which, records, cycles = self._entries_at(indices)
         stack = len(indices) > 1 and self.transform is None and self.target_transform is None
         # Where every image has one shape, the sources decode straight into
         # the rows of one batch (channels-last memory, as theirs is; in a
@@ -304,7 +304,7 @@ class MixedDataset(Dataset):
         parts: dict[tuple[int, int], tuple[np.ndarray, Batch]] = {}
         # A random crop draws from the record's cycle: its n-th appearance gets
         # the n-th crop, so a record repeated in an epoch is cropped anew.
-        cycle = cycles[indices] if self._random_crops else np.zeros_like(which)
+        cycle = cycles if self._random_crops else np.zeros_like(which)
         for s, c in sorted(set(zip(which.tolist(), cycle.tolist()))):
             places = np.flatnonzero((which == s) & (cycle == c))
             ds = self.sources[self.names[s]]

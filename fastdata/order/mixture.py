@@ -18,7 +18,8 @@ share of the epoch, or a ``count`` of samples per epoch) has epochs of
 - **Where they go.** The sources are spread through the epoch, not
   concatenated: the j-th sample of source s sits at key ``(j + u_s) / count_s``
   (``u_s`` a random phase in [0, 1) per source and epoch), and the epoch is the
-  samples sorted by key. Any run of consecutive samples then holds a source
+  samples sorted by key, computed for the positions asked for
+  (:mod:`fastdata.order.interleave`). Any run of consecutive samples then holds a source
   of share f in its share to within 1 + (k - 2) f samples, k the sources in
   the epoch: within one for two sources.
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.order.epochs import Shuffle, epoch_order, stable_seed
+from fastdata.order.interleave import EpochInterleave
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Mixture:
         self.first_epoch = int(first_epoch)
         self.start = {s.name: int((start or {}).get(s.name, 0)) for s in self.sources}
         self._counts: list[np.ndarray] = []   # per epoch from first_epoch, in order
+        self._interleave: tuple[int, EpochInterleave] | None = None
         self.counts(self.first_epoch)  # checks the weights now, not at the first batch
 
     # -- counts ---------------------------------------------------------------
@@ -184,8 +187,8 @@ class Mixture:
     def taken_at(self, epoch: int, consumed: int) -> dict[str, int]:
         """Samples each source has given once the first ``consumed`` samples of
         epoch ``epoch`` are read (by name)."""
-        source, _ = self.epoch(epoch)
-        here = np.bincount(source[:max(0, int(consumed))], minlength=len(self.sources))
+        consumed = min(max(0, int(consumed)), self.samples_per_epoch)
+        here = self.interleave(epoch).before(consumed)
         return {s.name: int(n) for s, n in zip(self.sources, self.taken_before(epoch) + here)}
 
     def continued(self, sources: Sequence[MixSource], epoch: int, consumed: int,
@@ -231,7 +234,8 @@ class Mixture:
     # -- the epoch's sequence ---------------------------------------------------
 
     def epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Epoch ``epoch`` as (source number, record index) arrays, in order."""
+        """Epoch ``epoch`` as (source number, record index) arrays, in order
+        (arrays of the epoch's size: :meth:`epoch_at` for some positions)."""
         source, record, _ = self.epoch_with_cycles(epoch)
         return source, record
 
@@ -239,37 +243,43 @@ class Mixture:
         """:meth:`epoch`, and the cycle of its source each sample belongs to
         (a record's n-th appearance is in its n-th cycle: random crops draw
         from it, so a repeated record is cropped anew)."""
-        counts, before = self.counts(epoch), self.taken_before(epoch)
-        rng = np.random.Generator(np.random.PCG64(stable_seed("mix", self.seed, epoch)))
-        phases = rng.random(len(self.sources))
-        keys, sources, records, cycles = [], [], [], []
-        for s, source in enumerate(self.sources):
-            c = int(counts[s])
-            if c == 0:
-                continue
-            keys.append((np.arange(c) + phases[s]) / c)
-            sources.append(np.full(c, s, dtype=np.int64))
-            records.append(self._records(s, int(before[s]), c))
-            cycles.append((int(before[s]) + np.arange(c, dtype=np.int64)) // source.size)
-        key = np.concatenate(keys)
-        source = np.concatenate(sources)
-        order = np.lexsort((source, key))
-        return source[order], np.concatenate(records)[order], np.concatenate(cycles)[order]
+        return self.epoch_at(epoch, np.arange(self.samples_per_epoch, dtype=np.int64))
 
-    def _records(self, s: int, start: int, count: int) -> np.ndarray:
-        """Samples ``start .. start+count`` of source ``s``'s endless sequence of cycles."""
+    def interleave(self, epoch: int) -> EpochInterleave:
+        """Epoch ``epoch``'s positions to (source, sample of the source), per
+        position (:mod:`fastdata.order.interleave`); the last epoch's kept."""
+        if self._interleave is None or self._interleave[0] != epoch:
+            rng = np.random.Generator(np.random.PCG64(stable_seed("mix", self.seed, epoch)))
+            phases = rng.random(len(self.sources))
+            self._interleave = (epoch, EpochInterleave(self.counts(epoch), phases))
+        return self._interleave[1]
+
+    def epoch_at(self, epoch: int, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source number, record index, cycle) at ``positions`` of epoch
+        ``epoch``: computed for those positions, O(positions) beyond a chunk
+        of the interleave."""
+        source, j = self.interleave(epoch).at(positions)
+        sizes = np.asarray([s.size for s in self.sources], dtype=np.int64)
+        taken = self.taken_before(epoch)[source] + j  # in the source's endless sequence
+        record = np.empty_like(taken)
+        for s in dict.fromkeys(source.reshape(-1).tolist()):
+            here = source == s
+            record[here] = self._records_at(s, taken[here])
+        return source, record, taken // sizes[source]
+
+    def _records_at(self, s: int, taken: np.ndarray) -> np.ndarray:
+        """Records at places ``taken`` of source ``s``'s endless sequence of
+        cycles (cycle c: the order engine's order of the source for "epoch" c)."""
         source = self.sources[s]
         n = source.size
         mode = Shuffle(self.shuffle, stable_seed("mix-source", self.seed, source.name),
                        source.block, n if source.window is None else source.window)
-        out = []
-        k = start
-        while k < start + count:
-            cycle, pos = divmod(k, n)
-            take = min(n - pos, start + count - k)
-            out.append(epoch_order(n, mode, cycle)[pos:pos + take])
-            k += take
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        cycle, pos = np.divmod(taken, n)
+        out = np.empty_like(taken)
+        for c in dict.fromkeys(cycle.tolist()):
+            here = cycle == c
+            out[here] = epoch_order(n, mode, c)[pos[here]]
+        return out
 
     def describe(self, epoch: int | None = None) -> dict:
         """What fixes the mixture's order up to epoch ``epoch`` (default: its
