@@ -111,9 +111,14 @@ def test_default_remote_stream_downloads_each_shard_once_in_order_of_first_use(s
     assert len(ranged) <= 2 * 12
 
 
+#: The dataset's index and its pieces' checksums, which the cache keeps beside the shards.
+INDEX_FILES = ["d.tar.fastdata.index-crc.npy", "d.tar.fastdata.index.npy"]
+
+
 def _index_bytes(site) -> int:
-    """The size of the dataset's index, which the cache keeps beside the shards."""
-    return os.path.getsize(os.path.join(os.path.dirname(site.local), "d.tar.fastdata.index.npy"))
+    """The size of the index files the cache keeps beside the shards."""
+    return sum(os.path.getsize(os.path.join(os.path.dirname(site.local), name))
+               for name in INDEX_FILES)
 
 
 def _usage():
@@ -150,7 +155,7 @@ def test_the_cache_holds_at_most_its_budget(site, monkeypatch, tmp_path):
     assert 0 < usage.peak <= budget, (usage, budget)
     assert _whole_gets(site), "nothing was downloaded whole"
     # The epoch's shards go after their last use; the index stays (cached once).
-    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert _cached(tmp_path) == INDEX_FILES
     assert usage.held == index
 
 
@@ -176,7 +181,7 @@ def test_workers_keep_within_the_budget_together(site, monkeypatch, tmp_path):
     # One account for the folder both worker processes download into.
     usage = _usage()
     assert 0 < usage.peak <= budget, (usage, budget)
-    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert _cached(tmp_path) == INDEX_FILES
     assert usage.held == _index_bytes(site)
 
 
@@ -241,7 +246,7 @@ def test_a_shard_dropped_while_its_download_runs_is_accounted_back(site, tmp_pat
     assert got == _samples(fastdata.ShardedIterableDataset(site.local, order=fastdata.Order()))
     assert _whole_gets(site).count("d-000000.tar") == 1
     # The copy landed after its last use and was dropped: nothing left, all counted back.
-    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert _cached(tmp_path) == INDEX_FILES
     assert _usage().held == index
 
 
@@ -263,7 +268,7 @@ def test_a_pass_left_early_leaves_only_the_index(site, tmp_path, workers):
     del batches, loader, ds    # the workers stop; each one's pass closes
     gc.collect()
     assert_workers_did_it(log, workers)
-    assert _cached(tmp_path) == ["d.tar.fastdata.index.npy"]
+    assert _cached(tmp_path) == INDEX_FILES
     assert _usage().held == _index_bytes(site)
 
 

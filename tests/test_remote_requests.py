@@ -152,11 +152,14 @@ def _check_metadata_requests(log, d: Uploaded) -> None:
     assert all(r.status in (200, 206) for r in log), [r for r in log if r.status >= 300]
     others = Counter((r.key, r.range) for r in log if r.key not in d.shard_keys)
     manifest, index = d.local.name, d.local.name.replace(".json", ".index.npy")
+    crcs = d.local.name.replace(".json", ".index-crc.npy")
     assert others[(d.key(manifest), None)] == 1
     assert others[(d.key(index), None)] == 1
+    assert others[(d.key(crcs), None)] == 1
     keys = d.key(d.local.name.replace(".json", ".keys.json"))
     assert others[(keys, None)] <= 1
-    assert set(others) <= {(d.key(manifest), None), (d.key(index), None), (keys, None)}, others
+    assert set(others) <= {(d.key(manifest), None), (d.key(index), None), (d.key(crcs), None),
+                           (keys, None)}, others
     folder = d.local.parent
     got = {r.key: r.body_bytes for r in log if r.key not in d.shard_keys}
     for key, body in got.items():
@@ -189,9 +192,10 @@ def _cached(proxy) -> list[str]:
 
 
 def _index_cached_only(proxy, d: Uploaded) -> None:
-    """The cache holds the index (the copy the reader opened), and no shard."""
+    """The cache holds the index and its pieces' checksums (the copies the
+    reader opened), and no shard."""
     index = d.local.name.replace(".json", ".index.npy")
-    assert _cached(proxy) == [index]
+    assert _cached(proxy) == [d.local.name.replace(".json", ".index-crc.npy"), index]
     copy = next(p for p in proxy.cache.iterdir() if p.name.endswith("-" + index))
     assert copy.read_bytes() == (d.local.parent / index).read_bytes()
 
@@ -395,8 +399,9 @@ def test_map_style_under_another_sampler_caches_each_shard_once_after_a_sixteent
           f"{sum(ranged.values())} ranged, {fetched} bytes of {sum(d.shard_sizes)}")
     # The copies stay in the cache, byte for byte the shards.
     index = d.local.name.replace(".json", ".index.npy")
+    crcs = d.local.name.replace(".json", ".index-crc.npy")
     names = [k.rsplit("/", 1)[1] for k in d.shard_keys]
-    assert _cached(proxy) == sorted([index, *names])
+    assert _cached(proxy) == sorted([index, crcs, *names])
     for name in names:
         copy = next(p for p in proxy.cache.iterdir() if p.name.endswith("-" + name))
         assert copy.read_bytes() == (d.local.parent / name).read_bytes()
