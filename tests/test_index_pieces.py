@@ -68,8 +68,12 @@ def test_an_open_reads_no_rows_and_a_read_reads_its_pieces_only(small_pieces, mo
                                                   tree.samples[23].label]
     assert index.pieces_kept() == [3, 0, 5]
     monkeypatch.setattr(index_rows, "PIECES_KEPT", 2)  # the least recently used go
-    ds[9]
-    assert index.pieces_kept() == [5, 2]
+    ds = fastdata.open_dataset(manifest, decode=BYTES)
+    index = ds.reader._index
+    ds[13], ds[0], ds[23]
+    assert index.pieces_kept() == [0, 5]
+    assert ds.reader.labels[np.arange(24)].tolist() == [s.label for s in tree.samples]
+    assert [ds[i][1] for i in (13, 0, 9)] == [tree.samples[i].label for i in (13, 0, 9)]
 
 
 def test_a_damaged_piece_is_refused_where_it_is_and_the_rest_reads(small_pieces):

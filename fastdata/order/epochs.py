@@ -100,7 +100,8 @@ class EpochOrder:
     Fixed blocks hold nothing per record or block. ``block="shard"`` holds
     the shards' permutation and bounds: O(shards). A dataset's last records
     that do not fill a whole block (fewer than ``block``) are the last
-    window's last slot.
+    window's last slot. An epoch of at most :data:`WHOLE_UP_TO` records is
+    computed whole on first use (the same values; at most 8 MiB).
     """
 
     def __init__(self, n: int, shuffle: Shuffle, epoch: int,
@@ -108,6 +109,7 @@ class EpochOrder:
         self.n = n
         self.shuffle = shuffle
         self.enabled = shuffle.enabled and n > 1
+        self._whole: np.ndarray | None = None
         if not self.enabled:
             return
         self._key = stable_seed("order", shuffle.seed, epoch)
@@ -147,6 +149,15 @@ class EpochOrder:
             raise IndexError(f"a position of {positions!r} is outside an order of {self.n}")
         if not self.enabled:
             return pos.copy()
+        if self.n <= WHOLE_UP_TO:
+            # A small epoch is computed whole once (8 MiB at most): cheaper per
+            # batch than the bijections' per-call cost, and bounded.
+            if self._whole is None:
+                self._whole = self._records(np.arange(self.n, dtype=np.int64))
+            return self._whole[pos]
+        return self._records(pos)
+
+    def _records(self, pos: np.ndarray) -> np.ndarray:
         if self._shards is not None:
             return self._shards.at(pos)
         if self._single is not None:
@@ -166,6 +177,8 @@ class EpochOrder:
         return first + within
 
 
+#: Epochs of up to this many records are computed whole, once (8 MiB of int64).
+WHOLE_UP_TO = 1 << 20
 #: Tells the block permutation's key from the records' (any odd constant).
 _BLOCKS = 0x5851F42D4C957F2D
 

@@ -82,8 +82,9 @@ class IndexRows:
         self.piece_rows = PIECE_ROWS
         if pieces is not None:
             self._crcs, self.piece_rows = pieces
-        self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+        self._kept: OrderedDict[int, int] = OrderedDict()  # piece -> its slot in _buffer
+        self._buffer: np.ndarray | None = None  # slots of PIECE_ROWS rows, made on first use
+        self._lock = threading.RLock()
 
     @classmethod
     def open(cls, local: str, count: int, *, path: str | None = None, **options) -> IndexRows:
@@ -100,11 +101,11 @@ class IndexRows:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_kept=OrderedDict(), _lock=None)
+        state.update(_kept=OrderedDict(), _buffer=None, _lock=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.update(state, _lock=threading.RLock())
 
     def __len__(self) -> int:
         return self._count
@@ -117,16 +118,35 @@ class IndexRows:
         if isinstance(where, slice):
             lo, hi, step = where.indices(self._count)
             return self._range(lo, hi)[::step] if hi > lo else np.zeros(0, INDEX_DTYPE)
+        if isinstance(where, (int, np.integer)):
+            return self.row(int(where))
         at = np.asarray(where, dtype=np.int64)
-        at = np.where(at < 0, at + self._count, at)
-        if at.size and (int(at.min()) < 0 or int(at.max()) >= self._count):
-            raise IndexError(f"record {int(at.max())} is outside the index's {self._count} rows")
-        out = np.empty(at.shape, dtype=INDEX_DTYPE)
-        piece, within = np.divmod(at, self.piece_rows)
-        for p in dict.fromkeys(piece.tolist()):  # (np.unique would import numpy.ma)
-            here = piece == p
-            out[here] = self._piece(p)[within[here]]
-        return out
+        if at.size and (int(at.min()) < -self._count or int(at.max()) >= self._count):
+            raise IndexError(f"a record of {where!r} is outside the index's {self._count} rows")
+        at = at % max(1, self._count)
+        piece, within = np.divmod(at.reshape(-1), self.piece_rows)
+        pieces = piece.tolist()
+        room = min(PIECES_KEPT, -(-self._count // self.piece_rows))
+        if len(set(pieces)) > room:  # more pieces than the cache holds: a part at a time
+            step = max(1, room)
+            return np.concatenate([self[at.reshape(-1)[k:k + step]]
+                                   for k in range(0, at.size, step)]).reshape(at.shape)
+        with self._lock:
+            slots = self._slots(pieces)  # first: it makes the buffer
+            return self._buffer[slots, within].reshape(at.shape)
+
+    def row(self, i: int):
+        """Row ``i`` (a numpy structured scalar)."""
+        if not -self._count <= i < self._count:
+            raise IndexError(f"record {i} is outside the index's {self._count} rows")
+        piece, within = divmod(i % self._count, self.piece_rows)
+        with self._lock:
+            slot = self._kept.get(piece)
+            if slot is None:
+                slot = int(self._slots([piece])[0])
+            else:  # the common case, kept short: a CRC check asks per record
+                self._kept.move_to_end(piece)
+            return self._buffer[slot, within]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self[:]
@@ -165,19 +185,34 @@ class IndexRows:
         return rows[lo - first * self.piece_rows:hi - first * self.piece_rows]
 
     def _piece(self, p: int) -> np.ndarray:
+        """Piece ``p``'s rows (a copy), checked."""
         with self._lock:
-            rows = self._kept.get(p)
-            if rows is not None:
-                self._kept.move_to_end(p)
-                return rows
-        first = p * self.piece_rows
-        rows = self.unchecked(first, min(self._count, first + self.piece_rows))
-        self._check(p, rows)
-        with self._lock:
-            self._kept[p] = rows
-            while len(self._kept) > PIECES_KEPT:
-                self._kept.popitem(last=False)
-        return rows
+            slot = self._slots([p])[0]
+            rows = min(self.piece_rows, self._count - p * self.piece_rows)
+            return self._buffer[slot, :rows].copy()
+
+    def _slots(self, pieces: list[int]) -> np.ndarray:
+        """The buffer slots of ``pieces`` (one per entry), each read and checked
+        into a slot when missing; the least recently used give theirs up.
+        Called under the lock."""
+        kept = self._kept
+        for p in dict.fromkeys(pieces):
+            if p in kept:
+                kept.move_to_end(p)
+                continue
+            if self._buffer is None:
+                count = min(PIECES_KEPT, -(-self._count // self.piece_rows))
+                self._buffer = np.zeros((max(1, count), self.piece_rows), dtype=INDEX_DTYPE)
+            first = p * self.piece_rows
+            rows = self.unchecked(first, min(self._count, first + self.piece_rows))
+            self._check(p, rows)
+            if len(kept) < len(self._buffer):
+                slot = len(kept)
+            else:
+                _, slot = kept.popitem(last=False)
+            self._buffer[slot, :len(rows)] = rows
+            kept[p] = slot
+        return np.fromiter((kept[p] for p in pieces), dtype=np.int64, count=len(pieces))
 
     def _read(self, lo: int, hi: int) -> np.ndarray:
         size = INDEX_DTYPE.itemsize
@@ -266,8 +301,8 @@ class Column:
         return len(self.index)
 
     def __getitem__(self, where):
-        if np.ndim(where) == 0 and not isinstance(where, slice):
-            return self.index[np.asarray([where])][self.name][0]
+        if isinstance(where, (int, np.integer)):
+            return self.index.row(int(where))[self.name]
         return self.index[where][self.name]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
