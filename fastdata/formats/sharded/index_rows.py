@@ -83,7 +83,11 @@ class IndexRows:
         if pieces is not None:
             self._crcs, self.piece_rows = pieces
         self._kept: OrderedDict[int, int] = OrderedDict()  # piece -> its slot in _buffer
+        # Every piece fits the buffer: none is ever evicted, so kept ones are read
+        # without the lock.
+        self._all_fit = -(-self._count // self.piece_rows) <= PIECES_KEPT
         self._buffer: np.ndarray | None = None  # slots of PIECE_ROWS rows, made on first use
+        self.columns: dict[str, np.ndarray] = {}  # each field of the buffer, as a view
         self._lock = threading.RLock()
 
     @classmethod
@@ -101,7 +105,7 @@ class IndexRows:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_kept=OrderedDict(), _buffer=None, _lock=None)
+        state.update(_kept=OrderedDict(), _buffer=None, columns={}, _lock=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -131,6 +135,11 @@ class IndexRows:
             step = max(1, room)
             return np.concatenate([self[at.reshape(-1)[k:k + step]]
                                    for k in range(0, at.size, step)]).reshape(at.shape)
+        if self._all_fit:  # never evicted: the kept pieces read without the lock
+            kept = self._kept
+            slots = [kept.get(p) for p in pieces]
+            if None not in slots:
+                return self._buffer[slots, within].reshape(at.shape)
         with self._lock:
             slots = self._slots(pieces)  # first: it makes the buffer
             return self._buffer[slots, within].reshape(at.shape)
@@ -140,11 +149,15 @@ class IndexRows:
         if not -self._count <= i < self._count:
             raise IndexError(f"record {i} is outside the index's {self._count} rows")
         piece, within = divmod(i % self._count, self.piece_rows)
+        if self._all_fit:
+            slot = self._kept.get(piece)  # never evicted: no lock (a CRC check asks per record)
+            if slot is not None:
+                return self._buffer[slot, within]
         with self._lock:
             slot = self._kept.get(piece)
             if slot is None:
                 slot = int(self._slots([piece])[0])
-            else:  # the common case, kept short: a CRC check asks per record
+            else:
                 self._kept.move_to_end(piece)
             return self._buffer[slot, within]
 
@@ -203,6 +216,7 @@ class IndexRows:
             if self._buffer is None:
                 count = min(PIECES_KEPT, -(-self._count // self.piece_rows))
                 self._buffer = np.zeros((max(1, count), self.piece_rows), dtype=INDEX_DTYPE)
+                self.columns = {name: self._buffer[name] for name in INDEX_DTYPE.names}
             first = p * self.piece_rows
             rows = self.unchecked(first, min(self._count, first + self.piece_rows))
             self._check(p, rows)
@@ -302,7 +316,13 @@ class Column:
 
     def __getitem__(self, where):
         if isinstance(where, (int, np.integer)):
-            return self.index.row(int(where))[self.name]
+            index = self.index
+            if index._all_fit and where >= 0:  # a CRC check asks per record: kept short
+                piece, within = divmod(int(where), index.piece_rows)
+                slot = index._kept.get(piece)
+                if slot is not None:
+                    return index.columns[self.name][slot, within]
+            return index.row(int(where))[self.name]
         return self.index[where][self.name]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
