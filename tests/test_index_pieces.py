@@ -73,6 +73,9 @@ def test_an_open_reads_no_rows_and_a_read_reads_its_pieces_only(small_pieces, mo
     ds[13], ds[0], ds[23]
     assert index.pieces_kept() == [0, 5]
     assert ds.reader.labels[np.arange(24)].tolist() == [s.label for s in tree.samples]
+    assert list(ds.reader.labels) == [s.label for s in tree.samples]
+    with pytest.raises(IndexError):
+        ds.reader.labels[24]  # inside the last piece's slot, past the last record
     assert [ds[i][1] for i in (13, 0, 9)] == [tree.samples[i].label for i in (13, 0, 9)]
 
 

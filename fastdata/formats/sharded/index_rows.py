@@ -317,13 +317,16 @@ class Column:
     def __getitem__(self, where):
         if isinstance(where, (int, np.integer)):
             index = self.index
-            if index._all_fit and where >= 0:  # a CRC check asks per record: kept short
+            if index._all_fit and 0 <= where < index._count:  # a CRC check asks per record
                 piece, within = divmod(int(where), index.piece_rows)
                 slot = index._kept.get(piece)
                 if slot is not None:
                     return index.columns[self.name][slot, within]
             return index.row(int(where))[self.name]
         return self.index[where][self.name]
+
+    def __iter__(self):
+        return iter(np.asarray(self))
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self.index[:][self.name]
