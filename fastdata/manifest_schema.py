@@ -132,13 +132,23 @@ SIDECAR_FIELDS = (("index",), ("keys",), ("metadata", "index"), ("index_pieces",
                   ("metadata", "index_pieces", "file"))
 
 
-def _check_sidecar_names(extra: dict, path: str | None) -> None:
+def sidecar_fields(extra: dict) -> list[tuple[dict, str, tuple[str, ...]]]:
+    """(the object holding it, its key, its field) of each of
+    :data:`SIDECAR_FIELDS` whose holder ``extra`` has (the key may be absent)."""
+    out = []
     for field in SIDECAR_FIELDS:
         holder = extra
         for part in field[:-1]:
             holder = holder.get(part) if isinstance(holder, dict) else None
-        if isinstance(holder, dict) and field[-1] in holder:
+        if isinstance(holder, dict):
+            out.append((holder, field[-1], field))
+    return out
+
+
+def _check_sidecar_names(extra: dict, path: str | None) -> None:
+    for holder, key, field in sidecar_fields(extra):
+        if key in holder:
             name = f"extra.{'.'.join(field)}"
-            if not isinstance(holder[field[-1]], str):
-                raise _fail(name, "a file name", holder[field[-1]], path)
-            check_name(holder[field[-1]], field=name, where=path)
+            if not isinstance(holder[key], str):
+                raise _fail(name, "a file name", holder[key], path)
+            check_name(holder[key], field=name, where=path)

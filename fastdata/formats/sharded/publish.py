@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from fastdata.errors import OutputExistsError
 from fastdata.formats.output import fsync_dir, fsync_file
+from fastdata.manifest_schema import sidecar_fields
 
 #: A set-aside name: ``.STEM.old-TOKEN`` plus the original's extension(s).
 _ASIDE = re.compile(r"\.(?P<stem>.+?)\.old-(?P<token>[0-9a-f]{8})(?P<ext>\.[^/]*)?")
@@ -166,7 +167,7 @@ def _set_old_aside(plan: PublishPlan, manifest: str, old: dict, token: str) -> N
         entry["path"] = aside
         changed = True
     extra = data.get("extra") if isinstance(data.get("extra"), dict) else {}
-    for holder, key in _sidecar_fields(extra):
+    for holder, key, _ in sidecar_fields(extra):
         name = holder.get(key)
         if (_plain(name) and name in plan.sidecars and name in new_names
                 and os.path.lexists(plan.path(name))):
@@ -193,27 +194,13 @@ def remove_old(plan: PublishPlan, old: dict) -> None:
         if _plain(name) and plan.owns_shard(_original(name)):
             names.update(plan.shard_files(name))
     extra = old.get("extra") if isinstance(old.get("extra"), dict) else {}
-    names.update(n for n in (holder.get(key) for holder, key in _sidecar_fields(extra))
+    names.update(n for n in (holder.get(key) for holder, key, _ in sidecar_fields(extra))
                  if _plain(n))
     names.update(n for n in os.listdir(plan.directory) if _ASIDE.fullmatch(n))
     new_names = plan.new_names
     for name in sorted(names):
         if name not in new_names and plan.owns(_original(name)):
             _remove_file(plan.path(name))
-
-
-def _sidecar_fields(extra: dict) -> list[tuple[dict, str]]:
-    """(the object holding it, its field) of each sidecar a manifest's ``extra``
-    names: the index, the keys, the metadata index when there is one, and
-    their pieces' checksums."""
-    fields = [(extra, "index"), (extra, "keys")]
-    holders = [extra]
-    if isinstance(extra.get("metadata"), dict):
-        fields.append((extra["metadata"], "index"))
-        holders.append(extra["metadata"])
-    fields += [(h["index_pieces"], "file") for h in holders
-               if isinstance(h.get("index_pieces"), dict)]
-    return fields
 
 
 def aside_name(name: str, token: str) -> str:

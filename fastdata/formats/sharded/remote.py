@@ -10,6 +10,7 @@ from collections.abc import Callable
 from fastdata.contained import name_problem
 from fastdata.formats.remote_files import MANIFEST_LIMIT
 from fastdata.formats.sharded.layout import parse_output
+from fastdata.manifest_schema import sidecar_fields
 
 
 def manifest_url(url: str, extensions: tuple[str, ...]) -> str:
@@ -43,11 +44,8 @@ def dataset_objects(url: str, extensions: tuple[str, ...],
         if _plain(name) and layout.owns(name, extensions):
             names += [join(folder, n) for n in shard_files(name)]
     extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
-    metadata = extra.get("metadata") if isinstance(extra.get("metadata"), dict) else {}
-    pieces = [holder.get("index_pieces") for holder in (extra, metadata)]
-    pieces = [p.get("file") for p in pieces if isinstance(p, dict)]
-    names += [join(folder, n) for n in (extra.get("index"), extra.get("keys"),
-                                        metadata.get("index"), *pieces)
+    names += [join(folder, n) for n in (holder.get(key) for holder, key, _
+                                        in sidecar_fields(extra))
               if _plain(n) and n in sidecars]
     return names + [layout.manifest_path]
 
