@@ -83,9 +83,11 @@ class IndexRows:
         if pieces is not None:
             self._crcs, self.piece_rows = pieces
         self._kept: OrderedDict[int, int] = OrderedDict()  # piece -> its slot in _buffer
+        pieces_in_all = -(-self._count // self.piece_rows)
+        self._room = min(PIECES_KEPT, pieces_in_all)  # the buffer's slots
         # Every piece fits the buffer: none is ever evicted, so kept ones are read
         # without the lock.
-        self._all_fit = -(-self._count // self.piece_rows) <= PIECES_KEPT
+        self._all_fit = pieces_in_all <= PIECES_KEPT
         self._buffer: np.ndarray | None = None  # slots of PIECE_ROWS rows, made on first use
         self.columns: dict[str, np.ndarray] = {}  # each field of the buffer, as a view
         self._lock = threading.RLock()
@@ -130,9 +132,8 @@ class IndexRows:
         at = at % max(1, self._count)
         piece, within = np.divmod(at.reshape(-1), self.piece_rows)
         pieces = piece.tolist()
-        room = min(PIECES_KEPT, -(-self._count // self.piece_rows))
-        if len(set(pieces)) > room:  # more pieces than the cache holds: a part at a time
-            step = max(1, room)
+        if len(set(pieces)) > self._room:  # more pieces than the cache holds: a part at a time
+            step = max(1, self._room)
             return np.concatenate([self[at.reshape(-1)[k:k + step]]
                                    for k in range(0, at.size, step)]).reshape(at.shape)
         if self._all_fit:  # never evicted: the kept pieces read without the lock
@@ -214,8 +215,8 @@ class IndexRows:
                 kept.move_to_end(p)
                 continue
             if self._buffer is None:
-                count = min(PIECES_KEPT, -(-self._count // self.piece_rows))
-                self._buffer = np.zeros((max(1, count), self.piece_rows), dtype=INDEX_DTYPE)
+                self._buffer = np.zeros((max(1, self._room), self.piece_rows),
+                                        dtype=INDEX_DTYPE)
                 self.columns = {name: self._buffer[name] for name in INDEX_DTYPE.names}
             first = p * self.piece_rows
             rows = self.unchecked(first, min(self._count, first + self.piece_rows))
