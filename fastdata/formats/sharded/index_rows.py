@@ -90,6 +90,10 @@ class IndexRows:
         self._all_fit = pieces_in_all <= PIECES_KEPT
         self._buffer: np.ndarray | None = None  # slots of PIECE_ROWS rows, made on first use
         self.columns: dict[str, np.ndarray] = {}  # each field of the buffer, as a view
+        # When every piece fits, piece p lives in slot p: the buffer read flat is
+        # the index itself, and a batch of rows is one gather once its pieces are in.
+        self._loaded = np.zeros(pieces_in_all if self._all_fit else 0, dtype=bool)
+        self._flat: np.ndarray | None = None
         self._lock = threading.RLock()
 
     @classmethod
@@ -107,7 +111,8 @@ class IndexRows:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_kept=OrderedDict(), _buffer=None, columns={}, _lock=None)
+        state.update(_kept=OrderedDict(), _buffer=None, columns={}, _lock=None, _flat=None,
+                     _loaded=np.zeros_like(self._loaded))
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -130,30 +135,38 @@ class IndexRows:
         if at.size and (int(at.min()) < -self._count or int(at.max()) >= self._count):
             raise IndexError(f"a record of {where!r} is outside the index's {self._count} rows")
         at = at % max(1, self._count)
+        if self._all_fit:  # never evicted: kept pieces are read without the lock
+            return self._flat_rows(at)
         piece, within = np.divmod(at.reshape(-1), self.piece_rows)
         pieces = piece.tolist()
         if len(set(pieces)) > self._room:  # more pieces than the cache holds: a part at a time
             step = max(1, self._room)
             return np.concatenate([self[at.reshape(-1)[k:k + step]]
                                    for k in range(0, at.size, step)]).reshape(at.shape)
-        if self._all_fit:  # never evicted: the kept pieces read without the lock
-            kept = self._kept
-            slots = [kept.get(p) for p in pieces]
-            if None not in slots:
-                return self._buffer[slots, within].reshape(at.shape)
         with self._lock:
             slots = self._slots(pieces)  # first: it makes the buffer
             return self._buffer[slots, within].reshape(at.shape)
+
+    def _flat_rows(self, at: np.ndarray, name: str | None = None) -> np.ndarray:
+        """Rows (or field ``name``) at ``at`` (in range), every piece fitting:
+        one gather once the pieces are in."""
+        pieces = at // self.piece_rows
+        if not self._loaded[pieces].all():
+            with self._lock:
+                self._slots(np.unique(pieces).tolist())
+        if self._flat is None:  # nothing asked for yet
+            return np.zeros(at.shape, INDEX_DTYPE if name is None else INDEX_DTYPE[name])
+        flat = self._flat if name is None else self.columns[name]
+        return flat[at]
 
     def row(self, i: int):
         """Row ``i`` (a numpy structured scalar)."""
         if not -self._count <= i < self._count:
             raise IndexError(f"record {i} is outside the index's {self._count} rows")
-        piece, within = divmod(i % self._count, self.piece_rows)
-        if self._all_fit:
-            slot = self._kept.get(piece)  # never evicted: no lock (a CRC check asks per record)
-            if slot is not None:
-                return self._buffer[slot, within]
+        i %= self._count
+        piece, within = divmod(i, self.piece_rows)
+        if self._all_fit and self._loaded[piece]:  # never evicted: no lock
+            return self._flat[i]
         with self._lock:
             slot = self._kept.get(piece)
             if slot is None:
@@ -217,16 +230,22 @@ class IndexRows:
             if self._buffer is None:
                 self._buffer = np.zeros((max(1, self._room), self.piece_rows),
                                         dtype=INDEX_DTYPE)
-                self.columns = {name: self._buffer[name] for name in INDEX_DTYPE.names}
+                if self._all_fit:  # slot p holds piece p: read flat, it is the index
+                    self._flat = self._buffer.reshape(-1)
+                    self.columns = {name: self._flat[name] for name in INDEX_DTYPE.names}
             first = p * self.piece_rows
             rows = self.unchecked(first, min(self._count, first + self.piece_rows))
             self._check(p, rows)
-            if len(kept) < len(self._buffer):
+            if self._all_fit:
+                slot = p
+            elif len(kept) < len(self._buffer):
                 slot = len(kept)
             else:
                 _, slot = kept.popitem(last=False)
             self._buffer[slot, :len(rows)] = rows
             kept[p] = slot
+            if self._all_fit:
+                self._loaded[p] = True  # after the rows: lock-free readers test it first
         return np.fromiter((kept[p] for p in pieces), dtype=np.int64, count=len(pieces))
 
     def _read(self, lo: int, hi: int) -> np.ndarray:
@@ -316,15 +335,20 @@ class Column:
         return len(self.index)
 
     def __getitem__(self, where):
+        index = self.index
         if isinstance(where, (int, np.integer)):
-            index = self.index
-            if index._all_fit and 0 <= where < index._count:  # a CRC check asks per record
-                piece, within = divmod(int(where), index.piece_rows)
-                slot = index._kept.get(piece)
-                if slot is not None:
-                    return index.columns[self.name][slot, within]
+            # A CRC check asks per record: a loaded piece is read without the lock.
+            if index._all_fit and 0 <= where < index._count and \
+                    index._loaded[where // index.piece_rows]:
+                return index.columns[self.name][where]
             return index.row(int(where))[self.name]
-        return self.index[where][self.name]
+        if index._all_fit and not isinstance(where, slice):
+            at = np.asarray(where, dtype=np.int64)
+            if at.size and (int(at.min()) < -index._count or int(at.max()) >= index._count):
+                raise IndexError(f"a record of {where!r} is outside the index's "
+                                 f"{index._count} rows")
+            return index._flat_rows(at % max(1, index._count), self.name)
+        return index[where][self.name]
 
     def __iter__(self):
         return iter(np.asarray(self))
