@@ -3,6 +3,7 @@
     python bench/scale.py plan                  # 10^9 and 10^10 samples, 4,096 ranks x 8 workers
     python bench/scale.py open --sizes 200000,2000000   # pack tiny records, open, first batch
     python bench/scale.py startup               # open 10^9 records in 10^5 shards (sparse)
+    python bench/scale.py write --sizes 200000,2000000  # memory of writing and packing
 
 ``plan`` needs no data: for each size and order mode (a permutation of every
 record, as map-style reading has it; blocks of 16 in windows of 8192, as a
@@ -24,6 +25,12 @@ the start-up, payload reads left out (the records are empty).
 shards) and, in a fresh process per size, opens the dataset shuffled and
 reads its first batch: the memory after import, after open and after the
 batch, and the growth per record between the sizes.
+
+``write`` writes ``N`` tiny records (the same records, TFRecord, 10,000
+per shard) in a fresh process per size, two ways: the format's writer alone
+(``Writer.write`` then ``finish``), and a whole ``fastdata.pack`` (its plan
+of the source included). It prints records per second and the peak memory
+(VmHWM) of each, and the growth per record between the sizes.
 
 It imports the ``fastdata`` Python finds: ``PYTHONPATH=OTHER_TREE python
 bench/scale.py open`` measures another checkout (the ``plan`` part needs
@@ -109,6 +116,32 @@ class TinySource:
     def warnings(self) -> list[str]:
         return []
 
+
+WRITE = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[4])
+from scale import TinySource
+def peak():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+import fastdata
+from fastdata.formats import get_format
+from fastdata.packers.options import PackOptions
+from fastdata.records import Manifest, Record
+n, how, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+source = TinySource(n)
+base = peak()
+start = time.perf_counter()
+if how == "writer":
+    writer = get_format("tfrecord").load_writer()(out, shard_size=10_000)
+    for e in source:
+        writer.write(Record(writer.count, e.key, e.label, e.data, "raw"))
+    writer.finish(Manifest("tfrecord", n, source.classes, [n // 10] * 10, {}, {}, {}, [], {},
+                           {}, "", ""))
+else:
+    fastdata.pack(source, out, options=PackOptions(shard_size=10_000), progress=False)
+print(json.dumps({"seconds": time.perf_counter() - start, "base": base, "peak": peak()}))
+"""
 
 STARTUP = r"""
 import json, sys, time
@@ -240,6 +273,26 @@ def run_open(args) -> None:
               f"per record")
 
 
+def run_write(args) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    print("peak: VmHWM of a fresh process, less its peak before writing (imports)")
+    rows: dict[str, list] = {"writer": [], "pack": []}
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        for n in map(int, args.sizes.split(",")):
+            for how in rows:
+                out = os.path.join(folder, f"{how}{n}.tfrecord")
+                result = subprocess.run([sys.executable, "-c", WRITE, str(n), how, out, here],
+                                        capture_output=True, text=True, check=True)
+                r = json.loads(result.stdout)
+                rows[how].append((n, r["peak"] - r["base"]))
+                print(f"{n:>12,} records, {how:<6}: {n / r['seconds']:>9,.0f} records/s, "
+                      f"peak +{(r['peak'] - r['base']) / 2**20:.1f} MB")
+    for how, sizes in rows.items():
+        for (a, pa), (b, pb) in zip(sizes, sizes[1:]):
+            print(f"{how} growth {a:,} -> {b:,} records: {(pb - pa) / 2**20:+.1f} MB, "
+                  f"{(pb - pa) / (b - a):.1f} bytes per record")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -255,8 +308,12 @@ def main() -> None:
     startup.add_argument("--records", default="1e9")
     startup.add_argument("--shards", default="1e5")
     startup.add_argument("--dir", default=None, help="where to make it (sparse files)")
+    write = sub.add_parser("write", help="write and pack tiny records: memory per record")
+    write.add_argument("--sizes", default="200000,2000000")
+    write.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
     args = parser.parse_args()
-    {"plan": run_plan, "open": run_open, "startup": run_startup}[args.what](args)
+    {"plan": run_plan, "open": run_open, "startup": run_startup,
+     "write": run_write}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -287,7 +287,7 @@ def test_a_pack_without_resume_starts_over_and_cleans_up(tmp_path, tree, referen
 
 def test_a_damaged_kept_shard_is_packed_again(tmp_path, tree, reference):
     _killed_pack(tree.root, tmp_path / "out-%06d.tar", "between-shards", 4)
-    (partial,) = list_partials(tmp_path)
+    (partial,) = [n for n in list_partials(tmp_path) if not n.endswith(".records")]
     victim = tmp_path / partial / "piece-000001.tar"
     data = bytearray(victim.read_bytes())
     data[700] ^= 0xFF

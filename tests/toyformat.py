@@ -62,8 +62,9 @@ class ToyWriter(Writer):
 
     def _close(self, manifest):
         self._file.close()
-        meta = {"starts": self._starts, "ends": self._ends, "labels": self.labels,
-                "crc32": self.crcs, "keys": self.keys}
+        meta = {"starts": self._starts, "ends": self._ends,
+                "labels": self.facts("label").tolist(), "crc32": self.facts("crc32").tolist(),
+                "keys": self.keys()}
         with open(os.path.join(self.temp_path, META), "w", encoding="utf-8") as f:
             json.dump(meta, f)
         size = os.path.getsize(os.path.join(self.temp_path, PAYLOAD))

@@ -16,6 +16,9 @@ import os
 import shutil
 import tempfile
 import zlib
+from collections.abc import Iterator
+
+import numpy as np
 
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats.output import (
@@ -27,7 +30,12 @@ from fastdata.formats.output import (
     is_disk_full,
     lock_path,
 )
+from fastdata.formats.record_spool import KeySpool, RowSpool
 from fastdata.records import Manifest, PieceRecord, Record, RenamedKey
+
+#: What a writer keeps of each record until the end (on disk: record_spool.py).
+RECORD_FACTS = np.dtype([("label", "<i8"), ("crc32", "<u4"), ("metadata_crc32", "<u4"),
+                         ("size", "<u8"), ("metadata_size", "<u8")])
 
 
 class UploadStep(enum.IntEnum):
@@ -126,9 +134,9 @@ class Writer:
         except BaseException:
             self._lock.release()
             raise
-        self._init_records()
         self._done = False
         try:
+            self._init_records(spool_of(self.temp_path))
             if resume_path:
                 self._reopen(self.temp_path)
             else:
@@ -141,14 +149,21 @@ class Writer:
             self._drop()
             raise
 
-    def _init_records(self) -> None:
-        """No record written yet: the per-record lists, the metadata, the running
-        SHA-256 of the payloads."""
+    def _init_records(self, spool: str) -> None:
+        """No record written yet: the per-record facts, spooled to files in the
+        folder ``spool`` (see record_spool.py), the metadata, the running SHA-256
+        of the payloads."""
         self.count = 0
-        self.keys: list[str] = []
-        self.labels: list[int] = []
-        self.crcs: list[int] = []
-        self._init_metadata()
+        remove_path(spool)  # an interrupted pack's: a resumed one adopts its pieces again
+        os.mkdir(spool)
+        self.spool_folder = spool
+        self._facts = RowSpool(os.path.join(spool, "records.bin"), RECORD_FACTS)
+        self._keys = KeySpool(os.path.join(spool, "keys.jsonl"))
+        self._spools: list = [self._facts, self._keys]
+        #: The CRC32 of the last record written.
+        self.last_crc = 0
+        #: Records that have metadata; a dataset stores metadata only when > 0.
+        self.metadata_records = 0
         self._sha = hashlib.sha256()
 
     def _init_detached(self, folder: str) -> None:
@@ -157,26 +172,52 @@ class Writer:
         pack's writer adopts."""
         self.temp_path = folder
         self.payload_bytes = 0
-        self._init_records()
+        self._init_records(spool_of(os.path.join(folder, "writer")))
         self._done = True  # nothing to abort: the caller owns the folder
         self._lock = None
         self.piece_mode = True
         self._open(folder)
-
-    def _init_metadata(self) -> None:
-        #: Per record: the CRC32 of its metadata JSON (0 when it has none).
-        self.metadata_crcs: list[int] = []
-        #: Records that have metadata; a dataset stores metadata only when > 0.
-        self.metadata_records = 0
 
     @property
     def has_metadata(self) -> bool:
         """Whether any record written so far has metadata."""
         return self.metadata_records > 0
 
-    def _count_metadata(self, metadata: bytes | None) -> None:
-        self.metadata_crcs.append(0 if metadata is None else zlib.crc32(metadata))
+    def _add_facts(self, key: str, label: int, crc: int, size: int,
+                   metadata: bytes | None) -> None:
+        self._facts.append((label, crc, 0 if metadata is None else zlib.crc32(metadata), size,
+                            0 if metadata is None else len(metadata)))
+        self._keys.append(key)
         self.metadata_records += metadata is not None
+
+    def facts(self, name: str) -> np.ndarray:
+        """Every record's ``name`` (``"label"``, ``"crc32"``, ``"size"``;
+        ``"metadata_crc32"``, ``"metadata_size"``: 0 for a record without
+        metadata) as one array, for a format that stores the column whole."""
+        return self._facts.rows()[name]
+
+    def fact_blocks(self) -> Iterator[np.ndarray]:
+        """Every record's facts (:data:`RECORD_FACTS`), a block at a time."""
+        return self._facts.blocks()
+
+    def keys_json_blocks(self) -> Iterator[bytes]:
+        """Every key as the UTF-8 JSON list the keys file stores, in pieces."""
+        return self._keys.json_blocks()
+
+    def keys(self) -> list[str]:
+        """Every key, in order (a list of them all: for tests and small packs)."""
+        return self._keys.all()
+
+    def _drop_spool(self) -> None:
+        spool = getattr(self, "spool_folder", None)
+        if spool:
+            for part in getattr(self, "_spools", []):
+                try:
+                    part.close()
+                except OSError:  # a full disk: what was not flushed goes with the folder
+                    pass
+            remove_path(spool)
+            self.spool_folder = None
 
     @classmethod
     def output_stem(cls, path, **options) -> str:
@@ -251,7 +292,7 @@ class Writer:
 
     def _write(self, record: Record, crc: int) -> None:
         """Store ``record`` (its ``metadata`` too, when it has some and the
-        format stores metadata: see ``has_metadata`` and ``metadata_crcs``)."""
+        format stores metadata: see ``has_metadata`` and ``facts``)."""
         raise NotImplementedError
 
     def _close(self, manifest: Manifest) -> Manifest:
@@ -308,12 +349,10 @@ class Writer:
         self._sha.update(record.payload)
         try:
             self._write(record, crc)
+            self._add_facts(record.key, record.label, crc, len(record.payload), record.metadata)
         except _WRITE_ERRORS as exc:
             raise self._failure(exc)
-        self.keys.append(record.key)
-        self.labels.append(record.label)
-        self.crcs.append(crc)
-        self._count_metadata(record.metadata)
+        self.last_crc = crc
         self.payload_bytes += len(record.payload)
         self.count += 1
 
@@ -342,12 +381,12 @@ class Writer:
         self._adopt_piece(number, state, records)
         for payload in self._payloads(number, state, records):
             self._sha.update(payload)
-        for r in records:
-            self.keys.append(r.key)
-            self.labels.append(r.label)
-            self.crcs.append(r.crc)
-            self._count_metadata(r.metadata)
-            self.payload_bytes += r.size
+        try:
+            for r in records:
+                self._add_facts(r.key, r.label, r.crc, r.size, r.metadata)
+                self.payload_bytes += r.size
+        except _WRITE_ERRORS as exc:
+            raise self._failure(exc)
         self.count += len(records)
 
     def done_adopting(self) -> None:
@@ -373,6 +412,7 @@ class Writer:
         except _WRITE_ERRORS as exc:
             raise self._failure(exc)
         self._done = True
+        self._drop_spool()
         self._lock.release()
         return manifest
 
@@ -387,6 +427,7 @@ class Writer:
         try:
             self._discard()
         finally:
+            self._drop_spool()
             if remove:
                 self._drop()
             else:
@@ -395,6 +436,7 @@ class Writer:
     def _drop(self) -> None:
         """Remove the temporary output and let go of the output's lock."""
         try:
+            self._drop_spool()
             if self.temp_path:
                 remove_path(self.temp_path)
         finally:
@@ -453,6 +495,12 @@ class Writer:
                 os.replace(trash, self.path)
             raise
         remove_path(trash)
+
+
+def spool_of(temp_path: str) -> str:
+    """The folder where the writer of the temporary output ``temp_path`` keeps
+    its records' facts until the end (see record_spool.py)."""
+    return f"{temp_path}.records"
 
 
 def _is_dir(path: str) -> bool:

@@ -40,7 +40,7 @@ from fastdata.packers.cluster_connect import (
 from fastdata.packers.cluster_tasks import known_keys, pack_shard_piece, prepare_piece
 from fastdata.packers.journal import PackInterrupted, parse_outcomes
 from fastdata.packers.pieces import entries_to_prepare, write_items, write_pieces
-from fastdata.packers.plan import PackPlan
+from fastdata.packers.plan import PackPlan, plan_entries
 
 #: Reruns of a task that raised (a passing file-system error on a worker); a
 #: task whose worker died is rerun by Dask whatever this says.
@@ -67,7 +67,8 @@ def write_on_cluster(scheduler, writer, spec, src, plan: PackPlan | None, kept: 
     with _Cluster(scheduler, journal if writer.resumable else None, tally.on_event) as cluster, \
             open_bar() as bar:
         if not spec.sharded:
-            pieces = plan or PackPlan.build(src, src.classes, {}, sharded=False)
+            pieces = plan or PackPlan.build(src, src.classes, {}, sharded=False,
+                                            entries_path=plan_entries(writer))
             items = _prepared(cluster, _pieces_to_send(src, pieces, kept),
                               (prepare_options, source_root))
             if plan is None:
@@ -84,7 +85,7 @@ def write_on_cluster(scheduler, writer, spec, src, plan: PackPlan | None, kept: 
                       journal, strict=strict, source_root=source_root, on_entries=bar.update)
     # Every piece is in the partial output: adopt them in plan order and publish.
     done = journal.pieces()
-    write_pieces(writer, plan, {n: done[n] for n in range(len(plan.pieces))}, iter(()),
+    write_pieces(writer, plan, done.only(range(len(plan.pieces))), iter(()),
                  journal, tally, strict=strict, source_root=source_root,
                  adopted_already=False, on_entries=lambda n: None)
 

@@ -13,11 +13,12 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fastdata.errors import FastDataError
-from fastdata.formats.output import fsync_dir
-from fastdata.formats.writer import remove_path
+from fastdata.formats.output import fsync_dir, fsync_file
+from fastdata.formats.writer import remove_path, spool_of
 from fastdata.records import PieceRecord
 
 class PackInterrupted(FastDataError):
@@ -26,6 +27,8 @@ class PackInterrupted(FastDataError):
 
 
 PLAN_FILE = "plan.json"
+#: The plan's entries, one JSON line each (see plan.py).
+ENTRIES_FILE = "plan-entries.jsonl"
 PARTIAL_FILE = "partial"
 JOURNAL_FILE = "journal.jsonl"
 
@@ -61,18 +64,27 @@ class PackJournal:
     def exists(self) -> bool:
         return os.path.isfile(os.path.join(self.folder, PLAN_FILE))
 
-    def start(self, plan_json: str, partial: str) -> None:
-        """Begin a fresh state: the plan and the partial output's name."""
+    def start(self, plan, partial: str) -> None:
+        """Begin a fresh state: the plan (its entries file moved in) and the
+        partial output's name."""
         self.remove()
         os.makedirs(self.folder)
+        entries = os.path.join(self.folder, ENTRIES_FILE)
+        fsync_file(plan.entries_path)
+        os.replace(plan.entries_path, entries)
+        plan.entries_path = entries
         _write_durably(os.path.join(self.folder, PARTIAL_FILE), os.path.basename(partial))
-        _write_durably(os.path.join(self.folder, PLAN_FILE), plan_json)
+        _write_durably(os.path.join(self.folder, PLAN_FILE), plan.to_json())
         fsync_dir(self.folder)
         fsync_dir(os.path.dirname(self.folder))
 
-    def plan_json(self) -> str:
+    def saved_plan(self):
+        """The plan of the interrupted pack."""
+        from fastdata.packers.plan import PackPlan
+
         with open(os.path.join(self.folder, PLAN_FILE), encoding="utf-8") as f:
-            return f.read()
+            text = f.read()
+        return PackPlan.from_json(text, self.folder, os.path.join(self.folder, ENTRIES_FILE))
 
     def partial(self) -> str | None:
         """The partial output's path, when it is still there."""
@@ -84,21 +96,25 @@ class PackJournal:
         path = os.path.join(os.path.dirname(self.folder), name)
         return path if name and os.path.lexists(path) else None
 
-    def pieces(self) -> dict[int, PieceDone]:
-        """The journaled pieces (a torn last line is left out)."""
-        done: dict[int, PieceDone] = {}
+    def pieces(self) -> JournaledPieces:
+        """The journaled pieces (a torn last line is left out), each read from
+        the journal when asked for."""
+        where: dict[int, tuple[int, int]] = {}
+        path = os.path.join(self.folder, JOURNAL_FILE)
         try:
-            f = open(os.path.join(self.folder, JOURNAL_FILE), encoding="utf-8")
+            f = open(path, "rb")
         except FileNotFoundError:
-            return done
+            return JournaledPieces(path, where)
         with f:
+            offset = 0
             for line in f:
                 try:
-                    piece = _parse(json.loads(line))
+                    number = _parse(json.loads(line)).number
                 except (ValueError, KeyError, TypeError):
                     break  # cut short by a crash: nothing after it was journaled
-                done[piece.number] = piece
-        return done
+                where[number] = (offset, len(line))
+                offset += len(line)
+        return JournaledPieces(path, where)
 
     def record(self, number: int, outcomes: list, state: dict) -> None:
         """Journal piece ``number`` durably. ``outcomes``: per entry, a record
@@ -120,6 +136,33 @@ class PackJournal:
     def remove(self) -> None:
         self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class JournaledPieces(Mapping):
+    """Journaled pieces by number, each parsed from its journal line when
+    asked for: what a resume holds is two integers per piece, not its records.
+    ``only`` limits it to some of them (the pieces a resume keeps)."""
+
+    def __init__(self, path: str, where: dict[int, tuple[int, int]]) -> None:
+        self.path, self._where = path, where
+
+    def only(self, numbers) -> JournaledPieces:
+        return JournaledPieces(self.path, {n: self._where[n] for n in numbers})
+
+    def __getitem__(self, number: int) -> PieceDone:
+        offset, length = self._where[number]
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            return _parse(json.loads(f.read(length)))
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, number) -> bool:
+        return number in self._where
 
 
 def _parse(data: dict) -> PieceDone:
@@ -153,14 +196,16 @@ def _write_durably(path: str, text: str) -> None:
 
 
 def remove_stale_partials(writer) -> None:
-    """Remove the temporary outputs (``.NAME.partial-XXXX``) that killed packs to
-    this output left, other than ``writer``'s own. Only a pack holding the
+    """Remove the temporary outputs (``.NAME.partial-XXXX``, and their
+    ``.records`` spools) that killed packs to this output left, other than
+    ``writer``'s own. Only a pack holding the
     output's lock calls this, so none of them belongs to a running pack; a
     ``.old`` one (an old dataset moved aside by an interrupted overwrite) stays."""
     parent, own = os.path.split(writer.temp_path)
+    spool = os.path.basename(spool_of(writer.temp_path))
     prefix = f".{os.path.basename(writer.path)}.partial-"
     for name in os.listdir(parent):
-        if name.startswith(prefix) and name != own and not name.endswith(".old"):
+        if name.startswith(prefix) and name not in (own, spool) and not name.endswith(".old"):
             remove_path(os.path.join(parent, name))
 
 
@@ -185,6 +230,7 @@ def discard_earlier_partial(journal: PackJournal, note) -> None:
     partial = journal.partial()
     if partial:
         remove_path(partial)
+        remove_path(spool_of(partial))
     journal.remove()
     note("the partial output of an interrupted pack to this output was removed; "
                "--resume would have continued it")

@@ -30,12 +30,16 @@ from fastdata.packers.journal import (
     say_how_to_resume,
     state_dir,
 )
-from fastdata.packers.pool import PreparedStream
-from fastdata.packers.pieces import (entries_to_prepare, pieces_to_keep,
-                                      write_items, write_pieces)
-from fastdata.packers.plan import PackPlan, ResumeRefused
-from fastdata.packers.prepare import SkippedFile
 from fastdata.packers.options import PackOptions, writer_options_for
+from fastdata.packers.pieces import (
+    entries_to_prepare,
+    pieces_to_keep,
+    write_items,
+    write_pieces,
+)
+from fastdata.packers.plan import PackPlan, ResumeRefused, plan_entries
+from fastdata.packers.pool import PreparedStream
+from fastdata.packers.prepare import SkippedFile
 from fastdata.packers.shuffle import check_seed, shuffled
 from fastdata.packers.source import ImageFolderSource, Source, parse_extensions
 from fastdata.packers.sources.dataset import DatasetSource, writes_over
@@ -217,7 +221,7 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
         writer.piece_mode = True
         plan = PackPlan.build(src, src.classes,
                               _resume_options(spec, options, writer_options),
-                              sharded=spec.sharded,
+                              entries_path=plan_entries(writer), sharded=spec.sharded,
                               max_records=getattr(writer, "max_records", None),
                               max_bytes=getattr(writer, "max_bytes", None),
                               stored_size=getattr(writer, "stored_size_of", None))
@@ -225,14 +229,16 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
             tally.note("no interrupted pack of this output to resume (it stopped before "
                        "its plan was saved); packing from the start")
         if options.resume and journal.exists():
-            saved = PackPlan.from_json(journal.plan_json(), journal.folder)
+            saved = journal.saved_plan()
             saved.check_same(plan, output)
+            os.remove(plan.entries_path)  # the same entries as the saved plan's
+            plan = saved
             kept = pieces_to_keep(writer, plan, journal, prefix_only=not spec.sharded,
                                   warn=tally.note)
         else:
             discard_earlier_partial(journal, tally.note)
             remove_stale_partials(writer)
-            journal.start(plan.to_json(), writer.temp_path)
+            journal.start(plan, writer.temp_path)
         todo = entries_to_prepare(src, plan, kept)
         todo_count = total - sum(plan.pieces[k][1] - plan.pieces[k][0] for k in kept)
     else:
@@ -263,7 +269,7 @@ def _write_local(writer, spec, plan, kept, todo, todo_count, journal, tally, opt
     """Prepare ``todo`` in local worker processes and write it (with the kept pieces)."""
     items = PreparedStream(todo, options, min(workers, max(1, todo_count // 16)))
     # The bar's thread starts after the pool: nothing of ours is mid-call at fork.
-    bar = progress_bar(len(plan.entries) if plan else todo_count,
+    bar = progress_bar(plan.count if plan else todo_count,
                        f"pack {os.path.basename(output)}", enabled=progress)
     try:
         if plan is not None:
@@ -311,7 +317,7 @@ def _check_written(src: Source, plan: PackPlan | None, tally: Tally, written: in
     if not unwritten:
         return
     # The plan knows every entry's label; without one the source is read again.
-    present = {e.label for e in (plan.entries if plan is not None else src)}
+    present = plan.labels if plan is not None else {e.label for e in src}
     for label in unwritten:
         if label in present:
             tally.warn(f"every image of class {src.classes[label]!r} was skipped; its label "

@@ -10,7 +10,7 @@ resumed pack writes exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from fastdata.errors import BadImageError, FastDataError
 from fastdata.formats.writer import PieceLost
@@ -22,12 +22,12 @@ from fastdata.records import Record
 
 
 def pieces_to_keep(writer, plan: PackPlan, journal: PackJournal, *, prefix_only: bool,
-                   warn: Callable[[str], None]) -> dict[int, PieceDone]:
+                   warn: Callable[[str], None]) -> Mapping[int, PieceDone]:
     """The journaled pieces a resumed pack keeps: each checked whole in the
     partial output. For a single-file format (``prefix_only``) the kept pieces
     are the whole ones from the first on, and they are taken back here."""
     journaled = journal.pieces()
-    kept: dict[int, PieceDone] = {}
+    kept: list[int] = []
     lost: list[int] = []
     for number in range(len(plan.pieces)):
         piece = journaled.get(number)
@@ -45,34 +45,36 @@ def pieces_to_keep(writer, plan: PackPlan, journal: PackJournal, *, prefix_only:
             if prefix_only:
                 break
             continue
-        kept[number] = piece
+        kept.append(number)
     if prefix_only:
         writer.done_adopting()
     if lost:
         warn(f"piece {lost[0]} of the interrupted pack is not whole in its partial output"
              f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''}; "
              "it is packed again")
-    return kept
+    return journaled.only(kept)
 
 
 def entries_to_prepare(src, plan: PackPlan,
-                       kept: dict[int, PieceDone]) -> Iterator[SourceEntry]:
+                       kept: Mapping[int, PieceDone]) -> Iterator[SourceEntry]:
     """The entries of the pieces not kept, in plan order (a second pass over the
     source, which gives the entries the plan was made from)."""
-    skip = [False] * len(plan.entries)
-    for number in kept:
-        start, end = plan.pieces[number]
-        skip[start:end] = [True] * (end - start)
+    skipped = sorted(plan.pieces[number] for number in kept)  # (start, end), in order
+    planned = plan.entries()
+    k = 0
     for i, entry in enumerate(src):
-        if i >= len(skip) or entry.key != plan.entries[i].key:
+        expected = next(planned, None)
+        if expected is None or entry.key != expected.key:
             raise FastDataError(f"the source gave entry {i} as {entry.key!r} on its second "
                                 "pass; a Source must give the same entries each time",
                                 key=entry.key)
-        if not skip[i]:
+        while k < len(skipped) and skipped[k][1] <= i:
+            k += 1
+        if not (k < len(skipped) and skipped[k][0] <= i):
             yield entry
 
 
-def write_pieces(writer, plan: PackPlan, kept: dict[int, PieceDone], items: Iterator,
+def write_pieces(writer, plan: PackPlan, kept: Mapping[int, PieceDone], items: Iterator,
                  journal: PackJournal, tally, *, strict: bool, source_root: str | None,
                  adopted_already: bool, on_entries: Callable[[int], None]) -> None:
     """Every piece in plan order: kept ones taken back (and counted in
@@ -122,7 +124,7 @@ def write_outcome(writer, item) -> list:
         return [item.key, item.reason]
     writer.write(Record(writer.count, item.key, item.label, item.payload,
                         item.encoding, item.width, item.height, item.metadata))
-    outcome = [item.key, item.label, writer.crcs[-1], len(item.payload),
+    outcome = [item.key, item.label, writer.last_crc, len(item.payload),
                item.source_bytes, item.encoding, item.width, item.height]
     if item.metadata is not None:
         # Formats that keep metadata in memory until finish take it back from here.

@@ -2,8 +2,8 @@
 
 The pool starts at once (before any thread of the pack exists, so nothing is
 mid-call at fork); results come back in the order of the entries, in chunks
-of 8, and a stopped pack drains what its workers still send before letting
-them go.
+of 8, at most :data:`CHUNKS_AHEAD` per worker out at a time, and a stopped
+pack drains what its workers still send before letting them go.
 """
 
 from __future__ import annotations
@@ -31,8 +31,23 @@ class PreparedStream:
         if self._pool is None:
             self._results = map(prepare, jobs)
         else:  # chunks of 8 jobs, as imap(chunksize=8) makes, but an iterator we can drain
-            self._chunks = self._pool.imap(_prepare_chunk, _chunked(jobs, 8))
-            self._results = (item for chunk in self._chunks for item in chunk)
+            # Pool.imap's task thread would queue every job at once (and the
+            # results wait for the writer): a chunk goes out only when there is room.
+            self._room = threading.Semaphore(workers * CHUNKS_AHEAD)
+            self._chunks = self._pool.imap(_prepare_chunk, self._when_room(_chunked(jobs, 8)))
+            self._results = self._taken()
+
+    def _when_room(self, chunks) -> Iterator[tuple]:
+        for chunk in chunks:
+            while not self._room.acquire(timeout=0.1):
+                if self._stop.is_set():
+                    return
+            yield chunk
+
+    def _taken(self) -> Iterator[Prepared | SkippedFile]:
+        for chunk in self._chunks:
+            self._room.release()
+            yield from chunk
 
     def __iter__(self) -> Iterator[Prepared | SkippedFile]:
         return iter(self._results)
@@ -84,6 +99,9 @@ def _chunked(items, size: int) -> Iterator[tuple]:
         yield chunk
 
 
+#: Chunks of 8 jobs out per worker (sent, being prepared, or prepared and not
+#: yet written): what a pack holds of its source does not grow with it.
+CHUNKS_AHEAD = 16
 #: How long a stopped pack waits for the work already handed to its workers.
 _DRAIN_SECONDS = 20.0
 

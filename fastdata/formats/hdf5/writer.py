@@ -31,7 +31,7 @@ from fastdata.formats.hdf5.schema import (
     SCHEMA_ATTR,
     SIZE_DIGITS,
 )
-from fastdata.formats.integrity import keys_json, sha256_hex, with_metadata_sha256
+from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
 from fastdata.formats.output import fsync_file
 from fastdata.formats.writer import PieceLost, Writer, check_piece_payload
 from fastdata.records import Manifest, PieceRecord, Record
@@ -84,10 +84,6 @@ class HDF5Writer(Writer):
         self._flush_at = max(flush_bytes // chunk_bytes, 1) * chunk_bytes
         self._pending = bytearray()
         self._written = 0
-        self._sizes: list[int] = []
-        # Each record's metadata JSON (b"": none), written at finish; a resumed
-        # pack takes it back from the journal (see Writer._adopt_piece).
-        self._metadata: list[bytes] = []
         self._file = None
         self._payload = None
         self._layout = ""
@@ -97,6 +93,13 @@ class HDF5Writer(Writer):
         self._adopted = b""  # the bytes of the piece being adopted
         self._reopen_error = ""  # why h5py could not open the partial output
         super().__init__(path, overwrite=overwrite, resume_path=resume_path)
+
+    def _init_records(self, spool: str) -> None:
+        super()._init_records(spool)
+        # Each record's metadata JSON, one after another, written at finish; a
+        # resumed pack takes it back from the journal (see Writer._adopt_piece).
+        self._metadata = open(os.path.join(spool, "metadata.bin"), "w+b")  # noqa: SIM115
+        self._spools.append(self._metadata)
 
     def _open(self, temp_path: str) -> None:
         import h5py
@@ -126,8 +129,8 @@ class HDF5Writer(Writer):
 
     def _write(self, record: Record, crc: int) -> None:
         self._pending += record.payload
-        self._sizes.append(len(record.payload))
-        self._metadata.append(record.metadata or b"")
+        if record.metadata:
+            self._metadata.write(record.metadata)
         if len(self._pending) >= self._flush_at:
             self._flush(final=False)
 
@@ -159,7 +162,7 @@ class HDF5Writer(Writer):
         f = self._file
         n = self.count
         offsets = np.zeros(n + 1, dtype=OFFSET_DTYPE)
-        np.cumsum(np.asarray(self._sizes, dtype=np.int64), out=offsets[1:])
+        np.cumsum(self.facts("size").astype(np.int64), out=offsets[1:])
         if int(offsets[-1]) != self._written:
             raise FastDataError(f"payload holds {self._written} bytes, offsets add up to "
                                 f"{int(offsets[-1])}", path=self.path)
@@ -167,11 +170,11 @@ class HDF5Writer(Writer):
         manifest = with_metadata_sha256(manifest, _array_digests(offsets, self, meta_arrays))
         try:
             f.create_dataset(OFFSETS, data=offsets, track_times=False)
-            f.create_dataset(LABELS, data=np.asarray(self.labels, dtype=LABEL_DTYPE),
+            f.create_dataset(LABELS, data=self.facts("label").astype(LABEL_DTYPE),
                              track_times=False)
-            f.create_dataset(CRC32, data=np.asarray(self.crcs, dtype=CRC32_DTYPE),
+            f.create_dataset(CRC32, data=self.facts("crc32").astype(CRC32_DTYPE),
                              track_times=False)
-            f.create_dataset(KEYS, data=np.asarray(self.keys, dtype=object), shape=(n,),
+            f.create_dataset(KEYS, data=np.asarray(self.keys(), dtype=object), shape=(n,),
                              dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
             for name, array in meta_arrays.items():
                 f.create_dataset(name, data=array, track_times=False)
@@ -308,8 +311,9 @@ class HDF5Writer(Writer):
         self._pending += data
         del self._pending[:written - self._written]
         self._written = self._synced = written
-        self._sizes.extend(r.size for r in records)
-        self._metadata.extend(r.metadata or b"" for r in records)
+        for r in records:
+            if r.metadata:
+                self._metadata.write(r.metadata)
         self._piece_end = end
         if state.get("side_bytes"):
             self._sides[number] = end
@@ -381,9 +385,9 @@ def _array_digests(offsets: np.ndarray, writer: HDF5Writer,
     """SHA-256 of each per-record dataset's bytes as stored (see fastdata.formats.integrity)."""
     digests = {
         OFFSETS: sha256_hex(offsets.astype(OFFSET_DTYPE).tobytes()),
-        LABELS: sha256_hex(np.asarray(writer.labels, dtype=LABEL_DTYPE).tobytes()),
-        CRC32: sha256_hex(np.asarray(writer.crcs, dtype=CRC32_DTYPE).tobytes()),
-        KEYS: sha256_hex(keys_json(writer.keys)),
+        LABELS: sha256_hex(writer.facts("label").astype(LABEL_DTYPE).tobytes()),
+        CRC32: sha256_hex(writer.facts("crc32").astype(CRC32_DTYPE).tobytes()),
+        KEYS: sha256_hex(b"".join(writer.keys_json_blocks())),
     }
     if meta_arrays:  # the JSON itself is covered by its per-record CRC32
         digests.update({name: sha256_hex(meta_arrays[name].tobytes())
@@ -393,11 +397,15 @@ def _array_digests(offsets: np.ndarray, writer: HDF5Writer,
 
 def _metadata_arrays(writer: HDF5Writer) -> dict[str, np.ndarray]:
     """The metadata datasets: the JSON bytes, their offsets and CRC32s."""
-    offsets = np.zeros(len(writer._metadata) + 1, dtype=OFFSET_DTYPE)
-    np.cumsum([len(m) for m in writer._metadata], out=offsets[1:])
-    return {METADATA: np.frombuffer(b"".join(writer._metadata), dtype=np.uint8),
+    sizes = writer.facts("metadata_size")
+    offsets = np.zeros(len(sizes) + 1, dtype=OFFSET_DTYPE)
+    np.cumsum(sizes, out=offsets[1:])
+    writer._metadata.flush()
+    with open(writer._metadata.name, "rb") as f:
+        data = f.read()
+    return {METADATA: np.frombuffer(data, dtype=np.uint8),
             METADATA_OFFSETS: offsets,
-            METADATA_CRC32: np.asarray(writer.metadata_crcs, dtype=CRC32_DTYPE)}
+            METADATA_CRC32: writer.facts("metadata_crc32").astype(CRC32_DTYPE)}
 
 
 def _manifest_text(manifest: Manifest) -> bytes:

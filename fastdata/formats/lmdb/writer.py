@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 
-import numpy as np
 
 from fastdata.errors import FastDataError
 from fastdata.formats.lmdb.schema import (
@@ -151,14 +149,15 @@ class LMDBWriter(Writer):
         self._flush()
         info = self._env.info()
         stat = self._env.stat()
+        # LMDB stores each column as one value: whole in memory here (and at open).
         meta = [
-            (LABELS_KEY, np.asarray(self.labels, dtype=LABEL_DTYPE).tobytes()),
-            (CRC32_KEY, np.asarray(self.crcs, dtype=CRC32_DTYPE).tobytes()),
-            (KEYS_KEY, json.dumps(self.keys, ensure_ascii=False).encode("utf-8")),
+            (LABELS_KEY, self.facts("label").astype(LABEL_DTYPE).tobytes()),
+            (CRC32_KEY, self.facts("crc32").astype(CRC32_DTYPE).tobytes()),
+            (KEYS_KEY, b"".join(self.keys_json_blocks())),
         ]
         if self.has_metadata:
             meta.append((METADATA_CRC32_KEY,
-                         np.asarray(self.metadata_crcs, dtype=CRC32_DTYPE).tobytes()))
+                         self.facts("metadata_crc32").astype(CRC32_DTYPE).tobytes()))
         self._put_all(meta)
         on_disk = (info["last_pgno"] + 1) * stat["psize"]
         manifest = with_metadata_sha256(_with_layout(manifest, on_disk, self),

@@ -50,6 +50,20 @@ def _fd_limit() -> str:
         return "unknown"
 
 
+def save_blocks(path: str, dtype: np.dtype, count: int, blocks) -> None:
+    """Write ``count`` rows of ``dtype``, given as arrays in order, to the
+    ``.npy`` file ``path``: the bytes ``np.save`` writes for them whole."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                 "fortran_order": False, "shape": (count,)})
+        written = 0
+        for block in blocks:
+            f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+            written += len(block)
+    if written != count:
+        raise FastDataError(f"{written} rows written of {count}", path=path)
+
+
 def load_index(path: str, count: int) -> np.ndarray:
     """The ``count`` rows of the dataset index at ``path`` (``INDEX_DTYPE``).
 

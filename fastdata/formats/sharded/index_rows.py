@@ -153,7 +153,9 @@ class IndexRows:
         pieces = at // self.piece_rows
         if not self._loaded[pieces].all():
             with self._lock:
-                self._slots(np.unique(pieces).tolist())
+                # Not np.unique: its first call imports numpy.ma, which fails
+                # with no descriptor left (that error must name the limit).
+                self._slots(sorted(set(pieces.reshape(-1).tolist())))
         if self._flat is None:  # nothing asked for yet
             return np.zeros(at.shape, INDEX_DTYPE if name is None else INDEX_DTYPE[name])
         flat = self._flat if name is None else self.columns[name]

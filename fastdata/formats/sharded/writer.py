@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -15,12 +14,26 @@ from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded import index_rows
+from fastdata.formats.record_spool import RowSpool
+from fastdata.formats.sharded.index_file import save_blocks
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.sharded.metadata import metadata_rows
 from fastdata.formats.sharded.publish import PublishPlan, publish
 from fastdata.formats.writer import Writer, remove_path
 from fastdata.records import Manifest, Record
 
+
+
+#: What the writer keeps of each record until the end (on disk): its index row
+#: and where its metadata JSON lies in its shard ((0, 0): it has none).
+SPOOLED_ROW = np.dtype(INDEX_DTYPE.descr + [("meta_offset", "<u8"), ("meta_size", "<u8")])
+
+
+def _index_rows(spooled: np.ndarray) -> np.ndarray:
+    rows = np.empty(len(spooled), INDEX_DTYPE)
+    for name in INDEX_DTYPE.names:
+        rows[name] = spooled[name]
+    return rows
 
 
 #: Called as ``listener(number, temp_paths, final_names)`` each time a shard's
@@ -100,9 +113,6 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
                                    total_in_name=self.total_in_name).with_current_names()
         self._given = os.path.abspath(os.fspath(path))
         self._shards: list[dict] = []
-        self._rows: list[tuple] = []
-        #: Per record: (offset, size) of its metadata JSON in its shard; (0, 0): none.
-        self._meta_rows: list[tuple[int, int]] = []
         self._shard_count = 0
         self._shard: ShardFile | None = None
         self._files: list[str] = []
@@ -183,6 +193,12 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
     def _open(self, temp_path: str) -> None:
         pass
 
+    def _init_records(self, spool: str) -> None:
+        super()._init_records(spool)
+        #: Per record: its index row and where its metadata JSON lies (on disk).
+        self._rows = RowSpool(os.path.join(spool, "rows.bin"), SPOOLED_ROW)
+        self._spools.append(self._rows)
+
     def _temp_shard_name(self, number: int) -> str:
         if self.piece_mode:  # named after the piece: a resumed pack adds shards between
             return f"piece-{getattr(self, '_piece', 0):06d}{self.layout.extension}"
@@ -218,10 +234,9 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             self._shard_count = 0
             self._shard_first = record.index
         offset, length, *meta_at = self._append(record, crc)
-        self._rows.append((len(self._shards), offset, length, record.label, crc))
         meta = record.metadata
-        self._meta_rows.append((meta_at[0], len(meta)) if meta is not None and meta_at
-                               else (0, 0))
+        meta_place = (meta_at[0], len(meta)) if meta is not None and meta_at else (0, 0)
+        self._rows.append((len(self._shards), offset, length, record.label, crc, *meta_place))
         self._shard_count += 1
 
     def _finish_shard(self) -> None:
@@ -250,15 +265,16 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         temp = os.path.basename(info["temp"])
         files = {name: file_sha256(os.path.join(self.temp_path, name))
                  for name in self._shard_files(temp)[1:]}
+        rows = self._rows.rows(first_row)
         state = {"shard": {k: v for k, v in info.items() if k not in ("temp", "first")}
                  | {"temp": temp, "size": os.path.getsize(info["temp"])},
                  "side_files": files,
-                 "rows": [list(row[1:]) for row in self._rows[first_row:]],
+                 "rows": [list(r) for r in rows[["offset", "size", "label", "crc32"]].tolist()],
                  "renamed": [list(r[:2]) + [r[3]]
                              for r in self._renamed_rows()[renamed_before:]]}
-        meta_rows = self._meta_rows[first_row:]
-        if any(size for _, size in meta_rows):  # where the piece's metadata lies
-            state["metadata_rows"] = [list(row) for row in meta_rows]
+        if rows["meta_size"].any():  # where the piece's metadata lies
+            state["metadata_rows"] = [list(r) for r in
+                                      rows[["meta_offset", "meta_size"]].tolist()]
         return state
 
     def _renamed_rows(self) -> list:
@@ -302,9 +318,9 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         self._shards.append({"temp": os.path.join(self.temp_path, shard["temp"]),
                              "count": shard["count"], "sha256": shard["sha256"],
                              "first": self.count, **extra})
-        self._rows.extend((number_now, *row) for row in state["rows"])
-        self._meta_rows.extend(tuple(row) for row in
-                               state.get("metadata_rows", [[0, 0]] * len(state["rows"])))
+        places = state.get("metadata_rows", [[0, 0]] * len(state["rows"]))
+        self._rows.extend((number_now, *row, *place)
+                          for row, place in zip(state["rows"], places))
         self._adopt_renamed(number_now, state.get("renamed", []))
 
     def _adopt_renamed(self, shard: int, renamed: list) -> None:
@@ -352,19 +368,17 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             shards.append({"path": name, "count": info.pop("count"), "bytes": size,
                            "sha256": info.pop("sha256"), **info})
             info["temp"] = temp
-        index = np.array(self._rows, dtype=INDEX_DTYPE)
-        np.save(os.path.join(self.temp_path, "index.npy"), index, allow_pickle=False)
-        np.save(os.path.join(self.temp_path, "index-crc.npy"), index_rows.piece_checksums(index),
-                allow_pickle=False)
-        with open(os.path.join(self.temp_path, "keys.json"), "w", encoding="utf-8") as f:
-            json.dump(self.keys, f, ensure_ascii=False)
+        self._save_index()
+        with open(os.path.join(self.temp_path, "keys.json"), "wb") as f:
+            for block in self.keys_json_blocks():
+                f.write(block)
         extra = {"index": os.path.basename(self.layout.index_path),
                  "index_pieces": {"rows": index_rows.PIECE_ROWS,
                                   "file": os.path.basename(self.layout.index_pieces_path)},
                  "keys": os.path.basename(self.layout.keys_path),
                  "prefix": self.layout.prefix, **self._manifest_extra()}
         if self.has_metadata:
-            self._save_metadata_index(index)
+            self._save_metadata_index()
             extra["metadata"] = {"records": self.metadata_records,
                                  "index": os.path.basename(self.layout.metadata_path),
                                  "index_pieces": {
@@ -387,14 +401,36 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         ``extra["metadata"]`` (the tar member, the TFRecord feature)."""
         return {}
 
-    def _save_metadata_index(self, index: np.ndarray) -> np.ndarray:
+    def _save_index(self) -> None:
+        """``index.npy`` and its pieces' checksums (``index-crc.npy``), from the
+        spooled rows a block at a time."""
+        self._save_rows("index", (_index_rows(block) for block in self._rows.blocks()))
+
+    def _save_metadata_index(self) -> None:
         """``metadata.npy``: the index's rows, pointing at each record's
         metadata, and their pieces' checksums (``metadata-crc.npy``)."""
-        rows = metadata_rows(index, self._meta_rows, self.metadata_crcs)
-        np.save(os.path.join(self.temp_path, "metadata.npy"), rows, allow_pickle=False)
-        np.save(os.path.join(self.temp_path, "metadata-crc.npy"), index_rows.piece_checksums(rows),
+        def blocks():
+            for rows, facts in zip(self._rows.blocks(), self.fact_blocks()):
+                places = np.stack([rows["meta_offset"], rows["meta_size"]], axis=1)
+                yield metadata_rows(_index_rows(rows), places, facts["metadata_crc32"])
+
+        self._save_rows("metadata", blocks())
+
+    def _save_rows(self, name: str, blocks) -> None:
+        """``NAME.npy`` (index rows given a block at a time; every block but the
+        last whole pieces) and ``NAME-crc.npy``, its pieces' checksums."""
+        checksums = []
+
+        def checked():
+            for block in blocks:
+                checksums.append(index_rows.piece_checksums(block))
+                yield block
+
+        save_blocks(os.path.join(self.temp_path, f"{name}.npy"), INDEX_DTYPE, len(self._rows),
+                    checked())
+        np.save(os.path.join(self.temp_path, f"{name}-crc.npy"),
+                np.concatenate(checksums) if checksums else np.zeros(0, index_rows.PIECE_DTYPE),
                 allow_pickle=False)
-        return rows
 
     def _sidecars(self) -> list[tuple[str, str]]:
         """(name in the temporary folder, final name) of every sidecar but the manifest."""
