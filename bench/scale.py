@@ -3,7 +3,7 @@
     python bench/scale.py plan                  # 10^9 and 10^10 samples, 4,096 ranks x 8 workers
     python bench/scale.py open --sizes 200000,2000000   # pack tiny records, open, first batch
     python bench/scale.py startup               # open 10^9 records in 10^5 shards (sparse)
-    python bench/scale.py write --sizes 200000,2000000  # memory of writing and packing
+    python bench/scale.py write                 # memory of writing and packing 10^6 records
 
 ``plan`` needs no data: for each size and order mode (a permutation of every
 record, as map-style reading has it; blocks of 16 in windows of 8192, as a
@@ -309,7 +309,7 @@ def main() -> None:
     startup.add_argument("--shards", default="1e5")
     startup.add_argument("--dir", default=None, help="where to make it (sparse files)")
     write = sub.add_parser("write", help="write and pack tiny records: memory per record")
-    write.add_argument("--sizes", default="200000,2000000")
+    write.add_argument("--sizes", default="200000,1000000")
     write.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
     args = parser.parse_args()
     {"plan": run_plan, "open": run_open, "startup": run_startup,

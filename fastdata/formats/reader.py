@@ -276,8 +276,9 @@ class Reader:
         self._check_process()
         payloads = self._read_many(norm)
         if self.verify if check is None else check:
-            for j, data in zip(norm, payloads):
-                self.check(j, data)
+            expected = self.crcs_of(norm)
+            for k, (j, data) in enumerate(zip(norm, payloads)):
+                self.check(j, data, None if expected is None else expected[k])
         return payloads
 
     def __iter__(self) -> Iterator[tuple[int, bytes, int]]:
@@ -295,13 +296,24 @@ class Reader:
                 self.check(i, data)
             yield i, data, int(labels[i])
 
-    def check(self, index: int, data: bytes | memoryview) -> None:
-        """Raise CorruptDataError when ``data`` does not match record ``index``'s CRC32."""
+    def crcs_of(self, indices: Sequence[int]) -> list[int] | None:
+        """The stored CRC32s of records ``indices`` (in range), in one lookup;
+        None when the dataset stores none."""
         if self._labels is None:  # metadata dropped when pickled: reload it once
             self._load()
-        if self._crcs is None:  # a dataset without stored checksums (written elsewhere)
-            return
-        expected = int(self._crcs[index])
+        if self._crcs is None:
+            return None
+        return np.asarray(self._crcs[np.asarray(indices, dtype=np.int64)]).tolist()
+
+    def check(self, index: int, data: bytes | memoryview, expected: int | None = None) -> None:
+        """Raise CorruptDataError when ``data`` does not match record ``index``'s
+        CRC32 (``expected``, when the caller looked it up with :meth:`crcs_of`)."""
+        if expected is None:
+            if self._labels is None:  # metadata dropped when pickled: reload it once
+                self._load()
+            if self._crcs is None:  # a dataset without stored checksums (written elsewhere)
+                return
+            expected = int(self._crcs[index])
         actual = zlib.crc32(data)
         if actual != expected:
             raise CorruptDataError(

@@ -178,12 +178,15 @@ class SamplePipeline:
         shape are also copied to ``into[k]``. Map-style datasets and streams
         decode their batches and groups here."""
         n = len(self.reader)
+        # The batch's CRCs in one lookup: the decode threads compare, holding
+        # the GIL as briefly as they can.
+        crcs = self.reader.crcs_of([i % n for i in indices]) if check else None
 
         def one(item):
             k, index, payload = item
             try:
                 if check:
-                    self.reader.check(index % n, payload)
+                    self.reader.check(index % n, payload, None if crcs is None else crcs[k])
                 out = fn(payload, index % n)
             except Exception as exc:  # raised later with the record's name
                 return Failed(exc)
