@@ -40,6 +40,12 @@ OUTSIDE_HINT = ("fastdata follows links only inside a dataset's folder; pass all
                 "(CLI: --allow-outside) to follow links you made yourself")
 
 
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` is one plain segment (as fastdata writes names): it
+    passes :func:`name_problem` whatever the options."""
+    return _PLAIN.fullmatch(name) is not None and name != ".."
+
+
 def name_problem(name: str, *, remote: bool = False, canonical: bool = True) -> str | None:
     """Why ``name`` cannot be a name inside a folder, or None when it can.
 
@@ -188,12 +194,14 @@ class Folder:
         if self.remote or self.links_out:
             return [self.path(n, field.format(k)) for k, n in enumerate(names)]
         files = self.plain_files()
+        prefix = os.path.join(self.folder, "")
         out = []
         for k, name in enumerate(names):
-            if "/" not in name and files.get(name):
-                check_name(name, field=field.format(k), where=self.where, remote=False,
-                           kind=self.kind, hint=self.hint, canonical=self.canonical)
-                out.append(os.path.join(self.folder, name))
+            if isinstance(name, str) and "/" not in name and files.get(name):
+                if not is_plain_name(name):
+                    check_name(name, field=field.format(k), where=self.where, remote=False,
+                               kind=self.kind, hint=self.hint, canonical=self.canonical)
+                out.append(prefix + name)
             else:
                 out.append(self.path(name, field.format(k)))
         return out

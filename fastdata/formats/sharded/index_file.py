@@ -146,7 +146,7 @@ def _check_header(shape: tuple, dtype: np.dtype, count: int, data_bytes: int,
                                path=path)
 
 
-def check_rows(index: np.ndarray, shard_sizes: list[int], path: str, *,
+def check_rows(index: np.ndarray, shard_sizes, path: str, *,
                first: int = 0) -> None:
     """Check that every row names an existing shard and lies inside that shard file
     (``index`` holds the rows from row ``first`` on: errors name the dataset's row).

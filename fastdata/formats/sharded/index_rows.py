@@ -66,7 +66,7 @@ class IndexRows:
             copy), where its rows begin, and how many it holds.
     """
 
-    def __init__(self, rows: np.ndarray | None, *, shard_sizes: list[int], path: str,
+    def __init__(self, rows: np.ndarray | None, *, shard_sizes, path: str,
                  classes: int, pieces: tuple[np.ndarray, int] | None = None,
                  checked: bool = False, same_shards_as: IndexRows | None = None,
                  local: str | None = None, start: int = 0, count: int | None = None) -> None:
@@ -75,7 +75,8 @@ class IndexRows:
         self._count = len(rows) if rows is not None else int(count)
         self._checked_all = checked
         self._same_shards_as = same_shards_as
-        self.shard_sizes = shard_sizes
+        # An array once: each piece's check looks its rows' shards up in it.
+        self.shard_sizes = np.asarray(shard_sizes, dtype=np.uint64)
         self.path = path
         self.classes = classes
         self._crcs = None
