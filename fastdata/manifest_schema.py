@@ -146,7 +146,7 @@ def _check_shards(data: dict, count: int, path: str | None) -> None:
 
 #: The fields of ``extra`` that name a file beside the manifest (sharded formats).
 SIDECAR_FIELDS = (("index",), ("keys",), ("metadata", "index"), ("index_pieces", "file"),
-                  ("metadata", "index_pieces", "file"))
+                  ("metadata", "index_pieces", "file"), ("keys_pieces", "file"))
 
 
 def sidecar_fields(extra: dict) -> list[tuple[dict, str, tuple[str, ...]]]:

@@ -106,11 +106,11 @@ def test_sidecars_are_named_after_the_output_with_its_extension(tmp_path):
     assert sorted(os.listdir(tmp_path / "o")) == [
         "_info.json", "out-000000.tar", "out-000001.tar", "out-000002.tar",
         "out.tar.fastdata.index-crc.npy", "out.tar.fastdata.index.npy", "out.tar.fastdata.json",
-        "out.tar.fastdata.keys.json"]
+        "out.tar.fastdata.keys-pieces.npy", "out.tar.fastdata.keys.json"]
     assert summary.files == [str(tmp_path / "o" / n) for n in (
         "out-000000.tar", "out-000001.tar", "out-000002.tar", "out.tar.fastdata.index.npy",
-        "out.tar.fastdata.index-crc.npy", "out.tar.fastdata.keys.json", "_info.json",
-        "out.tar.fastdata.json")]
+        "out.tar.fastdata.index-crc.npy", "out.tar.fastdata.keys.json",
+        "out.tar.fastdata.keys-pieces.npy", "_info.json", "out.tar.fastdata.json")]
 
 
 # -- datasets of the earlier naming ------------------------------------------------------
@@ -267,10 +267,11 @@ def test_format_that_agrees_with_the_extension_is_accepted(tmp_path, output, fmt
 @pytest.mark.parametrize("fmt,written", [
     ("lmdb", ["x"]), ("hdf5", ["x"]),
     ("tar", ["x.tar", "x.tar.fastdata.index.npy", "x.tar.fastdata.index-crc.npy",
-             "x.tar.fastdata.keys.json", "_info.json", "x.tar.fastdata.json"]),
+             "x.tar.fastdata.keys.json", "x.tar.fastdata.keys-pieces.npy", "_info.json",
+             "x.tar.fastdata.json"]),
     ("tfrecord", ["x.tfrecord", "x.tfrecord.idx", "x.tfrecord.fastdata.index.npy",
                   "x.tfrecord.fastdata.index-crc.npy", "x.tfrecord.fastdata.keys.json",
-                  "x.tfrecord.fastdata.json"]),
+                  "x.tfrecord.fastdata.keys-pieces.npy", "x.tfrecord.fastdata.json"]),
 ])
 def test_output_without_extension_takes_the_format_and_names_what_it_wrote(
         tmp_path, fmt, written):

@@ -82,7 +82,7 @@ def sharded_files(manifest_path) -> set[str]:
     dataset's with timm's ``_info.json``, which the folder's tar datasets share)."""
     m = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
     names = {os.path.basename(manifest_path), m["extra"]["index"], m["extra"]["keys"],
-             m["extra"]["index_pieces"]["file"]}
+             m["extra"]["index_pieces"]["file"], m["extra"]["keys_pieces"]["file"]}
     if m["format"] == "tar":
         names.add("_info.json")
     for s in m["shards"]:

@@ -82,7 +82,7 @@ def test_round_trip_bit_exact_sharded(sharded):
     shards = [f"out-{i:05d}-of-00006.tfrecord" for i in range(6)]
     assert names == sorted(shards + [s + ".idx" for s in shards] + [
         "out.tfrecord.fastdata.json", "out.tfrecord.fastdata.index-crc.npy",
-        "out.tfrecord.fastdata.index.npy",
+        "out.tfrecord.fastdata.index.npy", "out.tfrecord.fastdata.keys-pieces.npy",
         "out.tfrecord.fastdata.keys.json"])
 
     for path in (summary.output, os.path.join(out_dir, "out.tfrecord"),
@@ -109,7 +109,7 @@ def test_single_file_by_default(tmp_path, tree):
     assert sorted(os.listdir(tmp_path)) == sorted([
         "one.tfrecord", "one.tfrecord.idx", "one.tfrecord.fastdata.json",
         "one.tfrecord.fastdata.index-crc.npy", "one.tfrecord.fastdata.index.npy",
-        "one.tfrecord.fastdata.keys.json", "src"])
+        "one.tfrecord.fastdata.keys.json", "one.tfrecord.fastdata.keys-pieces.npy", "src"])
     ds = fastdata.TFRecordDataset(tmp_path / "one.tfrecord")
     for i in range(len(ds)):
         image, label = ds[i]

@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
 
 from fastdata.errors import FastDataError
+
+#: A piece of the keys file: where its first key begins, the CRC-32 of its bytes.
+KEY_PIECE = np.dtype([("offset", "<u8"), ("crc32", "<u4")])
+#: Keys per piece of the keys file.
+PIECE_KEYS = 128
 
 #: Rows per block read back: a multiple of the index's piece, so blocks are
 #: whole pieces.
@@ -114,6 +120,35 @@ class KeySpool:
                 yield text if first else b", " + text
                 first = False
         yield b"]"
+
+    def write_json(self, f, piece_keys: int) -> np.ndarray:
+        """Write the keys' JSON list to the binary file ``f``; return where each
+        piece of ``piece_keys`` keys begins in it and the CRC-32 of its bytes
+        (up to the next piece's first key: the ", " after its last key
+        included), and a last row giving where the closing bracket is
+        (rows of :data:`KEY_PIECE`)."""
+        self._file.flush()
+        rows = []
+        f.write(b"[")
+        position, start, crc = 1, 1, 0
+        with open(self.path, "rb") as spool:
+            for k, line in enumerate(spool):
+                if k:
+                    f.write(b", ")
+                    crc = zlib.crc32(b", ", crc)
+                    position += 2
+                    if k % piece_keys == 0:
+                        rows.append((start, crc))
+                        start, crc = position, 0
+                key = line[:-1]
+                f.write(key)
+                crc = zlib.crc32(key, crc)
+                position += len(key)
+            if position > 1:
+                rows.append((start, crc))
+        f.write(b"]")
+        rows.append((position, 0))
+        return np.array(rows, dtype=KEY_PIECE)
 
     def json_bytes(self) -> bytes:
         """The keys' JSON list whole (for a format that stores it as one value)."""

@@ -152,6 +152,9 @@ def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
         on_problem(problem)
     try:
         reader.keys  # noqa: B018 (loading them checks their SHA-256)
+        check_pieces = getattr(reader, "check_key_pieces", None)
+        if check_pieces is not None:
+            check_pieces()
     except CorruptDataError as exc:
         on_problem(_error_problem(reader, None, exc))
     # Records cannot be located through a damaged index: the walk would read

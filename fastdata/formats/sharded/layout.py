@@ -19,7 +19,11 @@ datasets of two formats with one prefix never share a sidecar:
 - ``NAME.fastdata.index-crc.npy`` (and ``NAME.fastdata.metadata-crc.npy``):
   the CRC-32 of every piece of 128 rows of the index (of the metadata
   index), uint32, so a reader checks the rows it uses, a page at a time,
-  without reading the whole index (``extra.index_pieces``).
+  without reading the whole index (``extra.index_pieces``);
+- ``NAME.fastdata.keys-pieces.npy``: where each piece of 128 keys begins in
+  the keys file and the CRC-32 of its bytes (a last row: where the list
+  ends), so one record's key is read without the others
+  (``extra.keys_pieces``).
 
 Datasets packed with the earlier naming have sidecars named after the prefix
 alone (``out.fastdata.json``): readers still find such a manifest when it is
@@ -49,6 +53,7 @@ KEYS_SUFFIX = ".fastdata.keys.json"
 METADATA_SUFFIX = ".fastdata.metadata.npy"
 INDEX_PIECES_SUFFIX = ".fastdata.index-crc.npy"
 METADATA_PIECES_SUFFIX = ".fastdata.metadata-crc.npy"
+KEYS_PIECES_SUFFIX = ".fastdata.keys-pieces.npy"
 
 INDEX_DTYPE = np.dtype([
     ("shard", "<u4"), ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("crc32", "<u4"),
@@ -112,6 +117,10 @@ class ShardLayout:
     @property
     def metadata_pieces_path(self) -> str:
         return os.path.join(self.directory, self.sidecar_stem + METADATA_PIECES_SUFFIX)
+
+    @property
+    def keys_pieces_path(self) -> str:
+        return os.path.join(self.directory, self.sidecar_stem + KEYS_PIECES_SUFFIX)
 
     @property
     def legacy_manifest_path(self) -> str:

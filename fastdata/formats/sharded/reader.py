@@ -173,14 +173,17 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
             meta_name, "extra.metadata.index")
         piece_paths = {}
         for field, holder in (("extra.index_pieces", manifest.extra),
-                              ("extra.metadata.index_pieces", meta)):
-            found = holder.get("index_pieces") if isinstance(holder, dict) else None
+                              ("extra.metadata.index_pieces", meta),
+                              ("extra.keys_pieces", manifest.extra)):
+            found = holder.get(field.rsplit(".", 1)[1]) if isinstance(holder, dict) else None
             if found is not None:
                 if not isinstance(found, dict) or "file" not in found:
                     raise ManifestError(f"manifest field {field} names no file (its "
                                         f"\"file\"); re-pack the dataset", path=manifest_path)
                 piece_paths[field] = inside(found["file"], field + ".file")
         self._meta_pieces_path = piece_paths.get("extra.metadata.index_pieces")
+        self._keys_pieces_path = piece_paths.get("extra.keys_pieces")
+        self._key_pieces = None
         # The sizes the manifest gives (one stat per shard at open would cost
         # seconds at 10^5 shards): a record past the end of a shorter file is
         # refused when read, as "cut short (the shard is truncated)".
@@ -290,6 +293,43 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
             problem["path"] = named.get(problem["path"], problem["path"])
         return problems
 
+    def key_of(self, index: int) -> str | None:
+        """Record ``index``'s key for a message: read from its piece of the
+        keys file alone, unless the keys are in memory already (or the
+        dataset has no pieces file: packed before it, another tool's, one
+        shard of a set). None when it cannot be read."""
+        if self._keys is not None or self._records is not None \
+                or getattr(self, "_keys_pieces_path", None) is None:
+            return super().key_of(index)
+        try:
+            if self._key_pieces is None:
+                from fastdata.formats.sharded.key_pieces import load_key_pieces
+
+                self._key_pieces = load_key_pieces(
+                    self.manifest, self.manifest.extra["keys_pieces"],
+                    local_copy(self._keys_pieces_path),
+                    local_copy(self._keys_path, limit=keys_limit(self.manifest.count)),
+                    self.manifest.count)
+            return self._key_pieces.key(index % len(self))
+        except Exception:  # noqa: BLE001 - only for a message: never mask the error reported
+            return None
+
+    def check_key_pieces(self) -> None:
+        """Check that the keys' pieces file describes the keys file (``verify``).
+
+        Raises:
+            CorruptDataError: a file is damaged, or they disagree.
+        """
+        if getattr(self, "_keys_pieces_path", None) is None or self._records is not None:
+            return
+        from fastdata.formats.sharded.key_pieces import load_key_pieces
+
+        local = local_copy(self._keys_path, limit=keys_limit(self.manifest.count))
+        pieces = load_key_pieces(self.manifest, self.manifest.extra["keys_pieces"],
+                                 local_copy(self._keys_pieces_path), local, self.manifest.count)
+        with open(local, "rb") as f:
+            pieces.check_all(f.read())
+
     def _load_keys(self) -> list[str]:
         if self._foreign_keys is not None:
             return self._foreign_keys
@@ -347,7 +387,14 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
                     f"record {i} is cut short: {len(raw)} of {size} bytes at byte offset {offset} "
                     f"(the shard is truncated)", path=self._shard_paths[shard],
                     key=self.key_of(i), record=i, offset=offset)
-            out.append(self._extract(raw, shard, offset))
+            try:
+                out.append(self._extract(raw, shard, offset))
+            except CorruptDataError as exc:
+                if exc.record is not None or exc.key is not None:
+                    raise
+                # The container's framing names a byte offset; the reader knows the record.
+                raise CorruptDataError(exc.message, path=exc.path, key=self.key_of(i),
+                                       offset=exc.offset, record=i) from None
         return out
 
     def shards_of(self, indices: Sequence[int]) -> list[int]:

@@ -37,7 +37,8 @@ def dataset_objects(url: str, extensions: tuple[str, ...],
     manifest = manifest if isinstance(manifest, dict) else {}
     folder = layout.directory
     sidecars = {basename(p) for p in (layout.index_path, layout.keys_path, layout.metadata_path,
-                                      layout.index_pieces_path, layout.metadata_pieces_path)}
+                                      layout.index_pieces_path, layout.metadata_pieces_path,
+                                      layout.keys_pieces_path)}
     names = []
     for shard in manifest.get("shards") if isinstance(manifest.get("shards"), list) else []:
         name = shard.get("path") if isinstance(shard, dict) else None

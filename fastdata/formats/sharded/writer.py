@@ -14,7 +14,7 @@ from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded import index_rows
-from fastdata.formats.record_spool import RowSpool
+from fastdata.formats.record_spool import PIECE_KEYS, RowSpool
 from fastdata.formats.sharded.index_file import save_blocks
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.sharded.metadata import metadata_rows
@@ -370,12 +370,14 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             info["temp"] = temp
         self._save_index()
         with open(os.path.join(self.temp_path, "keys.json"), "wb") as f:
-            for block in self.keys_json_blocks():
-                f.write(block)
+            key_pieces = self._keys.write_json(f, PIECE_KEYS)
+        np.save(os.path.join(self.temp_path, "keys-pieces.npy"), key_pieces, allow_pickle=False)
         extra = {"index": os.path.basename(self.layout.index_path),
                  "index_pieces": {"rows": index_rows.PIECE_ROWS,
                                   "file": os.path.basename(self.layout.index_pieces_path)},
                  "keys": os.path.basename(self.layout.keys_path),
+                 "keys_pieces": {"keys": PIECE_KEYS,
+                                 "file": os.path.basename(self.layout.keys_pieces_path)},
                  "prefix": self.layout.prefix, **self._manifest_extra()}
         if self.has_metadata:
             self._save_metadata_index()
@@ -437,7 +439,8 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         layout = self.layout
         found = [("index.npy", os.path.basename(layout.index_path)),
                  ("index-crc.npy", os.path.basename(layout.index_pieces_path)),
-                 ("keys.json", os.path.basename(layout.keys_path))]
+                 ("keys.json", os.path.basename(layout.keys_path)),
+                 ("keys-pieces.npy", os.path.basename(layout.keys_pieces_path))]
         if self.has_metadata:
             found += [("metadata.npy", os.path.basename(layout.metadata_path)),
                       ("metadata-crc.npy", os.path.basename(layout.metadata_pieces_path))]
@@ -467,7 +470,8 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
             sidecars=(os.path.basename(layout.index_path), os.path.basename(layout.keys_path),
                       os.path.basename(layout.metadata_path),
                       os.path.basename(layout.index_pieces_path),
-                      os.path.basename(layout.metadata_pieces_path), *layout.legacy_sidecars),
+                      os.path.basename(layout.metadata_pieces_path),
+                      os.path.basename(layout.keys_pieces_path), *layout.legacy_sidecars),
             legacy_manifest=os.path.basename(legacy) if legacy else None,
         ))
         self.replaced_legacy = [legacy] if legacy else []
