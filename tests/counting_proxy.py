@@ -20,6 +20,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -55,6 +56,8 @@ class _Server(http.server.ThreadingHTTPServer):
         self.upstream = upstream
         self.lock = threading.Lock()
         self.log: list[Request] = []
+        #: Requests being answered (logged when their answer ends).
+        self.active = 0
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -122,6 +125,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         raise AssertionError("unreachable")
 
     def _forward(self) -> None:
+        with self.server.lock:
+            self.server.active += 1
+        try:
+            self._answer()
+        finally:
+            with self.server.lock:
+                self.server.active -= 1
+
+    def _answer(self) -> None:
         body = self._request_body()
         answer = self._send_upstream(body)
         chunked = answer.chunked
@@ -182,6 +194,18 @@ class CountingProxy:
     def log(self) -> list[Request]:
         with self.server.lock:
             return list(self.server.log)
+
+    def quiet_log(self, timeout: float = 30.0) -> list[Request]:
+        """The log once no request is being answered: a client that has its
+        answers sees its requests logged (an entry is added after the body)."""
+        end = time.monotonic() + timeout
+        while True:
+            with self.server.lock:
+                if self.server.active == 0:
+                    return list(self.server.log)
+            if time.monotonic() > end:
+                raise TimeoutError("the proxy is still answering a request")
+            time.sleep(0.01)
 
     def clear(self) -> None:
         with self.server.lock:

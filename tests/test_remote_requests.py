@@ -405,3 +405,25 @@ def test_map_style_under_another_sampler_caches_each_shard_once_after_a_sixteent
     for name in names:
         copy = next(p for p in proxy.cache.iterdir() if p.name.endswith("-" + name))
         assert copy.read_bytes() == (d.local.parent / name).read_bytes()
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_key_at_a_url_is_one_ranged_request_of_its_piece(uploaded, proxy, fmt):
+    """A message's key (``key_of``) reads the keys' pieces file and one range
+    of the keys file, never the keys file whole."""
+    d = uploaded[fmt]
+    reader = fastdata.open_dataset(d.url, decode=fastdata.Decode(output="bytes")).reader
+    local = fastdata.open_dataset(d.local, decode=fastdata.Decode(output="bytes")).reader
+    start = len(proxy.quiet_log())
+    with no_hang(120):
+        assert reader.key_of(N - 1) == local.keys[N - 1]
+        assert reader.key_of(N - 2) == local.keys[N - 2]  # the same piece: no request
+    keys = d.key(d.local.name.replace(".json", ".keys.json"))
+    pieces = d.key(d.local.name.replace(".json", ".keys-pieces.npy"))
+    log = [r for r in proxy.quiet_log()[start:] if r.key in (keys, pieces)]
+    asked = Counter((r.key, r.range is None) for r in log if r.method == "GET")
+    assert {r.method for r in log} == {"GET"}  # no HEAD for a size
+    assert asked == {(pieces, True): 1, (keys, False): 1}, asked
+    (ranged,) = [r for r in log if r.key == keys]
+    first, end = _range(ranged.range)
+    assert ranged.body_bytes == end - first < 128 * 40

@@ -39,13 +39,15 @@ class KeyPieces:
         count: the dataset's records.
     """
 
-    def __init__(self, keys_path: str, rows: np.ndarray, per_piece: int, count: int) -> None:
+    def __init__(self, keys_path: str, rows: np.ndarray, per_piece: int, count: int,
+                 read_range=None) -> None:
         pieces = -(-count // per_piece) if count else 0
         if len(rows) != pieces + 1 or per_piece < 1:
             raise CorruptDataError(f"the keys' pieces file has {len(rows)} rows, not "
                                    f"{pieces + 1} for {count} keys; re-pack the dataset",
                                    path=keys_path)
         self.path, self.rows, self.per_piece, self.count = keys_path, rows, per_piece, count
+        self._read_range = read_range or self._pread
         self._kept: OrderedDict[int, list] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -68,12 +70,15 @@ class KeyPieces:
 
     def _read(self, piece: int) -> list:
         lo, hi = int(self.rows[piece]["offset"]), int(self.rows[piece + 1]["offset"])
+        # The keys file's size: its closing bracket is the last byte.
+        return self.parse(piece, self._read_range(lo, hi - lo, int(self.rows[-1]["offset"]) + 1))
+
+    def _pread(self, start: int, length: int, size: int) -> bytes:
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            raw = os.pread(fd, hi - lo, lo)
+            return os.pread(fd, length, start)
         finally:
             os.close(fd)
-        return self.parse(piece, raw)
 
     def parse(self, piece: int, raw: bytes) -> list:
         """The keys of piece ``piece``, from its bytes ``raw``, checked."""
@@ -105,9 +110,11 @@ class KeyPieces:
 
 
 def load_key_pieces(manifest, extra_pieces, pieces_path: str, keys_local: str,
-                    count: int) -> KeyPieces:
+                    count: int, read_range=None) -> KeyPieces:
     """The :class:`KeyPieces` a manifest's ``keys_pieces`` describes: its file
-    (``pieces_path``, local) checked whole against the manifest's SHA-256."""
+    (``pieces_path``, local) checked whole against the manifest's SHA-256;
+    ``read_range(start, length, size)`` reads the keys file of ``size`` bytes
+    (default: ``keys_local`` with ``pread``; at a URL, a ranged request)."""
     from fastdata.formats.integrity import check_file_sha256
     from fastdata.formats.sharded.index_file import load_array
 
@@ -118,4 +125,4 @@ def load_key_pieces(manifest, extra_pieces, pieces_path: str, keys_local: str,
     check_file_sha256(manifest, extra_pieces["file"], pieces_path,
                       what="the keys' piece offsets")
     rows = load_array(pieces_path, (-(-count // per) if count else 0) + 1, KEY_PIECE)
-    return KeyPieces(keys_local, rows, per, count)
+    return KeyPieces(keys_local, rows, per, count, read_range)

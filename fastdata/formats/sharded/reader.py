@@ -305,11 +305,15 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
             if self._key_pieces is None:
                 from fastdata.formats.sharded.key_pieces import load_key_pieces
 
+                keys, ranged = self._keys_path, None
+                if is_remote(keys):  # a piece by a ranged request, not the file whole
+                    def ranged(start: int, length: int, size: int) -> bytes:
+                        return self._ranged.read(keys, [(start, length)], size=size)[0]
+                else:
+                    keys = local_copy(keys)
                 self._key_pieces = load_key_pieces(
                     self.manifest, self.manifest.extra["keys_pieces"],
-                    local_copy(self._keys_pieces_path),
-                    local_copy(self._keys_path, limit=keys_limit(self.manifest.count)),
-                    self.manifest.count)
+                    local_copy(self._keys_pieces_path), keys, self.manifest.count, ranged)
             return self._key_pieces.key(index % len(self))
         except Exception:  # noqa: BLE001 - only for a message: never mask the error reported
             return None
