@@ -23,7 +23,9 @@ from collections import OrderedDict
 import numpy as np
 
 from fastdata.errors import CorruptDataError
+from fastdata.formats.integrity import check_sha256, expected_sha256
 from fastdata.formats.record_spool import KEY_PIECE
+from fastdata.formats.remote_files import is_remote, keys_limit, local_copy, read_bytes
 
 #: Pieces of keys kept parsed (a run of warnings names neighbouring records).
 PIECES_KEPT = 8
@@ -126,3 +128,67 @@ def load_key_pieces(manifest, extra_pieces, pieces_path: str, keys_local: str,
                       what="the keys' piece offsets")
     rows = load_array(pieces_path, (-(-count // per) if count else 0) + 1, KEY_PIECE)
     return KeyPieces(keys_local, rows, per, count, read_range)
+
+
+class ShardedKeys:
+    """The keys side of :class:`~fastdata.formats.sharded.reader.ShardedReader`
+    (a mixin: it uses the reader's manifest, keys paths and ranged reads)."""
+
+    def key_of(self, index: int) -> str | None:
+        """Record ``index``'s key for a message: read from its piece of the
+        keys file alone, unless the keys are in memory already (or the
+        dataset has no pieces file: packed before it, another tool's, one
+        shard of a set). None when it cannot be read."""
+        if self._keys is not None or self._records is not None \
+                or getattr(self, "_keys_pieces_path", None) is None:
+            return super().key_of(index)
+        try:
+            if self._key_pieces is None:
+                keys, ranged = self._keys_path, None
+                if is_remote(keys):  # a piece by a ranged request, not the file whole
+                    def ranged(start: int, length: int, size: int) -> bytes:
+                        return self._ranged.read(keys, [(start, length)], size=size)[0]
+                else:
+                    keys = local_copy(keys)
+                self._key_pieces = load_key_pieces(
+                    self.manifest, self.manifest.extra["keys_pieces"],
+                    local_copy(self._keys_pieces_path), keys, self.manifest.count, ranged)
+            return self._key_pieces.key(index % len(self))
+        except Exception:  # noqa: BLE001 - only for a message: never mask the error reported
+            return None
+
+    def check_key_pieces(self) -> None:
+        """Check that the keys' pieces file describes the keys file (``verify``).
+
+        Raises:
+            CorruptDataError: a file is damaged, or they disagree.
+        """
+        if getattr(self, "_keys_pieces_path", None) is None or self._records is not None:
+            return
+        local = local_copy(self._keys_path, limit=keys_limit(self.manifest.count))
+        pieces = load_key_pieces(self.manifest, self.manifest.extra["keys_pieces"],
+                                 local_copy(self._keys_pieces_path), local, self.manifest.count)
+        with open(local, "rb") as f:
+            pieces.check_all(f.read())
+
+    def _load_keys(self) -> list[str]:
+        if self._foreign_keys is not None:
+            return self._foreign_keys
+        try:
+            raw = read_bytes(self._keys_path, limit=keys_limit(self.manifest.count))
+        except OSError as exc:
+            if expected_sha256(self.manifest, os.path.basename(self._keys_path),
+                               path=self._keys_path) is None:
+                return None  # keys are optional in datasets packed before their checksum
+            raise CorruptDataError(f"cannot read the keys ({exc.strerror or exc}); restore "
+                                   f"the file or re-pack", path=self._keys_path) from None
+        check_sha256(self.manifest, os.path.basename(self._keys_path), raw,
+                     path=self._keys_path, what="the keys")
+        try:
+            keys = json.loads(raw)
+        except ValueError:
+            return None
+        if self._records is not None and isinstance(keys, list):
+            first, count, _ = self._records
+            keys = keys[first:first + count]
+        return keys

@@ -8,7 +8,6 @@ fastdata manifest) are scanned once on open to build the same index in memory.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 
@@ -16,18 +15,18 @@ import numpy as np
 
 from fastdata.contained import Folder, check_inside
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
-from fastdata.formats.integrity import check_file_sha256, check_sha256, expected_sha256
+from fastdata.formats.integrity import check_file_sha256
 from fastdata.formats.sharded.integrity import index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetched_manifest,
-                                           index_limit, is_remote, keys_limit, local_copy,
-                                           manifest_bytes, parallel_map, process_cache,
-                                           read_bytes)
+                                           index_limit, is_remote, local_copy,
+                                           manifest_bytes, parallel_map, process_cache)
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import file_error
 from fastdata.formats.sharded.index_rows import IndexRows, load_pieces
 from fastdata.formats.sharded.foreign import ForeignShards
 from fastdata.formats.sharded.layout import ShardLayout, parse_output
+from fastdata.formats.sharded.key_pieces import ShardedKeys
 from fastdata.formats.sharded.metadata import ShardedMetadata
 from fastdata.formats.sharded.one_shard import set_of_shard, shard_manifest
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
@@ -50,7 +49,7 @@ def _sidecar(manifest: Manifest, field: str, where: str) -> str:
     return name
 
 
-class ShardedReader(ShardedMetadata, ForeignShards, Reader):
+class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
     """Reader over the shards of one dataset.
 
     Args:
@@ -292,69 +291,6 @@ class ShardedReader(ShardedMetadata, ForeignShards, Reader):
         for problem in problems:
             problem["path"] = named.get(problem["path"], problem["path"])
         return problems
-
-    def key_of(self, index: int) -> str | None:
-        """Record ``index``'s key for a message: read from its piece of the
-        keys file alone, unless the keys are in memory already (or the
-        dataset has no pieces file: packed before it, another tool's, one
-        shard of a set). None when it cannot be read."""
-        if self._keys is not None or self._records is not None \
-                or getattr(self, "_keys_pieces_path", None) is None:
-            return super().key_of(index)
-        try:
-            if self._key_pieces is None:
-                from fastdata.formats.sharded.key_pieces import load_key_pieces
-
-                keys, ranged = self._keys_path, None
-                if is_remote(keys):  # a piece by a ranged request, not the file whole
-                    def ranged(start: int, length: int, size: int) -> bytes:
-                        return self._ranged.read(keys, [(start, length)], size=size)[0]
-                else:
-                    keys = local_copy(keys)
-                self._key_pieces = load_key_pieces(
-                    self.manifest, self.manifest.extra["keys_pieces"],
-                    local_copy(self._keys_pieces_path), keys, self.manifest.count, ranged)
-            return self._key_pieces.key(index % len(self))
-        except Exception:  # noqa: BLE001 - only for a message: never mask the error reported
-            return None
-
-    def check_key_pieces(self) -> None:
-        """Check that the keys' pieces file describes the keys file (``verify``).
-
-        Raises:
-            CorruptDataError: a file is damaged, or they disagree.
-        """
-        if getattr(self, "_keys_pieces_path", None) is None or self._records is not None:
-            return
-        from fastdata.formats.sharded.key_pieces import load_key_pieces
-
-        local = local_copy(self._keys_path, limit=keys_limit(self.manifest.count))
-        pieces = load_key_pieces(self.manifest, self.manifest.extra["keys_pieces"],
-                                 local_copy(self._keys_pieces_path), local, self.manifest.count)
-        with open(local, "rb") as f:
-            pieces.check_all(f.read())
-
-    def _load_keys(self) -> list[str]:
-        if self._foreign_keys is not None:
-            return self._foreign_keys
-        try:
-            raw = read_bytes(self._keys_path, limit=keys_limit(self.manifest.count))
-        except OSError as exc:
-            if expected_sha256(self.manifest, os.path.basename(self._keys_path),
-                               path=self._keys_path) is None:
-                return None  # keys are optional in datasets packed before their checksum
-            raise CorruptDataError(f"cannot read the keys ({exc.strerror or exc}); restore "
-                                   f"the file or re-pack", path=self._keys_path) from None
-        check_sha256(self.manifest, os.path.basename(self._keys_path), raw,
-                     path=self._keys_path, what="the keys")
-        try:
-            keys = json.loads(raw)
-        except ValueError:
-            return None
-        if self._records is not None and isinstance(keys, list):
-            first, count, _ = self._records
-            keys = keys[first:first + count]
-        return keys
 
     # -- reading ----------------------------------------------------------------
 
