@@ -22,7 +22,7 @@ from conftest import Interrupt, build_tree, list_partials, uniform_spec
 from PIL import Image
 
 import fastdata
-import fastdata.formats.writer
+import fastdata.formats.output
 from fastdata.cli import main
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.packers.pack import PackOptions
@@ -160,7 +160,7 @@ def test_interrupted_overwrite_leaves_the_old_or_the_new_dataset(
     (A folder output is swapped in one step where the system can; the
     "two-renames" case takes the other way, for systems that cannot.)"""
     if case == "lmdb-two-renames":
-        monkeypatch.setattr(fastdata.formats.writer, "exchange_paths", lambda a, b: False)
+        monkeypatch.setattr(fastdata.formats.output, "exchange_paths", lambda a, b: False)
     old, new = trees
     reference = tmp_path / "reference" / name
     new_records = records(pack(new.root, reference, **options).output)
@@ -505,7 +505,7 @@ def test_every_file_is_fsynced_before_it_is_renamed_into_place(
         events.append(("replace", os.path.realpath(dst)))
         return real_replace(src, dst, **kwargs)
 
-    real_exchange = fastdata.formats.writer.exchange_paths
+    real_exchange = fastdata.formats.output.exchange_paths
 
     def exchange(a, b):
         _assert_synced(os.path.realpath(a), synced)
@@ -516,7 +516,7 @@ def test_every_file_is_fsynced_before_it_is_renamed_into_place(
         pytest.skip("needs /proc to name fsynced descriptors")
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(fastdata.formats.writer, "exchange_paths", exchange)
+    monkeypatch.setattr(fastdata.formats.output, "exchange_paths", exchange)
     pack(new.root, out, overwrite=True, **options)
     monkeypatch.undo()
     renames = [i for i, (kind, _) in enumerate(events) if kind == "replace"]

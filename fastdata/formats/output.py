@@ -227,3 +227,57 @@ def free_bytes(path: str) -> int | None:
         return shutil.disk_usage(path).free
     except OSError:
         return None
+
+
+def publish_output(temp: str, path: str, *, overwrite: bool, output_is_dir: bool) -> None:
+    """Move the finished temporary output ``temp`` to ``path``, its bytes on
+    disk before its name; an existing ``path`` is replaced only with
+    ``overwrite`` (a file by one atomic rename, a folder see
+    :func:`_replace_dir`).
+
+    Raises:
+        OutputExistsError: ``path`` appeared meanwhile and ``overwrite`` is off.
+    """
+    fsync_tree(temp)
+    if os.path.lexists(path):
+        if not overwrite:
+            raise OutputExistsError("output appeared while packing; nothing was replaced",
+                                    path=path)
+        if output_is_dir or _is_dir(path):
+            _replace_dir(temp, path)
+        else:
+            os.replace(temp, path)
+    else:
+        os.replace(temp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def _replace_dir(temp: str, path: str) -> None:
+    """A folder cannot be renamed over another: swap the two in one step where
+    the system can; else move the old one aside, move the new one in, and put
+    the old one back if that fails (a crash between the two renames leaves
+    the old dataset at ``.NAME.partial-XXXX.old``)."""
+    if exchange_paths(temp, path):
+        remove_path(temp)  # the old output, now under the temporary name
+        return
+    trash = f"{temp}.old"
+    os.replace(path, trash)
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        if not os.path.lexists(path):
+            os.replace(trash, path)
+        raise
+    remove_path(trash)
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def remove_path(path: str) -> None:
+    """Remove a file, link or folder tree if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)

@@ -13,7 +13,6 @@ import dataclasses
 import enum
 import hashlib
 import os
-import shutil
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -24,11 +23,10 @@ from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats.output import (
     OutputLock,
     disk_full_error,
-    exchange_paths,
-    fsync_dir,
-    fsync_tree,
     is_disk_full,
     lock_path,
+    publish_output,
+    remove_path,
 )
 from fastdata.formats.record_spool import KeySpool, RowSpool
 from fastdata.records import Manifest, PieceRecord, Record, RenamedKey
@@ -465,51 +463,11 @@ class Writer:
         return False
 
     def _publish(self) -> None:
-        fsync_tree(self.temp_path)  # the bytes are on disk before the name is
-        if os.path.lexists(self.path):
-            if not self.overwrite:
-                raise OutputExistsError("output appeared while packing; nothing was replaced",
-                                        path=self.path)
-            if self.output_is_dir or _is_dir(self.path):
-                self._replace_dir()
-            else:
-                os.replace(self.temp_path, self.path)  # one atomic rename replaces a file
-        else:
-            os.replace(self.temp_path, self.path)
-        fsync_dir(os.path.dirname(self.path))
-
-    def _replace_dir(self) -> None:
-        """A folder cannot be renamed over another: swap the two in one step where
-        the system can; else move the old one aside, move the new one in, and put
-        the old one back if that fails (a crash between the two renames leaves
-        the old dataset at ``.NAME.partial-XXXX.old``)."""
-        if exchange_paths(self.temp_path, self.path):
-            remove_path(self.temp_path)  # the old output, now under the temporary name
-            return
-        trash = f"{self.temp_path}.old"
-        os.replace(self.path, trash)
-        try:
-            os.replace(self.temp_path, self.path)
-        except BaseException:
-            if not os.path.lexists(self.path):
-                os.replace(trash, self.path)
-            raise
-        remove_path(trash)
+        publish_output(self.temp_path, self.path, overwrite=self.overwrite,
+                       output_is_dir=self.output_is_dir)
 
 
 def spool_of(temp_path: str) -> str:
     """The folder where the writer of the temporary output ``temp_path`` keeps
     its records' facts until the end (see record_spool.py)."""
     return f"{temp_path}.records"
-
-
-def _is_dir(path: str) -> bool:
-    return os.path.isdir(path) and not os.path.islink(path)
-
-
-def remove_path(path: str) -> None:
-    """Remove a file, link or folder tree if it exists."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)

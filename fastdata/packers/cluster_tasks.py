@@ -13,7 +13,7 @@ import tempfile
 
 from fastdata.errors import FastDataError
 from fastdata.formats.output import fsync_dir, fsync_file
-from fastdata.formats.writer import remove_path
+from fastdata.formats.output import remove_path
 from fastdata.packers.pieces import write_outcome
 from fastdata.packers.prepare import Prepared, SkippedFile, prepare
 from fastdata.packers.source import SourceEntry

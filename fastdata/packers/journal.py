@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from fastdata.errors import FastDataError
 from fastdata.formats.output import fsync_dir, fsync_file
-from fastdata.formats.writer import remove_path, spool_of
+from fastdata.formats.output import remove_path
+from fastdata.formats.writer import spool_of
 from fastdata.records import PieceRecord
 
 class PackInterrupted(FastDataError):

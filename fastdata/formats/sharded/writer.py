@@ -19,7 +19,8 @@ from fastdata.formats.sharded.index_file import save_blocks
 from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
 from fastdata.formats.sharded.metadata import metadata_rows
 from fastdata.formats.sharded.publish import PublishPlan, publish
-from fastdata.formats.writer import Writer, remove_path
+from fastdata.formats.output import remove_path
+from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
 
 
