@@ -363,3 +363,27 @@ def test_pack_options_extensions(tmp_path):
     m = fastdata.formats.read_manifest(tmp_path / "o.h5")
     assert m.source["extensions"] == ["gif"] and m.pack_options["extensions"] is None
     assert m.source["ignored_extensions"] == {"png": 1}
+
+
+def test_a_folders_entries_are_held_compactly(tmp_path):
+    """About 45 bytes a file (its key's bytes and 12 more), where a list of
+    SourceEntry objects took about 260: an ImageNet-21k folder's 14 million
+    files fit in under a gigabyte."""
+    import tracemalloc
+
+    for c in range(4):
+        (tmp_path / f"class_{c}").mkdir()
+        for i in range(5000):
+            (tmp_path / f"class_{c}" / f"n{c:08d}_{i:06d}.JPEG").touch()
+    tracemalloc.start()
+    try:
+        src = ImageFolderSource(tmp_path)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(src) == 20_000 and held / len(src) < 80, held / len(src)
+    first, last = src.entries[0], src.entries[-1]
+    assert (first.key, first.label, first.path) == (
+        "class_0/n00000000_000000.JPEG", 0, str(tmp_path / "class_0/n00000000_000000.JPEG"))
+    assert (last.key, last.label) == ("class_3/n00000003_004999.JPEG", 3)
+    assert [e.key for e in src.subset([3, 0]).entries] == [src.entries[3].key, first.key]
