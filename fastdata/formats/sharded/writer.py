@@ -12,35 +12,21 @@ import numpy as np
 
 from fastdata.errors import OutputExistsError
 from fastdata.formats.integrity import file_sha256, with_metadata_sha256
+from fastdata.formats.output import remove_path
+from fastdata.formats.record_spool import PIECE_KEYS, RowSpool
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded import index_rows
-from fastdata.formats.record_spool import PIECE_KEYS, RowSpool
-from fastdata.formats.sharded.index_file import save_blocks
-from fastdata.formats.sharded.layout import INDEX_DTYPE, parse_output, parse_shard_size
-from fastdata.formats.sharded.metadata import metadata_rows
+from fastdata.formats.sharded.layout import parse_output, parse_shard_size
 from fastdata.formats.sharded.publish import PublishPlan, publish
-from fastdata.formats.output import remove_path
+from fastdata.formats.sharded.spooled_index import SPOOLED_ROW, save_index, save_metadata_index
 from fastdata.formats.writer import Writer
 from fastdata.records import Manifest, Record
-
-
-
-#: What the writer keeps of each record until the end (on disk): its index row
-#: and where its metadata JSON lies in its shard ((0, 0): it has none).
-SPOOLED_ROW = np.dtype(INDEX_DTYPE.descr + [("meta_offset", "<u8"), ("meta_size", "<u8")])
-
-
-def _index_rows(spooled: np.ndarray) -> np.ndarray:
-    rows = np.empty(len(spooled), INDEX_DTYPE)
-    for name in INDEX_DTYPE.names:
-        rows[name] = spooled[name]
-    return rows
-
 
 #: Called as ``listener(number, temp_paths, final_names)`` each time a shard's
 #: files are complete on disk (final_names None when they depend on the shard
 #: count): a pack to a URL uploads shards while the next ones are written.
 shard_listener: ContextVar[Callable | None] = ContextVar("shard_listener", default=None)
+
 
 class ShardFile:
     """A shard being written: buffered, and hashed and counted as it goes, so
@@ -405,35 +391,12 @@ class ShardedWriter(Writer):  # noqa: PLR0904 - the writer and its piece interfa
         return {}
 
     def _save_index(self) -> None:
-        """``index.npy`` and its pieces' checksums (``index-crc.npy``), from the
-        spooled rows a block at a time."""
-        self._save_rows("index", (_index_rows(block) for block in self._rows.blocks()))
+        """``index.npy`` and its pieces' checksums (``index-crc.npy``)."""
+        save_index(self.temp_path, self._rows)
 
     def _save_metadata_index(self) -> None:
-        """``metadata.npy``: the index's rows, pointing at each record's
-        metadata, and their pieces' checksums (``metadata-crc.npy``)."""
-        def blocks():
-            for rows, facts in zip(self._rows.blocks(), self.fact_blocks()):
-                places = np.stack([rows["meta_offset"], rows["meta_size"]], axis=1)
-                yield metadata_rows(_index_rows(rows), places, facts["metadata_crc32"])
-
-        self._save_rows("metadata", blocks())
-
-    def _save_rows(self, name: str, blocks) -> None:
-        """``NAME.npy`` (index rows given a block at a time; every block but the
-        last whole pieces) and ``NAME-crc.npy``, its pieces' checksums."""
-        checksums = []
-
-        def checked():
-            for block in blocks:
-                checksums.append(index_rows.piece_checksums(block))
-                yield block
-
-        save_blocks(os.path.join(self.temp_path, f"{name}.npy"), INDEX_DTYPE, len(self._rows),
-                    checked())
-        np.save(os.path.join(self.temp_path, f"{name}-crc.npy"),
-                np.concatenate(checksums) if checksums else np.zeros(0, index_rows.PIECE_DTYPE),
-                allow_pickle=False)
+        """``metadata.npy`` and its pieces' checksums (``metadata-crc.npy``)."""
+        save_metadata_index(self.temp_path, self._rows, self.fact_blocks())
 
     def _sidecars(self) -> list[tuple[str, str]]:
         """(name in the temporary folder, final name) of every sidecar but the manifest."""
