@@ -62,9 +62,9 @@ class ToyWriter(Writer):
 
     def _close(self, manifest):
         self._file.close()
-        meta = {"starts": self._starts, "ends": self._ends,
-                "labels": self.facts("label").tolist(), "crc32": self.facts("crc32").tolist(),
-                "keys": self.keys()}
+        facts = self.facts()
+        meta = {"starts": self._starts, "ends": self._ends, "labels": facts["label"].tolist(),
+                "crc32": facts["crc32"].tolist(), "keys": self.keys()}
         with open(os.path.join(self.temp_path, META), "w", encoding="utf-8") as f:
             json.dump(meta, f)
         size = os.path.getsize(os.path.join(self.temp_path, PAYLOAD))

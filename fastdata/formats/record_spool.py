@@ -14,6 +14,7 @@ JSON); in memory, one block of rows
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zlib
@@ -106,21 +107,6 @@ class KeySpool:
         self._file.write(line + b"\n")  # JSON escapes newlines: one key per line
         self._count += 1
 
-    def json_blocks(self) -> Iterator[bytes]:
-        """The keys as one UTF-8 JSON list, in pieces of about a megabyte."""
-        self._file.flush()
-        yield b"["
-        first = True
-        with open(self.path, "rb") as f:
-            while True:
-                lines = f.readlines(1 << 20)
-                if not lines:
-                    break
-                text = b", ".join(line[:-1] for line in lines)
-                yield text if first else b", " + text
-                first = False
-        yield b"]"
-
     def write_json(self, f, piece_keys: int) -> np.ndarray:
         """Write the keys' JSON list to the binary file ``f``; return where each
         piece of ``piece_keys`` keys begins in it and the CRC-32 of its bytes
@@ -152,7 +138,9 @@ class KeySpool:
 
     def json_bytes(self) -> bytes:
         """The keys' JSON list whole (for a format that stores it as one value)."""
-        return b"".join(self.json_blocks())
+        out = io.BytesIO()
+        self.write_json(out, PIECE_KEYS)
+        return out.getvalue()
 
     def all(self) -> list[str]:
         """Every key, in order."""

@@ -188,19 +188,20 @@ class Writer:
         self._keys.append(key)
         self.metadata_records += metadata is not None
 
-    def facts(self, name: str) -> np.ndarray:
-        """Every record's ``name`` (``"label"``, ``"crc32"``, ``"size"``;
-        ``"metadata_crc32"``, ``"metadata_size"``: 0 for a record without
-        metadata) as one array, for a format that stores the column whole."""
-        return self._facts.rows()[name]
+    def facts(self) -> np.ndarray:
+        """Every record's facts (:data:`RECORD_FACTS`: ``label``, ``crc32``,
+        ``size``; ``metadata_crc32`` and ``metadata_size``, 0 for a record
+        without metadata) as one array, for a format that stores the columns
+        whole: read once, its fields taken from it."""
+        return self._facts.rows()
 
     def fact_blocks(self) -> Iterator[np.ndarray]:
         """Every record's facts (:data:`RECORD_FACTS`), a block at a time."""
         return self._facts.blocks()
 
-    def keys_json_blocks(self) -> Iterator[bytes]:
-        """Every key as the UTF-8 JSON list the keys file stores, in pieces."""
-        return self._keys.json_blocks()
+    def keys_json(self) -> bytes:
+        """Every key as the UTF-8 JSON list the keys file stores (whole)."""
+        return self._keys.json_bytes()
 
     def keys(self) -> list[str]:
         """Every key, in order (a list of them all: for tests and small packs)."""

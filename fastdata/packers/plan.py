@@ -197,15 +197,6 @@ class Cutter:
         return self.pieces
 
 
-def cut(entries, max_records: int | None, max_bytes: int | None,
-        framing) -> list[tuple[int, int]]:
-    """The pieces :class:`Cutter` cuts ``entries`` into."""
-    cutter = Cutter(max_records, max_bytes, framing)
-    for entry in entries:
-        cutter.add(entry)
-    return cutter.done()
-
-
 def _entry_json(e: PlanEntry) -> list:
     row = [e.key, e.label, e.size, e.mtime_ns]
     if e.metadata_digest:  # only entries with metadata: plans without stay as they were

@@ -161,20 +161,23 @@ class HDF5Writer(Writer):
             self._create_payload(0)
         f = self._file
         n = self.count
+        # Every column is stored whole: the facts and the keys read once.
+        facts, keys = self.facts(), self.keys_json()
         offsets = np.zeros(n + 1, dtype=OFFSET_DTYPE)
-        np.cumsum(self.facts("size").astype(np.int64), out=offsets[1:])
+        np.cumsum(facts["size"].astype(np.int64), out=offsets[1:])
         if int(offsets[-1]) != self._written:
             raise FastDataError(f"payload holds {self._written} bytes, offsets add up to "
                                 f"{int(offsets[-1])}", path=self.path)
-        meta_arrays = _metadata_arrays(self) if self.has_metadata else {}
-        manifest = with_metadata_sha256(manifest, _array_digests(offsets, self, meta_arrays))
+        meta_arrays = _metadata_arrays(self, facts) if self.has_metadata else {}
+        manifest = with_metadata_sha256(manifest,
+                                        _array_digests(offsets, facts, keys, meta_arrays))
         try:
             f.create_dataset(OFFSETS, data=offsets, track_times=False)
-            f.create_dataset(LABELS, data=self.facts("label").astype(LABEL_DTYPE),
+            f.create_dataset(LABELS, data=facts["label"].astype(LABEL_DTYPE),
                              track_times=False)
-            f.create_dataset(CRC32, data=self.facts("crc32").astype(CRC32_DTYPE),
+            f.create_dataset(CRC32, data=facts["crc32"].astype(CRC32_DTYPE),
                              track_times=False)
-            f.create_dataset(KEYS, data=np.asarray(self.keys(), dtype=object), shape=(n,),
+            f.create_dataset(KEYS, data=np.asarray(json.loads(keys), dtype=object), shape=(n,),
                              dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
             for name, array in meta_arrays.items():
                 f.create_dataset(name, data=array, track_times=False)
@@ -380,14 +383,15 @@ def _is_side(data: bytes | None, state: dict) -> bool:
             and sha256_hex(data) == state.get("side_sha256"))
 
 
-def _array_digests(offsets: np.ndarray, writer: HDF5Writer,
+def _array_digests(offsets: np.ndarray, facts: np.ndarray, keys_json: bytes,
                    meta_arrays: dict[str, np.ndarray]) -> dict[str, str]:
-    """SHA-256 of each per-record dataset's bytes as stored (see fastdata.formats.integrity)."""
+    """SHA-256 of each per-record dataset's bytes as stored (see fastdata.formats.integrity):
+    ``facts`` the writer's record facts, ``keys_json`` the keys' JSON list."""
     digests = {
         OFFSETS: sha256_hex(offsets.astype(OFFSET_DTYPE).tobytes()),
-        LABELS: sha256_hex(writer.facts("label").astype(LABEL_DTYPE).tobytes()),
-        CRC32: sha256_hex(writer.facts("crc32").astype(CRC32_DTYPE).tobytes()),
-        KEYS: sha256_hex(b"".join(writer.keys_json_blocks())),
+        LABELS: sha256_hex(facts["label"].astype(LABEL_DTYPE).tobytes()),
+        CRC32: sha256_hex(facts["crc32"].astype(CRC32_DTYPE).tobytes()),
+        KEYS: sha256_hex(keys_json),
     }
     if meta_arrays:  # the JSON itself is covered by its per-record CRC32
         digests.update({name: sha256_hex(meta_arrays[name].tobytes())
@@ -395,9 +399,9 @@ def _array_digests(offsets: np.ndarray, writer: HDF5Writer,
     return digests
 
 
-def _metadata_arrays(writer: HDF5Writer) -> dict[str, np.ndarray]:
+def _metadata_arrays(writer: HDF5Writer, facts: np.ndarray) -> dict[str, np.ndarray]:
     """The metadata datasets: the JSON bytes, their offsets and CRC32s."""
-    sizes = writer.facts("metadata_size")
+    sizes = facts["metadata_size"]
     offsets = np.zeros(len(sizes) + 1, dtype=OFFSET_DTYPE)
     np.cumsum(sizes, out=offsets[1:])
     writer._metadata.flush()
@@ -405,7 +409,7 @@ def _metadata_arrays(writer: HDF5Writer) -> dict[str, np.ndarray]:
         data = f.read()
     return {METADATA: np.frombuffer(data, dtype=np.uint8),
             METADATA_OFFSETS: offsets,
-            METADATA_CRC32: writer.facts("metadata_crc32").astype(CRC32_DTYPE)}
+            METADATA_CRC32: facts["metadata_crc32"].astype(CRC32_DTYPE)}
 
 
 def _manifest_text(manifest: Manifest) -> bytes:

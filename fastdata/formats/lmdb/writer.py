@@ -150,14 +150,15 @@ class LMDBWriter(Writer):
         info = self._env.info()
         stat = self._env.stat()
         # LMDB stores each column as one value: whole in memory here (and at open).
+        facts = self.facts()
         meta = [
-            (LABELS_KEY, self.facts("label").astype(LABEL_DTYPE).tobytes()),
-            (CRC32_KEY, self.facts("crc32").astype(CRC32_DTYPE).tobytes()),
-            (KEYS_KEY, b"".join(self.keys_json_blocks())),
+            (LABELS_KEY, facts["label"].astype(LABEL_DTYPE).tobytes()),
+            (CRC32_KEY, facts["crc32"].astype(CRC32_DTYPE).tobytes()),
+            (KEYS_KEY, self.keys_json()),
         ]
         if self.has_metadata:
             meta.append((METADATA_CRC32_KEY,
-                         self.facts("metadata_crc32").astype(CRC32_DTYPE).tobytes()))
+                         facts["metadata_crc32"].astype(CRC32_DTYPE).tobytes()))
         self._put_all(meta)
         on_disk = (info["last_pgno"] + 1) * stat["psize"]
         manifest = with_metadata_sha256(_with_layout(manifest, on_disk, self),
