@@ -132,10 +132,7 @@ class IndexRows:
             return self._range(lo, hi)[::step] if hi > lo else np.zeros(0, INDEX_DTYPE)
         if isinstance(where, (int, np.integer)):
             return self.row(int(where))
-        at = np.asarray(where, dtype=np.int64)
-        if at.size and (int(at.min()) < -self._count or int(at.max()) >= self._count):
-            raise IndexError(f"a record of {where!r} is outside the index's {self._count} rows")
-        at = at % max(1, self._count)
+        at = self._positions(where)
         if self._all_fit:  # never evicted: kept pieces are read without the lock
             return self._flat_rows(at)
         piece, within = np.divmod(at.reshape(-1), self.piece_rows)
@@ -147,6 +144,18 @@ class IndexRows:
         with self._lock:
             slots = self._slots(pieces)  # first: it makes the buffer
             return self._buffer[slots, within].reshape(at.shape)
+
+    def _positions(self, where) -> np.ndarray:
+        """Integer positions ``where`` as an int64 array, negative ones counted
+        from the end.
+
+        Raises:
+            IndexError: one lies outside the rows.
+        """
+        at = np.asarray(where, dtype=np.int64)
+        if at.size and (int(at.min()) < -self._count or int(at.max()) >= self._count):
+            raise IndexError(f"a record of {where!r} is outside the index's {self._count} rows")
+        return at % max(1, self._count)
 
     def _flat_rows(self, at: np.ndarray, name: str | None = None) -> np.ndarray:
         """Rows (or field ``name``) at ``at`` (in range), every piece fitting:
@@ -346,11 +355,7 @@ class Column:
                 return index.columns[self.name][where]
             return index.row(int(where))[self.name]
         if index._all_fit and not isinstance(where, slice):
-            at = np.asarray(where, dtype=np.int64)
-            if at.size and (int(at.min()) < -index._count or int(at.max()) >= index._count):
-                raise IndexError(f"a record of {where!r} is outside the index's "
-                                 f"{index._count} rows")
-            return index._flat_rows(at % max(1, index._count), self.name)
+            return index._flat_rows(index._positions(where), self.name)
         return index[where][self.name]
 
     def __iter__(self):
