@@ -296,24 +296,29 @@ class Reader:
                 self.check(i, data)
             yield i, data, int(labels[i])
 
+    def _stored_crcs(self):
+        """The records' stored CRC32s, or None for a dataset without them
+        (written elsewhere)."""
+        if self._labels is None:  # metadata dropped when pickled: reload it once
+            self._load()
+        return self._crcs
+
     def crcs_of(self, indices: Sequence[int]) -> list[int] | None:
         """The stored CRC32s of records ``indices`` (in range), in one lookup;
         None when the dataset stores none."""
-        if self._labels is None:  # metadata dropped when pickled: reload it once
-            self._load()
-        if self._crcs is None:
+        crcs = self._stored_crcs()
+        if crcs is None:
             return None
-        return np.asarray(self._crcs[np.asarray(indices, dtype=np.int64)]).tolist()
+        return np.asarray(crcs[np.asarray(indices, dtype=np.int64)]).tolist()
 
     def check(self, index: int, data: bytes | memoryview, expected: int | None = None) -> None:
         """Raise CorruptDataError when ``data`` does not match record ``index``'s
         CRC32 (``expected``, when the caller looked it up with :meth:`crcs_of`)."""
         if expected is None:
-            if self._labels is None:  # metadata dropped when pickled: reload it once
-                self._load()
-            if self._crcs is None:  # a dataset without stored checksums (written elsewhere)
+            crcs = self._stored_crcs()
+            if crcs is None:
                 return
-            expected = int(self._crcs[index])
+            expected = int(crcs[index])
         actual = zlib.crc32(data)
         if actual != expected:
             raise CorruptDataError(
