@@ -150,9 +150,7 @@ class ShardedKeys:
                         return self._ranged.read(keys, [(start, length)], size=size)[0]
                 else:
                     keys = local_copy(keys)
-                self._key_pieces = load_key_pieces(
-                    self.manifest, self.manifest.extra["keys_pieces"],
-                    local_copy(self._keys_pieces_path), keys, self.manifest.count, ranged)
+                self._key_pieces = self._load_key_pieces(keys, ranged)
             return self._key_pieces.key(index % len(self))
         except Exception:  # noqa: BLE001 - only for a message: never mask the error reported
             return None
@@ -166,10 +164,14 @@ class ShardedKeys:
         if getattr(self, "_keys_pieces_path", None) is None or self._records is not None:
             return
         local = local_copy(self._keys_path, limit=keys_limit(self.manifest.count))
-        pieces = load_key_pieces(self.manifest, self.manifest.extra["keys_pieces"],
-                                 local_copy(self._keys_pieces_path), local, self.manifest.count)
         with open(local, "rb") as f:
-            pieces.check_all(f.read())
+            self._load_key_pieces(local).check_all(f.read())
+
+    def _load_key_pieces(self, keys: str, read_range=None) -> KeyPieces:
+        """The dataset's :class:`KeyPieces` over the keys file ``keys``."""
+        return load_key_pieces(self.manifest, self.manifest.extra["keys_pieces"],
+                               local_copy(self._keys_pieces_path), keys, self.manifest.count,
+                               read_range)
 
     def _load_keys(self) -> list[str]:
         if self._foreign_keys is not None:
