@@ -66,7 +66,7 @@ class ShardedMetadata:
                 rows["shard"] = 0
             return IndexRows(rows, shard_sizes=self._shard_sizes, path=path,
                              classes=self._index.classes, same_shards_as=self._index)
-        # Memory-mapped; a piece is checked (CRC-32, rows inside their shards,
+        # Read a piece at a time; a piece is checked (CRC-32, rows inside their shards,
         # the same shards as the dataset index's rows) when first used.
         pieces = load_pieces(self.manifest, meta["index_pieces"], self._meta_pieces_path, total)
         return IndexRows.open(local, total, path=path, shard_sizes=self._shard_sizes,

@@ -203,7 +203,7 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
             check_file_sha256(manifest, manifest.extra["index"], local_index,
                               what="the dataset index rows")
         classes = len(manifest.classes) if isinstance(manifest.classes, list) else 0
-        # Memory-mapped; each piece checked (CRC-32, rows inside their shards,
+        # Read a piece at a time; each checked (CRC-32, rows inside their shards,
         # labels) when a record of it is first used.
         index = IndexRows.open(local_index, manifest.count, path=index_path, shard_sizes=sizes,
                                classes=classes, pieces=pieces)
