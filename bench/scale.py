@@ -3,6 +3,7 @@
     python bench/scale.py plan                  # 10^9 and 10^10 samples, 4,096 ranks x 8 workers
     python bench/scale.py open --sizes 200000,2000000   # pack tiny records, open, first batch
     python bench/scale.py startup               # open 10^9 records in 10^5 shards (sparse)
+    python bench/scale.py startup --url         # the same at an http:// URL
     python bench/scale.py write                 # memory of writing and packing 10^6 records
 
 ``plan`` needs no data: for each size and order mode (a permutation of every
@@ -19,7 +20,10 @@ without writing its data: the manifest of a real pack rewritten to name
 empty record of shard 0), and the index's piece checksums. A fresh process
 then opens it shuffled, plans its first batch and locates the batch's
 records in the index (their shards, sizes and labels): time and memory of
-the start-up, payload reads left out (the records are empty).
+the start-up, payload reads left out (the records are empty). With
+``--url`` it is served by a local HTTP server honouring Range, opened twice
+with one cache folder (a fresh machine, then the machine's second process),
+and the requests and bytes each open asked for are printed per file.
 
 ``open`` packs ``N`` tiny records (1x1 raw pixels, TFRecord, ``N / 10,000``
 shards) and, in a fresh process per size, opens the dataset shuffled and
@@ -210,18 +214,76 @@ def make_synthetic(folder: str, records: int, shards: int) -> str:
     return manifest_path
 
 
+def serve(folder: str):
+    """An HTTP server on 127.0.0.1 for ``folder``'s files, honouring Range
+    with seeks (the index is tens of GB, mostly holes), counting requests and
+    body bytes per file."""
+    import http.server
+    import re
+    import threading
+    from collections import Counter
+
+    asked: Counter = Counter()
+    sent: Counter = Counter()
+
+    class Ranged(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            name = os.path.basename(self.path.split("?", 1)[0])
+            path = os.path.join(folder, name)
+            if not os.path.isfile(path):
+                self.send_error(404)
+                return
+            size = os.path.getsize(path)
+            m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+            start, end = (int(m.group(1)), min(int(m.group(2)), size - 1)) if m else (0, size - 1)
+            self.send_response(206 if m else 200)
+            self.send_header("Content-Length", str(end - start + 1))
+            if m:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.end_headers()
+            with open(path, "rb") as f:
+                f.seek(start)
+                self.wfile.write(f.read(end - start + 1))
+            asked[name] += 1
+            sent[name] += end - start + 1
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ranged)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, asked, sent
+
+
 def run_startup(args) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         t = time.perf_counter()
         manifest = make_synthetic(folder, int(float(args.records)), int(float(args.shards)))
         print(f"made in {time.perf_counter() - t:.0f} s")
-        result = subprocess.run([sys.executable, "-c", STARTUP, manifest], capture_output=True,
-                                text=True, check=True)
-        r = json.loads(result.stdout)
-        print(f"{r['records']:,} records in {r['shards']:,} shards: open {r['open_s']:.2f} s, "
-              f"open + first batch planned and located {r['first_batch_s']:.2f} s, "
-              f"+{r['grown'] / 2**20:.0f} MB after torch's import (peak {r['peak'] / 2**20:.0f} "
-              f"MB); {r['distinct']} distinct records")
+        env = dict(os.environ)
+        if args.url:
+            server, asked, sent = serve(folder)
+            manifest = f"http://127.0.0.1:{server.server_address[1]}/" \
+                       f"{os.path.basename(manifest)}"
+            env["FASTDATA_CACHE_DIR"] = os.path.join(folder, "cache")
+        for run in range(2 if args.url else 1):
+            result = subprocess.run([sys.executable, "-c", STARTUP, manifest],
+                                    capture_output=True, text=True, check=True, env=env)
+            r = json.loads(result.stdout)
+            where = ["", "at a URL, a fresh machine: ", "at a URL, the machine's second process: "]
+            print(f"{where[run + bool(args.url)]}{r['records']:,} records in {r['shards']:,} "
+                  f"shards: open {r['open_s']:.2f} s, open + first batch planned and located "
+                  f"{r['first_batch_s']:.2f} s, +{r['grown'] / 2**20:.0f} MB after torch's "
+                  f"import (peak {r['peak'] / 2**20:.0f} MB); {r['distinct']} distinct records")
+            if args.url:
+                print("  requests (bytes): " + ", ".join(
+                    f"{name.split('.', 1)[1]} {asked[name]} ({sent[name]:,})"
+                    for name in sorted(asked)))
+                asked.clear()
+                sent.clear()
+        if args.url:
+            server.shutdown()
 
 
 def run_plan(args) -> None:
@@ -308,6 +370,9 @@ def main() -> None:
     startup.add_argument("--records", default="1e9")
     startup.add_argument("--shards", default="1e5")
     startup.add_argument("--dir", default=None, help="where to make it (sparse files)")
+    startup.add_argument("--url", action="store_true",
+                         help="open it at a URL (a local HTTP server), twice: a fresh "
+                              "machine's cache, then a second process of the same machine")
     write = sub.add_parser("write", help="write and pack tiny records: memory per record")
     write.add_argument("--sizes", default="200000,1000000")
     write.add_argument("--dir", default=None, help="where to write (default: the temp folder)")

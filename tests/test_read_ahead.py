@@ -19,6 +19,7 @@ from fastdata.errors import FastDataError
 from fastdata.formats.sharded.fetch_plan import plan_fetches
 from fastdata.loaders.read_ahead import READ_CHUNK
 from fastdata.storage import ShardCache
+from fastdata.formats.ranged_copy import BLOCK
 
 SHARD = 50
 
@@ -111,14 +112,17 @@ def test_default_remote_stream_downloads_each_shard_once_in_order_of_first_use(s
     assert len(ranged) <= 2 * 12
 
 
-#: The dataset's index and its pieces' checksums, which the cache keeps beside the shards.
-INDEX_FILES = ["d.tar.fastdata.index-crc.npy", "d.tar.fastdata.index.npy"]
+#: The dataset's pieces' checksums and its index's ranged copy (the index's
+#: bytes, filled as read, then a mark per block), which the cache keeps.
+INDEX_FILES = ["d.tar.fastdata.index-crc.npy", "d.tar.fastdata.index.npy.ranges"]
 
 
 def _index_bytes(site) -> int:
-    """The size of the index files the cache keeps beside the shards."""
-    return sum(os.path.getsize(os.path.join(os.path.dirname(site.local), name))
-               for name in INDEX_FILES)
+    """The bytes of the index files the cache keeps beside the shards."""
+    folder = os.path.dirname(site.local)
+    index = os.path.getsize(os.path.join(folder, "d.tar.fastdata.index.npy"))
+    return (os.path.getsize(os.path.join(folder, "d.tar.fastdata.index-crc.npy"))
+            + index + -(-index // BLOCK))
 
 
 def _usage():

@@ -37,6 +37,7 @@ from fastdata.formats.sharded.fetch_plan import plan_fetches
 from fastdata.loaders.read_ahead import READ_CHUNK, cache_budget
 from fastdata.loaders.sampler_reads import BATCHES_AHEAD, DOWNLOAD_AFTER
 from fastdata.order.epochs import epoch_order
+from fastdata.formats.ranged_copy import BLOCK
 
 from conftest import no_hang
 
@@ -146,24 +147,42 @@ def _chunked(records: list[int], size: int) -> list[list[int]]:
 
 
 def _check_metadata_requests(log, d: Uploaded) -> None:
-    """Only GETs; the manifest and the index fetched whole, once each; the keys
-    at most once; nothing but the dataset's own objects."""
+    """Only GETs; the manifest and the index's piece checksums fetched whole,
+    once each; the index by ranges only, no byte of it twice; the keys at most
+    once; nothing but the dataset's own objects."""
     assert {r.method for r in log} == {"GET"}, [r for r in log if r.method != "GET"]
     assert all(r.status in (200, 206) for r in log), [r for r in log if r.status >= 300]
     others = Counter((r.key, r.range) for r in log if r.key not in d.shard_keys)
     manifest, index = d.local.name, d.local.name.replace(".json", ".index.npy")
     crcs = d.local.name.replace(".json", ".index-crc.npy")
     assert others[(d.key(manifest), None)] == 1
-    assert others[(d.key(index), None)] == 1
     assert others[(d.key(crcs), None)] == 1
+    _index_blocks(log, d)
     keys = d.key(d.local.name.replace(".json", ".keys.json"))
     assert others[(keys, None)] <= 1
-    assert set(others) <= {(d.key(manifest), None), (d.key(index), None), (d.key(crcs), None),
-                           (keys, None)}, others
+    assert {k for k in others if k[0] != d.key(index)} <= {
+        (d.key(manifest), None), (d.key(crcs), None), (keys, None)}, others
     folder = d.local.parent
-    got = {r.key: r.body_bytes for r in log if r.key not in d.shard_keys}
+    got = {r.key: r.body_bytes for r in log if r.key not in d.shard_keys and r.range is None}
     for key, body in got.items():
         assert body == (folder / key.rsplit("/", 1)[1]).stat().st_size, key
+
+
+def _index_blocks(log, d: Uploaded) -> set[int]:
+    """The blocks of the index fetched (by ranges only, each block once, each
+    answer exactly what was asked for)."""
+    index = d.local.name.replace(".json", ".index.npy")
+    size = (d.local.parent / index).stat().st_size
+    seen: Counter = Counter()
+    for r in log:
+        if r.key != d.key(index):
+            continue
+        assert r.range is not None, "the index fetched whole"
+        start, end = _range(r.range)
+        assert (r.status, r.body_bytes) == (206, end - start) and end <= size, r
+        seen.update(range(start // BLOCK, -(-end // BLOCK)))
+    assert not [b for b, n in seen.items() if n > 1], f"index blocks fetched twice: {seen}"
+    return set(seen)
 
 
 def _shard_requests(log, d: Uploaded):
@@ -192,12 +211,25 @@ def _cached(proxy) -> list[str]:
 
 
 def _index_cached_only(proxy, d: Uploaded) -> None:
-    """The cache holds the index and its pieces' checksums (the copies the
-    reader opened), and no shard."""
+    """The cache holds the index's ranged copy and its pieces' checksums (what
+    the reader opened), and no shard; the copy's filled blocks are the index's."""
     index = d.local.name.replace(".json", ".index.npy")
-    assert _cached(proxy) == [d.local.name.replace(".json", ".index-crc.npy"), index]
-    copy = next(p for p in proxy.cache.iterdir() if p.name.endswith("-" + index))
-    assert copy.read_bytes() == (d.local.parent / index).read_bytes()
+    assert _cached(proxy) == [d.local.name.replace(".json", ".index-crc.npy"),
+                              index + ".ranges"]
+    _check_ranged_copy(proxy, d)
+
+
+def _check_ranged_copy(proxy, d: Uploaded) -> None:
+    """Every block the copy marks filled holds the index's bytes; some are."""
+    index = d.local.name.replace(".json", ".index.npy")
+    truth = (d.local.parent / index).read_bytes()
+    copy = next(p for p in proxy.cache.iterdir() if p.name.endswith("-" + index + ".ranges"))
+    raw = copy.read_bytes()
+    raw, marks = raw[:len(truth)], raw[len(truth):]
+    assert len(marks) == -(-len(truth) // BLOCK) and any(marks)
+    for b, mark in enumerate(marks):
+        if mark:
+            assert raw[b * BLOCK:(b + 1) * BLOCK] == truth[b * BLOCK:(b + 1) * BLOCK], b
 
 
 def _check_read_ahead(log, d: Uploaded, chunks: list[list[int]], depth: int) -> dict:
@@ -401,7 +433,8 @@ def test_map_style_under_another_sampler_caches_each_shard_once_after_a_sixteent
     index = d.local.name.replace(".json", ".index.npy")
     crcs = d.local.name.replace(".json", ".index-crc.npy")
     names = [k.rsplit("/", 1)[1] for k in d.shard_keys]
-    assert _cached(proxy) == sorted([index, crcs, *names])
+    assert _cached(proxy) == sorted([index + ".ranges", crcs, *names])
+    _check_ranged_copy(proxy, d)
     for name in names:
         copy = next(p for p in proxy.cache.iterdir() if p.name.endswith("-" + name))
         assert copy.read_bytes() == (d.local.parent / name).read_bytes()

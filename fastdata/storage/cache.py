@@ -47,7 +47,7 @@ from fastdata.storage.cache_account import (
     unlock,
 )
 from fastdata.storage.endpoints import endpoint_of
-from fastdata.storage.objects import open_remote
+from fastdata.storage.objects import open_remote, partial_name
 from fastdata.storage.urls import basename, local_path, parse_url
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -142,6 +142,22 @@ class ShardCache:
         if own is not None:
             return own
         path = self.path_for(url, storage_options)
+        return self._obtain(path, lambda fd: self._download(url, storage_options, path, fd,
+                                                            limit=limit, size=size))
+
+    def sparse(self, url: str, size: int, tail: int, storage_options: dict | None = None
+               ) -> str:
+        """The local path of a sparse file for ``url``'s object of ``size``
+        bytes, followed by ``tail`` bytes of zeros (a reader's own record of
+        which parts it filled: see :class:`fastdata.formats.ranged_copy.RangedCopy`).
+        Made empty on first use (no byte downloaded), counted and evicted like a
+        copy of its whole size, and held like one."""
+        path = self.path_for(url, storage_options) + ".ranges"
+        return self._obtain(path, lambda fd: self._make_sparse(path, fd, size + tail))
+
+    def _obtain(self, path: str, make) -> str:
+        """``path`` once there, made by ``make(fd)`` under its exclusive lock
+        when it is not; then held with a shared lock."""
         while True:
             fd = _lock(path + ".lock", fcntl.LOCK_SH)
             if os.path.exists(path):
@@ -157,7 +173,7 @@ class ShardCache:
                 continue
             try:
                 if not os.path.exists(path):    # nobody downloaded it while we waited
-                    self._download(url, storage_options, path, fd, limit=limit, size=size)
+                    make(fd)
             finally:
                 unlock(fd)                      # then take the shared lock like a reader
         os.utime(path)
@@ -190,6 +206,19 @@ class ShardCache:
             ledger.saw(folder.held)
             os.ftruncate(fd, 0)                     # the copy itself counts from now on
             ledger.store(self._evict(folder, folder.held, keep=path))
+
+    def _make_sparse(self, path: str, fd: int, size: int) -> None:
+        """Make the sparse file ``path`` of ``size`` bytes under its exclusive
+        lock ``fd``, room made for it first (it counts whole)."""
+        with account(self.cache_dir) as ledger:
+            folder = survey(self.cache_dir)
+            ledger.saw(folder.held)
+            held = self._evict(folder, folder.held + size, keep=path)
+            tmp = partial_name(path)
+            with open(tmp, "wb") as f:
+                f.truncate(size)
+            os.replace(tmp, path)
+            ledger.store(held)
 
     def _hold(self, path: str, fd: int) -> None:
         if os.getpid() != self._pid:            # inherited across fork: not ours to release

@@ -13,6 +13,7 @@ record inside its shard file) before any of them is used to allocate a read.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import tokenize
 
@@ -85,13 +86,19 @@ def load_index(path: str, count: int) -> np.ndarray:
     return rows
 
 
-def rows_start(path: str, count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
+def rows_start(path, count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
     """Where the ``count`` rows (of ``dtype``) of the ``.npy`` file at ``path``
-    begin, after its header is checked.
+    begin, after its header is checked; ``path`` may be a
+    :class:`fastdata.formats.ranged_copy.RangedCopy` (its first bytes read).
 
     Raises:
         CorruptDataError: as :func:`load_index`.
     """
+    if not isinstance(path, str):  # a remote index read by ranges
+        f = io.BytesIO(path.read([(0, min(path.size, 4096))])[0])  # the header, and more
+        shape, found = _read_header(f, path.url)
+        _check_header(shape, found, count, path.size - f.tell(), path.url, dtype)
+        return f.tell()
     try:
         with open(path, "rb") as f:
             shape, found = _read_header(f, path)
@@ -102,6 +109,15 @@ def rows_start(path: str, count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
     except OSError as exc:
         raise CorruptDataError(f"cannot read the dataset index ({exc.strerror or exc}); "
                                f"{ADVICE}", path=path) from None
+
+
+def npy_size(count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
+    """The bytes of the ``.npy`` file :func:`save_blocks` writes for ``count``
+    rows of ``dtype`` (what a remote index holds, known without asking)."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                "fortran_order": False, "shape": (count,)})
+    return len(head.getvalue()) + count * dtype.itemsize
 
 
 def load_array(path: str, count: int, dtype: np.dtype) -> np.ndarray:
@@ -175,3 +191,49 @@ def check_rows(index: np.ndarray, shard_sizes, path: str, *,
             f"row {first + i} of the dataset index puts record {first + i} at byte offset "
             f"{int(offset[i])} with {int(size[i])} bytes, past the end of shard "
             f"{int(shard[i])} ({int(limit[i])} bytes); {ADVICE}", path=path, record=first + i)
+
+
+def index_source(path: str, count: int):
+    """What :meth:`IndexRows.open` reads an index of ``count`` rows from: the
+    file itself, or at a URL a :class:`~fastdata.formats.ranged_copy.RangedCopy`
+    (pieces fetched by ranges into a copy every process of the machine shares)."""
+    from fastdata.formats.remote_files import is_remote
+
+    if not is_remote(path):
+        return path
+    from fastdata.formats.ranged_copy import RangedCopy
+
+    return RangedCopy(path, npy_size(count))
+
+
+def piece_rows_of(extra_pieces, where: str) -> int:
+    """The rows per piece a manifest's ``index_pieces`` gives.
+
+    Raises:
+        CorruptDataError: not a positive whole number.
+    """
+    rows = extra_pieces.get("rows") if isinstance(extra_pieces, dict) else None
+    if type(rows) is not int or rows < 1:
+        raise CorruptDataError(f"the manifest's index_pieces.rows is {rows!r}, not a number of "
+                               f"rows per piece; {ADVICE}", path=where)
+    return rows
+
+
+def load_pieces(manifest, pieces: dict, path: str, count: int) -> tuple[np.ndarray, int]:
+    """The piece checksums of an index of ``count`` rows: the file ``path``
+    (named by ``pieces``, a manifest's ``index_pieces``) checked whole
+    against the manifest's SHA-256 and read (4 bytes per piece: 31 MB for
+    10^9 records). Returns (CRC-32s, rows per piece).
+
+    Raises:
+        CorruptDataError: the file is missing, damaged or of another size.
+    """
+    from fastdata.formats.integrity import check_file_sha256
+    from fastdata.formats.remote_files import local_copy
+    from fastdata.formats.sharded.index_rows import PIECE_DTYPE
+
+    rows = piece_rows_of(pieces, path)
+    n = -(-count // rows)
+    local = local_copy(path, limit=n * PIECE_DTYPE.itemsize + 4096)
+    check_file_sha256(manifest, pieces["file"], local, what="the index's piece checksums")
+    return load_array(local, n, PIECE_DTYPE), rows

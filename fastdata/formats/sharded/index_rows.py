@@ -8,7 +8,9 @@ names; every row inside its shard file; every label a class index), and kept
 in a bounded cache (:data:`PIECES_KEPT`, least recently used out). No file
 stays open between reads (a memory map would hold a descriptor per index).
 So an open costs the header, the checksums and the shards' sizes, and a
-process pays for the pieces its records lie in.
+process pays for the pieces its records lie in. At a URL the pieces come
+through the machine's ranged copy (:mod:`fastdata.formats.ranged_copy`):
+the missing pieces of a batch fetched at once, each block once per machine.
 
 What grows with the dataset, per process: the pieces' CRC-32s (4 bytes per
 128 records: 31 MB at 10^9). The cache is at most 8 MiB.
@@ -25,8 +27,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError
 from fastdata.formats.integrity import check_label_range
-from fastdata.formats.sharded.index_file import (ADVICE, check_rows, file_error, load_array,
-                                                rows_start)
+from fastdata.formats.sharded.index_file import (ADVICE, check_rows, file_error, rows_start)
 from fastdata.formats.sharded.layout import INDEX_DTYPE
 
 #: Rows per checked piece (4 KiB of rows: one page).
@@ -217,7 +218,7 @@ class IndexRows:
             rows = self.unchecked(base, min(self._count, (last + 1) * self.piece_rows))
             for p in range(first, last + 1):
                 k = (p - first) * self.piece_rows
-                self._check(p, rows[k:k + self.piece_rows])
+                rows[k:k + self.piece_rows] = self._checked(p, rows[k:k + self.piece_rows])
             return rows[lo - base:hi - base]
         parts = [self._piece(p) for p in range(first, last + 1)]
         rows = np.concatenate(parts)
@@ -235,6 +236,8 @@ class IndexRows:
         into a slot when missing; the least recently used give theirs up.
         Called under the lock."""
         kept = self._kept
+        if not isinstance(self._local, str) and self._local is not None:
+            self._fetch([p for p in dict.fromkeys(pieces) if p not in kept])
         for p in dict.fromkeys(pieces):
             if p in kept:
                 kept.move_to_end(p)
@@ -246,8 +249,8 @@ class IndexRows:
                     self._flat = self._buffer.reshape(-1)
                     self.columns = {name: self._flat[name] for name in INDEX_DTYPE.names}
             first = p * self.piece_rows
-            rows = self.unchecked(first, min(self._count, first + self.piece_rows))
-            self._check(p, rows)
+            rows = self._checked(p, self.unchecked(first, min(self._count,
+                                                              first + self.piece_rows)))
             if self._all_fit:
                 slot = p
             elif len(kept) < len(self._buffer):
@@ -260,8 +263,12 @@ class IndexRows:
                 self._loaded[p] = True  # after the rows: lock-free readers test it first
         return np.fromiter((kept[p] for p in pieces), dtype=np.int64, count=len(pieces))
 
-    def _read(self, lo: int, hi: int) -> np.ndarray:
+    def _read(self, lo: int, hi: int, *, fresh: bool = False) -> np.ndarray:
         size = INDEX_DTYPE.itemsize
+        if not isinstance(self._local, str):  # at a URL: through the machine's ranged copy
+            raw = self._local.read([(self._start + lo * size, (hi - lo) * size)],
+                                   fresh=fresh)[0]
+            return np.frombuffer(raw, dtype=INDEX_DTYPE).copy()
         try:
             fd = os.open(self._local, os.O_RDONLY)
             try:
@@ -275,6 +282,29 @@ class IndexRows:
             raise CorruptDataError(f"the dataset index ends before row {hi - 1}; {ADVICE}",
                                    path=self.path, record=lo)
         return np.frombuffer(raw, dtype=INDEX_DTYPE).copy()
+
+    def _checked(self, p: int, rows: np.ndarray) -> np.ndarray:
+        """Piece ``p``'s ``rows`` once checked. At a URL the machine's copy may
+        be what is damaged: the piece is fetched again once, then refused."""
+        try:
+            self._check(p, rows)
+            return rows
+        except CorruptDataError:
+            if isinstance(self._local, str) or self._local is None:
+                raise
+        first = p * self.piece_rows
+        rows = self._read(first, first + len(rows), fresh=True)
+        self._check(p, rows)
+        return rows
+
+    def _fetch(self, pieces: list[int]) -> None:
+        """Bring ``pieces`` into the machine's ranged copy of a remote index
+        with one call (near ones merged into one request)."""
+        size, rows = INDEX_DTYPE.itemsize, self.piece_rows
+        spans = [(self._start + p * rows * size, (min(self._count, (p + 1) * rows) - p * rows)
+                  * size) for p in pieces]
+        if spans:
+            self._local.fetch(spans)
 
     def _check(self, piece: int, rows: np.ndarray) -> None:
         if self._checked_all:
@@ -300,38 +330,6 @@ class IndexRows:
         """The pieces in memory now, least recently used first."""
         with self._lock:
             return list(self._kept)
-
-
-def piece_rows_of(extra_pieces, where: str) -> int:
-    """The rows per piece a manifest's ``index_pieces`` gives.
-
-    Raises:
-        CorruptDataError: not a positive whole number.
-    """
-    rows = extra_pieces.get("rows") if isinstance(extra_pieces, dict) else None
-    if type(rows) is not int or rows < 1:
-        raise CorruptDataError(f"the manifest's index_pieces.rows is {rows!r}, not a number of "
-                               f"rows per piece; {ADVICE}", path=where)
-    return rows
-
-
-def load_pieces(manifest, pieces: dict, path: str, count: int) -> tuple[np.ndarray, int]:
-    """The piece checksums of an index of ``count`` rows: the file ``path``
-    (named by ``pieces``, a manifest's ``index_pieces``) checked whole
-    against the manifest's SHA-256 and read (4 bytes per piece: 31 MB for
-    10^9 records). Returns (CRC-32s, rows per piece).
-
-    Raises:
-        CorruptDataError: the file is missing, damaged or of another size.
-    """
-    from fastdata.formats.integrity import check_file_sha256
-    from fastdata.formats.remote_files import local_copy
-
-    rows = piece_rows_of(pieces, path)
-    n = -(-count // rows)
-    local = local_copy(path, limit=n * PIECE_DTYPE.itemsize + 4096)
-    check_file_sha256(manifest, pieces["file"], local, what="the index's piece checksums")
-    return load_array(local, n, PIECE_DTYPE), rows
 
 
 class Column:

@@ -21,7 +21,8 @@ from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256
 from fastdata.formats.remote_files import index_limit, is_remote, local_copy
 from fastdata.formats.sharded.index_file import load_index
-from fastdata.formats.sharded.index_rows import IndexRows, load_pieces
+from fastdata.formats.sharded.index_file import index_source, load_pieces
+from fastdata.formats.sharded.index_rows import IndexRows
 from fastdata.formats.sparse import MIN_CHECKED, check_stored
 
 
@@ -55,8 +56,8 @@ class ShardedMetadata:
         meta = self.manifest.extra["metadata"]
         # One shard of a set (``_records``): the set's file, its rows sliced.
         first, count, total = self._records or (0, self.manifest.count, self.manifest.count)
-        local = local_copy(path, limit=index_limit(total))
         if self._meta_pieces_path is None or self._records is not None:
+            local = local_copy(path, limit=index_limit(total))
             # Packed before per-piece checksums, or one shard of a set: checked whole.
             check_file_sha256(self.manifest, meta["index"], local,
                               what="the metadata index rows")
@@ -69,7 +70,7 @@ class ShardedMetadata:
         # Read a piece at a time; a piece is checked (CRC-32, rows inside their shards,
         # the same shards as the dataset index's rows) when first used.
         pieces = load_pieces(self.manifest, meta["index_pieces"], self._meta_pieces_path, total)
-        return IndexRows.open(local, total, path=path, shard_sizes=self._shard_sizes,
+        return IndexRows.open(index_source(path, total), total, path=path, shard_sizes=self._shard_sizes,
                               classes=self._index.classes, pieces=pieces,
                               same_shards_as=self._index)
 

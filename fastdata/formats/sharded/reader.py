@@ -23,7 +23,8 @@ from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetche
                                            manifest_bytes, parallel_map, process_cache)
 from fastdata.formats.registry import manifest_format
 from fastdata.formats.sharded.index_file import file_error
-from fastdata.formats.sharded.index_rows import IndexRows, load_pieces
+from fastdata.formats.sharded.index_file import index_source, load_pieces
+from fastdata.formats.sharded.index_rows import IndexRows
 from fastdata.formats.sharded.foreign import ForeignShards
 from fastdata.formats.sharded.layout import ShardLayout, parse_output
 from fastdata.formats.sharded.key_pieces import ShardedKeys
@@ -192,12 +193,14 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
             for p, s in zip(shard_paths, manifest.shards):
                 if not listed.get(s["path"]) and not os.path.exists(p):
                     raise CorruptDataError("shard file is missing", path=p)
-        local_index = local_copy(index_path, limit=index_limit(manifest.count))
         pieces = None
         if "extra.index_pieces" in piece_paths:
             pieces = load_pieces(manifest, manifest.extra["index_pieces"],
                                  piece_paths["extra.index_pieces"], manifest.count)
+            # At a URL: the pieces read by ranges into the machine's shared copy.
+            local_index = index_source(index_path, manifest.count)
         else:
+            local_index = local_copy(index_path, limit=index_limit(manifest.count))
             # Packed before per-piece checksums: the file is checked whole,
             # before its header is parsed.
             check_file_sha256(manifest, manifest.extra["index"], local_index,

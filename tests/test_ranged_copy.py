@@ -1,0 +1,174 @@
+"""The dataset index at a URL: read by ranges into one sparse copy per machine
+(fastdata.formats.ranged_copy), never downloaded whole.
+
+A real HTTP server honouring Range serves a packed dataset; its request log
+shows which bytes of the index were asked for. Other processes are real
+processes sharing the test's cache folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastdata
+from fastdata.demo import synthesize
+from fastdata.formats.ranged_copy import BLOCK, RangedCopy
+
+N, SHARD = 3000, 300
+INDEX = "d.tar.fastdata.index.npy"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ranged_copy")
+    synthesize(tmp / "src", kind="tiny", n=N, seed=4)
+    www = tmp / "www"
+    www.mkdir()
+    summary = fastdata.pack(tmp / "src", www / "d-%06d.tar",
+                            options=fastdata.PackOptions(shard_size=SHARD), progress=False)
+    labels = np.asarray(fastdata.open_dataset(summary.output).targets)
+    return www, labels
+
+
+@pytest.fixture
+def site(served, monkeypatch, tmp_path):
+    from servers import HTTPServer
+
+    www, labels = served
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FASTDATA_CACHE_LIMIT", raising=False)
+    server = HTTPServer(www)
+    server.www, server.labels = www, labels
+    server.manifest = f"{server.url}/d.tar.fastdata.json"
+    server.cache = tmp_path / "cache" / "objects"
+    yield server
+    server.close()
+
+
+def _index_ranges(site) -> list[tuple[int, int]]:
+    """(start, end) of every request for the index; none asks for it whole."""
+    out = []
+    for method, path, rng in site.log:
+        if path.endswith(INDEX):
+            assert rng is not None, "the index was fetched whole"
+            start, end = rng.split("=", 1)[1].split("-")
+            out.append((int(start), int(end) + 1))
+    return out
+
+
+def _blocks(ranges) -> list[int]:
+    return [b for start, end in ranges for b in range(start // BLOCK, -(-end // BLOCK))]
+
+
+def _copy(site):
+    return next(p for p in site.cache.iterdir() if p.name.endswith(INDEX + ".ranges"))
+
+
+def test_one_record_fetches_the_index_blocks_it_needs(site):
+    ds = fastdata.open_dataset(site.manifest, decode=fastdata.Decode(output="bytes"))
+    ds[N - 1]
+    blocks = sorted(set(_blocks(_index_ranges(site))))
+    # The header's block, and the one or two blocks of the record's piece.
+    size = os.path.getsize(site.www / INDEX)
+    assert blocks[0] == 0 and len(blocks) <= 3, blocks
+    assert blocks[-1] == (size - 1) // BLOCK
+
+
+def test_processes_of_a_machine_fetch_each_block_once(site):
+    """Two processes, one after the other, read every label: the second finds
+    every block in the machine's copy and asks for none."""
+    code = ("import sys, numpy as np, fastdata; "
+            "ds = fastdata.open_dataset(sys.argv[1]); "
+            "np.save(sys.argv[2], np.asarray(ds.targets))")
+    for k in range(2):
+        out = site.cache.parent / f"labels{k}.npy"
+        subprocess.run([sys.executable, "-c", code, site.manifest, str(out)], check=True,
+                       timeout=180, env=os.environ.copy())
+        assert np.array_equal(np.load(out), site.labels)
+        if k == 0:
+            first = _index_ranges(site)
+    assert _index_ranges(site) == first, "the second process fetched index blocks again"
+    blocks = _blocks(first)
+    assert len(blocks) == len(set(blocks))
+    assert set(blocks) == set(range(-(-os.path.getsize(site.www / INDEX) // BLOCK)))
+
+
+def test_a_damaged_copy_is_fetched_again(site):
+    fastdata.open_dataset(site.manifest).targets  # fills the copy
+    before = len(_index_ranges(site))
+    copy = _copy(site)
+    with open(copy, "r+b") as f:  # a row of the second block, its mark left set
+        f.seek(BLOCK + 100)
+        f.write(b"\xff" * 8)
+    got = np.asarray(fastdata.open_dataset(site.manifest).targets)
+    assert np.array_equal(got, site.labels)
+    again = _blocks(_index_ranges(site)[before:])
+    assert 1 in again, again
+    truth = (site.www / INDEX).read_bytes()
+    assert copy.read_bytes()[:len(truth)] == truth
+
+
+def test_bytes_without_their_mark_are_fetched(site, tmp_path):
+    """A process killed after writing a block but before marking it: the
+    block is fetched again, whatever the bytes there."""
+    url = f"{site.url}/{INDEX}"
+    truth = (site.www / INDEX).read_bytes()
+    copy = RangedCopy(url, len(truth))
+    assert copy.read([(0, 10)])[0] == truth[:10]
+    path = _copy(site)
+    with open(path, "r+b") as f:
+        f.seek(BLOCK)
+        f.write(b"\xee" * BLOCK)  # junk, unmarked
+    assert copy.read([(BLOCK + 5, 20)])[0] == truth[BLOCK + 5:BLOCK + 25]
+    assert _blocks(_index_ranges(site)) == [0, 1]
+
+
+def test_an_evicted_copy_is_made_again(site):
+    url = f"{site.url}/{INDEX}"
+    truth = (site.www / INDEX).read_bytes()
+    copy = RangedCopy(url, len(truth))
+    copy.read([(0, 10)])
+    # No longer held (a process holds its last 64 copies), then evicted as the
+    # cache evicts: the copy and its lock file removed.
+    from fastdata.formats.remote_files import process_cache
+
+    process_cache().release()
+    path = _copy(site)
+    os.unlink(path)
+    os.unlink(str(path) + ".lock")
+    assert copy.read([(0, 64)])[0] == truth[:64]
+    assert _blocks(_index_ranges(site)) == [0, 0]
+
+
+def test_a_damaged_index_at_the_url_is_refused_naming_its_rows(site, served, tmp_path):
+    www = tmp_path / "www"
+    for p in site.www.iterdir():
+        (www / p.name).parent.mkdir(exist_ok=True)
+        (www / p.name).write_bytes(p.read_bytes())
+    raw = bytearray((www / INDEX).read_bytes())
+    start = len(raw) - N * 32
+    raw[start + 200 * 32 + 4] ^= 0x40  # row 200: its piece is rows 128..255
+    (www / INDEX).write_bytes(bytes(raw))
+    from servers import HTTPServer
+
+    server = HTTPServer(www)
+    try:
+        ds = fastdata.open_dataset(f"{server.url}/d.tar.fastdata.json",
+                                   decode=fastdata.Decode(output="bytes"))
+        ds[0]  # another piece: read
+        with pytest.raises(fastdata.CorruptDataError, match=r"rows 128\.\.255") as err:
+            ds[200]
+        assert INDEX in str(err.value)
+    finally:
+        server.close()
+
+
+def test_a_range_outside_the_object_is_refused(site):
+    copy = RangedCopy(f"{site.url}/{INDEX}", 1000)
+    with pytest.raises(fastdata.StorageError, match="outside the object"):
+        copy.read([(990, 20)])
