@@ -27,6 +27,8 @@ from fastdata.formats.sharded.layout import INDEX_DTYPE
 _HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, IndexError, OverflowError,
                   TypeError, KeyError, RecursionError)
 ADVICE = "re-pack the dataset or restore the file"
+#: The piece checksums' array type (the ``-crc.npy`` file).
+PIECE_DTYPE = np.dtype("<u4")
 
 
 def file_error(exc: OSError, path: str, *, doing: str = "open",
@@ -230,7 +232,6 @@ def load_pieces(manifest, pieces: dict, path: str, count: int) -> tuple[np.ndarr
     """
     from fastdata.formats.integrity import check_file_sha256
     from fastdata.formats.remote_files import local_copy
-    from fastdata.formats.sharded.index_rows import PIECE_DTYPE
 
     rows = piece_rows_of(pieces, path)
     n = -(-count // rows)

@@ -27,13 +27,12 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError
 from fastdata.formats.integrity import check_label_range
-from fastdata.formats.sharded.index_file import (ADVICE, check_rows, file_error, rows_start)
+from fastdata.formats.sharded.index_file import (ADVICE, PIECE_DTYPE, check_rows, file_error,
+                                                rows_start)
 from fastdata.formats.sharded.layout import INDEX_DTYPE
 
 #: Rows per checked piece (4 KiB of rows: one page).
 PIECE_ROWS = 128
-#: The piece checksums' array type.
-PIECE_DTYPE = np.dtype("<u4")
 
 
 def piece_checksums(index: np.ndarray, rows: int | None = None) -> np.ndarray:
