@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A Lightning DataModule over fastdata datasets, and a small model fitted with it.
 
-    pip install lightning
+    python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > pin.txt
+    pip install lightning -c pin.txt     # keeps your torch (docs/examples.md says why)
     python examples/lightning_datamodule.py train.lmdb --val val.lmdb --max-steps 100
 
 The DataModule opens the packs with fastdata's decoding (random resized crops

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """timm's transforms and a timm model on a fastdata Dataset.
 
-    pip install timm               # brings the torchvision that matches your torch
+    python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > pin.txt
+    pip install timm -c pin.txt    # keeps your torch (docs/examples.md says why)
     python examples/timm_transforms.py train.lmdb --model resnet18 --image-size 224
 
 timm's ``create_transform`` builds its training pipeline (random resized crop,

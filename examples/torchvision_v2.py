@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """torchvision.transforms.v2 on fastdata samples and batches.
 
-    pip install torchvision        # the build that matches your torch
+    python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > pin.txt
+    pip install torchvision -c pin.txt   # keeps your torch (docs/examples.md says why)
     python examples/torchvision_v2.py train.lmdb --image-size 224
 
 fastdata's samples are uint8 CHW tensors, which v2 transforms take as they are:

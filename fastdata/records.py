@@ -197,7 +197,8 @@ class Manifest:
         if version > MANIFEST_VERSION:
             raise ManifestError(
                 f"manifest version {version} is newer than this fastdata reads "
-                f"(up to {MANIFEST_VERSION}); upgrade fastdata: pip install -U fastdata",
+                f"(up to {MANIFEST_VERSION}); upgrade fastdata (in its checkout: git pull, then "
+                f"pip install -e .)",
                 path=path,
             )
         names = {f.name for f in dataclasses.fields(cls)}

@@ -2,7 +2,7 @@
 
 ``import fastdata.dali`` works without DALI (and imports no torch); building a
 pipeline imports DALI and, when it is missing, raises a FastDataError that says
-how to install it (``pip install nvidia-dali-cuda130``, or ``pip install fastdata[dali]``).
+how to install it (``pip install nvidia-dali-cuda130``).
 
     loader = fastdata.dali.DALILoader(
         "train.tfrecord", decode=fastdata.Decode(size=256, crop=fastdata.CenterCrop(224)),

@@ -14,7 +14,7 @@ from fastdata.dali.options import DEVICES
 from fastdata.errors import FastDataError
 
 #: The message raised when DALI is missing.
-INSTALL_HINT = "NVIDIA DALI is not installed: pip install nvidia-dali-cuda130 (or fastdata[dali])"
+INSTALL_HINT = "NVIDIA DALI is not installed: pip install nvidia-dali-cuda130"
 
 
 def import_dali() -> tuple[ModuleType, ModuleType, ModuleType]:

@@ -10,7 +10,7 @@ The library is looked for, in order, at:
 
 1. ``FASTDATA_TURBOJPEG``: a path to ``libturbojpeg.so`` (or ``.dylib``/``.dll``);
 2. the copy bundled in the ``turbojpeg`` wheel (``pip install turbojpeg``, or
-   ``pip install fastdata[turbo]``), whose Python module is not used;
+   the ``turbo`` extra), whose Python module is not used;
 3. the system's ``libturbojpeg`` when it is 3.0 or later (Debian 12's 2.1 is not).
 
 Every call checks its return code and raises :class:`TurboJPEGError` with the

@@ -23,7 +23,7 @@ def import_distributed():
         import distributed
     except ImportError:
         raise FastDataError("packing on a Dask cluster needs the distributed package: "
-                            "pip install 'fastdata[dask]'") from None
+                            "pip install distributed") from None
     return distributed
 
 

@@ -436,4 +436,4 @@ def _check_schema(value, path: str) -> None:
     if version > SCHEMA_VERSION:
         raise ManifestError(
             f"HDF5 schema {value!r} is newer than this fastdata reads ({SCHEMA}); upgrade "
-            f"fastdata: pip install -U fastdata", path=path)
+            f"fastdata (in its checkout: git pull, then pip install -e .)", path=path)

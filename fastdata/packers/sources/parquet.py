@@ -16,7 +16,7 @@ Keys are the image's ``path`` when it has one, else ``{table stem}/{row:08d}``
 position too, so keys stay unique. Rows are read a batch at a time
 (``ParquetFile.iter_batches``): a table larger than memory packs in memory of
 the order of one batch. pyarrow is imported only here (``pip install
-'fastdata[parquet]'``).
+pyarrow``).
 """
 
 from __future__ import annotations

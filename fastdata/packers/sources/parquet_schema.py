@@ -28,7 +28,7 @@ def import_parquet():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise SourceError("reading Parquet needs pyarrow: pip install 'fastdata[parquet]'") \
+        raise SourceError("reading Parquet needs pyarrow: pip install pyarrow") \
             from None
     return pq
 
