@@ -167,7 +167,11 @@ def main(argv=None) -> None:
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
                                   else None) if world > 1 else model
 
+    saved_at = None  # the step of the last checkpoint written
+
     def checkpoint() -> None:
+        nonlocal saved_at
+        saved_at = step
         if rank == 0:
             save_checkpoint(args.checkpoint, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -218,7 +222,7 @@ def main(argv=None) -> None:
                 break              # leaving the loop stops the loader's read-ahead
         else:
             epoch += 1             # the loader's next pass reads the next epoch
-    if args.checkpoint:
+    if args.checkpoint and saved_at != step:  # the last step's, unless written already
         checkpoint()
     if log is not None:
         log.close()

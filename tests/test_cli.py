@@ -770,3 +770,36 @@ def test_max_pixels_flag_skips_images_over_the_limit(tmp_path):
     assert_clean_error(result, "above the limit of 399 (--max-pixels 399)",
                        "pass a larger --max-pixels N, or --max-pixels 0 for no limit")
     assert "max_pixels=" not in result.stderr
+
+
+def test_the_command_list_gives_whole_sentences():
+    """``fastdata --help`` (and the CLI reference built from it) lists each
+    command with a sentence of its own, not the start of its help cut off."""
+    out = invoke("--help").output
+    listed = out.split("Commands:", 1)[1].strip().splitlines()
+    assert len(listed) == len(main.commands)
+    for line in listed:
+        assert line.rstrip().endswith(".") and "..." not in line, line
+
+
+def test_info_of_one_shard_says_which_lines_are_the_whole_sets(image_tree, tmp_path):
+    out = tmp_path / "d.tar"
+    fastdata.pack(image_tree.root, out, options=fastdata.PackOptions(shard_size=4),
+                  progress=False)
+    result = invoke("info", tmp_path / "d-000001.tar")
+    assert result.exit_code == 0, result.output
+    lines = {ln.split()[0]: ln for ln in result.output.splitlines()[1:] if ln.strip()}
+    assert lines["records"].split()[-1] == "4"
+    for field in ("encoding", "source"):
+        assert lines[field].endswith("(all of d.tar.fastdata.json)"), lines[field]
+
+
+def test_opening_a_folder_says_what_to_do(image_tree, tmp_path):
+    with pytest.raises(fastdata.UnknownFormatError, match=r"pack it first \(fastdata pack"):
+        fastdata.open_dataset(image_tree.root)
+    packed = tmp_path / "out"
+    packed.mkdir()
+    fastdata.pack(image_tree.root, packed / "d.tar", progress=False)
+    with pytest.raises(fastdata.UnknownFormatError,
+                       match=r"it holds d\.tar\.fastdata\.json: open that"):
+        fastdata.open_dataset(packed)

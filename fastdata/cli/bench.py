@@ -11,7 +11,7 @@ from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.decoding.decoder_registry import decoder_choices
 
 
-@main.command()
+@main.command(short_help="Measure loading speed: an image folder against every format.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--demo", type=click.Choice(["photos", "tiny"]), is_flag=False,
               flag_value="photos", default=None,

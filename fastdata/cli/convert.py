@@ -9,7 +9,7 @@ from fastdata.cli.packing import (PackingCommand, echo_summary, echo_warning, im
                                   output_options, pack_options)
 
 
-@main.command(cls=PackingCommand)
+@main.command(cls=PackingCommand, short_help="Convert a dataset into another format.")
 @click.argument("input_", metavar="IN", type=click.Path(path_type=str))
 @click.argument("output", metavar="OUT", type=click.Path(path_type=str))
 @output_options("OUT")

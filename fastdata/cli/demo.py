@@ -10,7 +10,7 @@ from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.machine import human_bytes
 
 
-@main.command()
+@main.command(short_help="Write a demo image folder of photo-like JPEGs.")
 @click.argument("directory", type=click.Path(path_type=str))
 @click.option("--kind", type=click.Choice(["photos", "tiny"]), default="photos", show_default=True,
               help="photos: ImageNet-like JPEGs (300-640 px a side); tiny: 32x32 PNGs like CIFAR.")

@@ -10,7 +10,7 @@ from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.machine import human_bytes
 
 
-@main.command()
+@main.command(short_help="Show what a dataset holds, or why it cannot be read.")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @click.option("--allow-outside", is_flag=True,
@@ -61,18 +61,20 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
              (("payload", "payload"), ("on_disk", "on disk"), ("source", "source"))
              if isinstance(m.bytes.get(key), int)]
     shards = ", ".join(str(s.get("path")) for s in m.shards[:4])
+    # One shard of a set: the encodings and the source are the whole set's.
+    whole = f" (all of {m.extra['shard_of']})" if m.extra.get("shard_of") else ""
     rows = [
         ("format", f"{m.format} ({written})"),
         ("records", f"{m.count:,}"),
         ("classes", f"{len(m.classes)}: {classes}" if m.classes
          else "none (unlabelled records, label -1)"),
-        ("encoding", _encoding_text(m.encoding or {})),
+        ("encoding", _encoding_text(m.encoding or {}) + whole),
         ("size", ", ".join(sizes) or "not recorded"),
         ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")
          + (f" (one shard of {m.extra['shard_of']})" if m.extra.get("shard_of") else "")),
         ("checksums", _checksums_text(m.checksums or {})),
         ("metadata", _metadata_text(m)),
-        ("source", _source_text(m.source or {})),
+        ("source", _source_text(m.source or {}) + whole),
         ("order", _order_text(m)),
         ("created", m.created_at or "not recorded"),
     ]
@@ -156,7 +158,7 @@ def _source_text(source: dict) -> str:
     return root + (f" ({', '.join(parts)})" if parts else "")
 
 
-@main.command()
+@main.command(short_help="Check every byte that a dataset's manifest covers.")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--decode", is_flag=True,
               help="Also decode every image; a JPEG that decodes only with libjpeg's "

@@ -10,7 +10,8 @@ from fastdata.cli.packing import (PackingCommand, echo_summary, echo_warning, im
 from fastdata.encodings import TORCHVISION_EXTENSIONS
 
 
-@main.command(cls=PackingCommand)
+@main.command(cls=PackingCommand,
+              short_help="Pack an image folder, list or Parquet into a dataset.")
 @click.argument("source", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.argument("output", type=click.Path(path_type=str))
 @output_options()

@@ -282,6 +282,15 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
     for spec in FORMATS.values():
         if spec.probe is not None and spec.probe(path):
             return spec
+    if os.path.isdir(path):
+        inside = sorted(n for n in os.listdir(path) if n.endswith(MANIFEST_SUFFIX))[:3]
+        if inside:
+            raise UnknownFormatError(
+                f"a folder, not a dataset; it holds {', '.join(inside)}: open that "
+                f"({os.path.join(path, inside[0])})", path=path)
+        raise UnknownFormatError(
+            f"a folder, not a packed dataset; pack it first (fastdata pack {path} "
+            f"OUT.lmdb, or OUT.tar for shards), then open the output", path=path)
     raise UnknownFormatError(
         f"not a recognised fastdata dataset; known extensions: {', '.join(known_extensions())}",
         path=path)
