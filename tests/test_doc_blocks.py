@@ -1,8 +1,9 @@
 """The README and every page of the documentation site run as written.
 
 The blocks are taken from README.md, then from each page of docs/ in the
-site's order (mkdocs.yml's nav), and run in one working folder the way a
-reader would paste them going through the site: ```bash blocks line by line
+site's order (mkdocs.yml's nav), and run the way a reader would paste them:
+the README's in one working folder, the site's pages in another, in
+reading order, so a page uses only what earlier pages made: ```bash blocks line by line
 in a shell, ```python blocks each in a fresh interpreter. ```text blocks are
 synopses (placeholders such as SOURCE) and are not run. The only things the
 test provides are what a reader brings: a folder of their own images
@@ -150,14 +151,22 @@ def test_pip_lines_name_extras_that_exist():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A folder holding what a reader brings: their images and a foreign TFRecord."""
+    """Two folders holding what a reader brings (their images and a foreign
+    TFRecord): the README's blocks run in one, the site's pages in the other,
+    so a page can use only what an earlier page made."""
     from fastdata.demo import synthesize
 
-    work = tmp_path_factory.mktemp("docs")
-    synthesize(str(work / "images"), kind="photos", n=24, classes=3, seed=5)
-    _write_foreign_tfrecord(work / "theirs.tfrecord", work / "images")
-    (work / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
-    return work
+    base = tmp_path_factory.mktemp("docs")
+    synthesize(str(base / "images"), kind="photos", n=24, classes=3, seed=5)
+    _write_foreign_tfrecord(base / "theirs.tfrecord", base / "images")
+    folders = {}
+    for name in ("readme", "site"):
+        work = folders[name] = base / name
+        work.mkdir()
+        shutil.copytree(base / "images", work / "images")
+        shutil.copy(base / "theirs.tfrecord", work / "theirs.tfrecord")
+        (work / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    return folders
 
 
 def _write_foreign_tfrecord(path: Path, images: Path) -> None:
@@ -254,6 +263,7 @@ def _caches(workdir: Path) -> dict:
 
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
 def test_block_runs_as_written(block, workdir, request):
+    workdir = workdir["readme" if block.file == "README.md" else "site"]
     reason = _needs(block)
     if reason:
         pytest.skip(reason)
