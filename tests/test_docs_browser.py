@@ -1,0 +1,114 @@
+"""The documentation site in a real browser: Debian's headless Chromium,
+driven through chromedriver (selenium), the site built to a folder and
+opened from disk (file://), at 1280×900 as a reader's window.
+
+* every page loads without a console error (no request leaves the site:
+  fonts are the system's, the search shim is the site's own);
+* search works opened from disk: typing a word lists pages;
+* no code block is wider than its box (nothing scrolls sideways).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ci_needs import missing
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    try:
+        import material  # noqa: F401
+        import mkdocstrings  # noqa: F401
+    except ImportError:
+        missing("the docs tools are not installed (pip install -e .[docs])")
+    site_dir = tmp_path_factory.mktemp("browser-site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "--config-file", str(ROOT / "mkdocs.yml"),
+                           "--site-dir", str(site_dir)],
+                          cwd=ROOT, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return site_dir
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        missing("Chromium is not installed (Debian: apt-get install chromium chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing("selenium is not installed (the test extra)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    # No network of its own: background requests would fail on a closed network.
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,900", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _pages(site: Path) -> list[Path]:
+    return sorted(p for p in site.rglob("*.html") if p.name != "404.html")
+
+
+def test_every_page_loads_without_console_errors(site, browser):
+    pages = _pages(site)
+    assert len(pages) >= 25, pages
+    errors = {}
+    for page in pages:
+        browser.get(page.as_uri())
+        got = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        if got:
+            errors[str(page.relative_to(site))] = got
+    assert not errors, f"console errors: {errors}"
+
+
+def test_no_code_block_scrolls_sideways(site, browser):
+    wide = {}
+    for page in _pages(site):
+        browser.get(page.as_uri())
+        found = browser.execute_script(
+            "return [...document.querySelectorAll('.md-content pre > code')]"
+            ".filter(c => c.scrollWidth > c.clientWidth + 1)"
+            ".map(c => c.innerText.split('\\n').reduce((a, b) => a.length > b.length"
+            " ? a : b).slice(0, 100))")
+        if found:
+            wide[str(page.relative_to(site))] = found
+    assert not wide, f"code blocks wider than the page at 1280 px: {wide}"
+
+
+def test_search_works_opened_from_disk(site, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get((site / "index.html").as_uri())
+    browser.find_element(By.CSS_SELECTOR, "label.md-header__button[for=__search]").click()
+    box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    box.send_keys("resume")
+    deadline = time.monotonic() + 30
+    titles: list[str] = []
+    while time.monotonic() < deadline and not titles:
+        titles = [e.text for e in browser.find_elements(
+            By.CSS_SELECTOR, ".md-search-result__item") if e.text.strip()]
+        time.sleep(0.2)
+    assert titles, ("search listed nothing for 'resume' on the site opened from disk; "
+                    f"console: {browser.get_log('browser')}")
