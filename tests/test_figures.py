@@ -2,8 +2,9 @@
 
 ``bench/figures.py`` makes docs/speed/figures.md and the README's comparison
 table from RESULTS.md's tables; here they are checked to be current, and
-every speed figure in the README and the docs (a ratio such as ``1.67×`` or
-``3.8–4.1×``, or a rate in samples/s) to be one RESULTS.md or that page gives.
+every speed figure in the README and the docs, in prose and tables (a ratio
+such as ``1.67×`` or ``3.75–4.13×``, or a rate in samples/s), to be one
+RESULTS.md or that page gives.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def _page_figures():
         if page.name == "figures.md":
             continue
         name = page.relative_to(ROOT).as_posix()
-        for line, kind, text in units(page.read_text(encoding="utf-8")):
-            if kind != "prose":
-                continue
+        text = page.read_text(encoding="utf-8")
+        rows = [(n, line) for n, line in enumerate(text.splitlines(), 1)
+                if line.lstrip().startswith("|")]
+        prose = [(n, t) for n, kind, t in units(text) if kind == "prose"]
+        for line, text in prose + rows:
             for m in RATIO.findall(text):
                 yield name, line, "ratio", _norm(m)
             for m in RATE.findall(text):
