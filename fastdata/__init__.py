@@ -43,6 +43,7 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
 _LAZY = {
     "pack": "fastdata.packers.pack:pack",
     "convert": "fastdata.packers.convert:convert",
+    "dedup": "fastdata.dedup:dedup",
     "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",

@@ -1,0 +1,77 @@
+"""``fastdata dedup``: exact duplicates, and what a dataset shares with others."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fastdata.cli.group import _handle_errors, _print_json, echo, main
+
+#: Groups listed in the text report (``--json`` lists all).
+SHOWN = 20
+
+
+@main.command(short_help="Find exact duplicates, and records shared with other datasets.")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--against", "against", multiple=True, metavar="OTHER",
+              help="Another dataset (any format, local or a URL; repeat for more): list "
+                   "the records of PATH whose bytes it holds too, such as validation "
+                   "images in a training set.")
+@click.option("--fail-on-shared", is_flag=True,
+              help="Exit 1 when PATH shares a record with an --against dataset (for a "
+                   "check in a pipeline).")
+@click.option("--json", "as_json", is_flag=True, help="Print every group as JSON.")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
+@click.option("--allow-outside", is_flag=True,
+              help="Follow symbolic links in the dataset's folder that lead out of it.")
+@_handle_errors
+def dedup(path, against, fail_on_shared, as_json, progress, allow_outside):
+    """Find the records of PATH with the same stored bytes (exact duplicates),
+    grouped, each record by index and key; with --against, the records PATH
+    shares with other datasets.
+
+    Every record is read once and checked against its CRC32. Bytes are
+    compared as stored: a resized or re-encoded copy is not an exact
+    duplicate.
+
+    \b
+    Examples:
+      fastdata dedup train.lmdb
+      fastdata dedup train.lmdb --against val.lmdb --against test.lmdb
+    """
+    from fastdata.dedup import dedup as find
+
+    report = find(path, against=against, progress=progress, allow_outside=allow_outside)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        _print_report(report)
+    if fail_on_shared and report.shared():
+        sys.exit(1)
+
+
+def _print_report(report) -> None:
+    names = report.datasets
+
+    def member(m) -> str:
+        where = "" if m.dataset == 0 else f"{names[m.dataset]}: "
+        return f"{where}{m.key if m.key is not None else '(no key)'} ({m.index})"
+
+    within = report.within()
+    echo(f"{names[0]}: {report.records[0]:,} records, {len(within)} group(s) of exact "
+         f"duplicates, {report.redundant()} record(s) beyond the first of each")
+    for group in within[:SHOWN]:
+        echo("  " + ", ".join(member(m) for m in group.members if m.dataset == 0))
+    if len(within) > SHOWN:
+        echo(f"  ... {len(within) - SHOWN} more (--json lists all)")
+    for number, other in enumerate(names[1:], 1):
+        shared = [g for g in report.shared() if number in g.datasets()]
+        mine = sum(sum(m.dataset == 0 for m in g.members) for g in shared)
+        echo(f"against {other} ({report.records[number]:,} records): {mine} record(s) of "
+             f"{names[0]} hold bytes it holds too")
+        for group in shared[:SHOWN]:
+            echo("  " + " = ".join(member(m) for m in group.members
+                                   if m.dataset in (0, number)))
+        if len(shared) > SHOWN:
+            echo(f"  ... {len(shared) - SHOWN} more (--json lists all)")
