@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 
 from fastdata.errors import StorageError
+from fastdata.storage.forked import process_threads
+from fastdata.storage.objects import check_ranges, open_remote
 
 #: Bytes per marked block (a page: an index piece spans at most two).
 BLOCK = 4096
@@ -48,17 +50,7 @@ class RangedCopy:
     def read(self, ranges: list[tuple[int, int]], *, fresh: bool = False) -> list[bytes]:
         """The bytes of each (start, length) range, fetched into the copy
         first where missing (``fresh``: fetched again whatever is there)."""
-        return self._through(ranges, fresh, read=True)
-
-    def fetch(self, ranges: list[tuple[int, int]]) -> None:
-        """Bring the ranges into the copy, for :meth:`read` to find there."""
-        self._through(ranges, False, read=False)
-
-    def _through(self, ranges: list[tuple[int, int]], fresh: bool, read: bool):
-        for start, length in ranges:
-            if start < 0 or length < 0 or start + length > self.size:
-                raise StorageError(f"byte range {start}+{length} is outside the object "
-                                   f"({self.size} bytes)", path=self.url, offset=start)
+        check_ranges(ranges, self.size, self.url)
         wanted = sorted({b for start, length in ranges if length
                          for b in range(start // BLOCK, (start + length - 1) // BLOCK + 1)})
         try:
@@ -68,7 +60,7 @@ class RangedCopy:
             fd = os.open(self._local(), os.O_RDWR)
         try:
             self._fill(fd, wanted, fresh)
-            return [os.pread(fd, length, start) for start, length in ranges] if read else None
+            return [os.pread(fd, length, start) for start, length in ranges]
         finally:
             os.close(fd)
 
@@ -76,6 +68,8 @@ class RangedCopy:
         if self._path is None or self._pid != os.getpid():
             from fastdata.formats.remote_files import process_cache
 
+            if self._pid != os.getpid():  # a client never crosses fork
+                self._remote = None
             cache = self._cache or process_cache()
             self._path = cache.sparse(self.url, self.size, self.blocks, self._options)
             self._pid = os.getpid()
@@ -101,9 +95,7 @@ class RangedCopy:
             else:
                 runs.append([b, b + 1])
         spans = [(a * BLOCK, min(self.size, z * BLOCK) - a * BLOCK) for a, z in runs]
-        if self._remote is None or self._pid != os.getpid():
-            from fastdata.storage.objects import open_remote
-
+        if self._remote is None:  # this process's (_local resets it after a fork)
             self._remote = open_remote(self.url, self._options, size=self.size)
         # One request per span, at once: a store's own merging of ranges up to
         # 1 MiB apart would fetch megabytes of index for a shuffled batch.
@@ -119,17 +111,7 @@ class RangedCopy:
             os.pwrite(fd, b"\x01" * (z - a), self.size + a)
 
 
-_pool = None
-_pool_pid = None
-
-
 def _threads():
     """This process's request threads for ranged copies (their own: a read
     may come from another pool's thread, which must not wait on itself)."""
-    global _pool, _pool_pid
-    if _pool is None or _pool_pid != os.getpid():  # threads never cross fork
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(8, thread_name_prefix="fastdata-ranged-copy")
-        _pool_pid = os.getpid()
-    return _pool
+    return process_threads("fastdata-ranged-copy", 8)

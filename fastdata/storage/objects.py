@@ -22,6 +22,18 @@ def _store_and_key(url: str, storage_options: dict | None):
     return get_store(parsed, storage_options), parsed.key
 
 
+def check_ranges(ranges, size: int, url: str) -> None:
+    """Refuse a (start, length) range outside an object of ``size`` bytes.
+
+    Raises:
+        StorageError: naming the range and the object.
+    """
+    for start, length in ranges:
+        if start < 0 or length < 0 or start + length > size:
+            raise StorageError(f"byte range {start}+{length} is outside the object "
+                               f"({size} bytes)", path=url, offset=start)
+
+
 def partial_name(dest: str) -> str:
     """A fresh temporary file beside ``dest`` (same filesystem, so os.replace is
     atomic), named ``dest.partial-XXXX``."""
@@ -90,11 +102,7 @@ class RemoteObject:
         ranges = list(ranges)
         if not ranges:
             return []
-        size = self.size()
-        for start, length in ranges:
-            if start < 0 or length < 0 or start + length > size:
-                raise StorageError(f"byte range {start}+{length} is outside the object "
-                                   f"({size} bytes)", path=self.url, offset=start)
+        check_ranges(ranges, self.size(), self.url)
         if self._local is not None:
             return _local_call(self.url, _read_local_ranges, self._local, ranges)
         if self._http:

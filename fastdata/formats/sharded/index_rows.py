@@ -62,14 +62,15 @@ class IndexRows:
         checked: every row in ``rows`` is known good already.
         same_shards_as: the dataset index, when these rows are its metadata
             index's: a row must name the shard the dataset index's row does.
-        local, start, count: the file holding the rows (a URL's local
-            copy), where its rows begin, and how many it holds.
+        local, start, count: the file holding the rows (at a URL, the
+            machine's ranged copy of it), where its rows begin, and how many
+            it holds.
     """
 
     def __init__(self, rows: np.ndarray | None, *, shard_sizes, path: str,
                  classes: int, pieces: tuple[np.ndarray, int] | None = None,
                  checked: bool = False, same_shards_as: IndexRows | None = None,
-                 local: str | None = None, start: int = 0, count: int | None = None) -> None:
+                 local=None, start: int = 0, count: int | None = None) -> None:
         self._rows = rows
         self._local, self._start = local, start
         self._count = len(rows) if rows is not None else int(count)
@@ -98,10 +99,12 @@ class IndexRows:
         self._lock = threading.RLock()
 
     @classmethod
-    def open(cls, local: str, count: int, *, path: str | None = None, **options) -> IndexRows:
-        """The index file ``local`` (``count`` rows), read a piece at a time;
-        errors name ``path`` (the dataset's name of it: a URL's local copy is
-        ``local``).
+    def open(cls, local, count: int, *, path: str | None = None, **options) -> IndexRows:
+        """The index file ``local`` (``count`` rows), read a piece at a time:
+        a local path, or at a URL the machine's
+        :class:`~fastdata.formats.ranged_copy.RangedCopy` of it
+        (:func:`~fastdata.formats.sharded.index_file.index_source`); errors
+        name ``path`` (the dataset's name of it).
 
         Raises:
             CorruptDataError: the file is missing, or its header is damaged
@@ -235,21 +238,19 @@ class IndexRows:
         into a slot when missing; the least recently used give theirs up.
         Called under the lock."""
         kept = self._kept
-        if not isinstance(self._local, str) and self._local is not None:
-            self._fetch([p for p in dict.fromkeys(pieces) if p not in kept])
-        for p in dict.fromkeys(pieces):
+        unique = list(dict.fromkeys(pieces))
+        missing = [p for p in unique if p not in kept]
+        for p in unique:  # first: a piece a missing one evicts is never one of these
             if p in kept:
                 kept.move_to_end(p)
-                continue
+        for p, stored in zip(missing, self._stored_pieces(missing)):
             if self._buffer is None:
                 self._buffer = np.zeros((max(1, self._room), self.piece_rows),
                                         dtype=INDEX_DTYPE)
                 if self._all_fit:  # slot p holds piece p: read flat, it is the index
                     self._flat = self._buffer.reshape(-1)
                     self.columns = {name: self._flat[name] for name in INDEX_DTYPE.names}
-            first = p * self.piece_rows
-            rows = self._checked(p, self.unchecked(first, min(self._count,
-                                                              first + self.piece_rows)))
+            rows = self._checked(p, stored)
             if self._all_fit:
                 slot = p
             elif len(kept) < len(self._buffer):
@@ -262,11 +263,28 @@ class IndexRows:
                 self._loaded[p] = True  # after the rows: lock-free readers test it first
         return np.fromiter((kept[p] for p in pieces), dtype=np.int64, count=len(pieces))
 
+    @property
+    def _ranged(self):
+        """The machine's ranged copy of an index at a URL, else None."""
+        return None if self._local is None or isinstance(self._local, str) else self._local
+
+    def _stored_pieces(self, pieces: list[int]) -> list[np.ndarray]:
+        """Each piece's rows as stored, not checked; at a URL all of them with
+        one read of the machine's copy (its missing blocks fetched at once)."""
+        bounds = [(p * self.piece_rows, min(self._count, (p + 1) * self.piece_rows))
+                  for p in pieces]
+        if self._ranged is None:
+            return [self.unchecked(lo, hi) for lo, hi in bounds]
+        size = INDEX_DTYPE.itemsize
+        raws = self._ranged.read([(self._start + lo * size, (hi - lo) * size)
+                                  for lo, hi in bounds])
+        return [np.frombuffer(raw, dtype=INDEX_DTYPE).copy() for raw in raws]
+
     def _read(self, lo: int, hi: int, *, fresh: bool = False) -> np.ndarray:
         size = INDEX_DTYPE.itemsize
-        if not isinstance(self._local, str):  # at a URL: through the machine's ranged copy
-            raw = self._local.read([(self._start + lo * size, (hi - lo) * size)],
-                                   fresh=fresh)[0]
+        if self._ranged is not None:  # at a URL: through the machine's ranged copy
+            raw = self._ranged.read([(self._start + lo * size, (hi - lo) * size)],
+                                    fresh=fresh)[0]
             return np.frombuffer(raw, dtype=INDEX_DTYPE).copy()
         try:
             fd = os.open(self._local, os.O_RDONLY)
@@ -289,21 +307,12 @@ class IndexRows:
             self._check(p, rows)
             return rows
         except CorruptDataError:
-            if isinstance(self._local, str) or self._local is None:
+            if self._ranged is None:
                 raise
         first = p * self.piece_rows
         rows = self._read(first, first + len(rows), fresh=True)
         self._check(p, rows)
         return rows
-
-    def _fetch(self, pieces: list[int]) -> None:
-        """Bring ``pieces`` into the machine's ranged copy of a remote index
-        with one call (near ones merged into one request)."""
-        size, rows = INDEX_DTYPE.itemsize, self.piece_rows
-        spans = [(self._start + p * rows * size, (min(self._count, (p + 1) * rows) - p * rows)
-                  * size) for p in pieces]
-        if spans:
-            self._local.fetch(spans)
 
     def _check(self, piece: int, rows: np.ndarray) -> None:
         if self._checked_all:
