@@ -133,8 +133,6 @@ def process_cache():
     return cache
 
 
-_pool = None
-_pool_pid = None
 #: Requests to different objects one read sends at once.
 PARALLEL_OBJECTS = 8
 
@@ -142,15 +140,12 @@ PARALLEL_OBJECTS = 8
 def parallel_map(fn, items: list) -> list:
     """``fn`` of each item, on this process's request threads (in the calling
     thread for one item); the first error is raised after all have ended."""
-    global _pool, _pool_pid
     if len(items) <= 1:
         return [fn(item) for item in items]
-    if _pool is None or _pool_pid != os.getpid():  # threads never cross fork
-        from concurrent.futures import ThreadPoolExecutor
+    from fastdata.storage.forked import process_threads
 
-        _pool = ThreadPoolExecutor(PARALLEL_OBJECTS, thread_name_prefix="fastdata-ranges")
-        _pool_pid = os.getpid()
-    futures = [_pool.submit(fn, item) for item in items]
+    pool = process_threads("fastdata-ranges", PARALLEL_OBJECTS)
+    futures = [pool.submit(fn, item) for item in items]
     errors = [f.exception() for f in futures]
     for error in errors:
         if error is not None:

@@ -30,6 +30,21 @@ _pool_lock = threading.Condition()
 MAX_HELPERS = 2
 
 
+#: Thread pools by name: (the process that made it, the pool).
+_pools: dict = {}
+
+
+def process_threads(name: str, size: int):
+    """This process's pool of ``size`` threads named ``name``, made on first
+    use; threads never cross fork, so a forked child makes its own."""
+    found = _pools.get(name)
+    if found is None or found[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor
+
+        found = _pools[name] = (os.getpid(), ThreadPoolExecutor(size, thread_name_prefix=name))
+    return found[1]
+
+
 def mark_runtime() -> None:
     """Note that this process is about to use obstore itself."""
     global _runtime_pid

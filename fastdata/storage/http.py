@@ -9,16 +9,13 @@ of one call run in parallel.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 from fastdata.errors import StorageError
+from fastdata.storage.forked import process_threads
 from fastdata.storage.http_client import refused, request
 
 #: Ranges of one object nearer than this are fetched in one request (as obstore does).
 COALESCE = 1 << 20
 _PARALLEL = 8
-_executor = None
 
 
 def size(url: str, options: dict | None = None) -> int:
@@ -130,9 +127,5 @@ def read_ranges(url: str, ranges: list[tuple[int, int]], options: dict | None = 
     return out
 
 
-def _threads() -> ThreadPoolExecutor:
-    global _executor
-    if _executor is None or _executor._fastdata_pid != os.getpid():
-        _executor = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="fastdata-http")
-        _executor._fastdata_pid = os.getpid()
-    return _executor
+def _threads():
+    return process_threads("fastdata-http", _PARALLEL)
