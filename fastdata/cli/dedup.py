@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fastdata.cli.group import _handle_errors, _print_json, echo, main
+from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option, echo, main
 
 #: Groups listed in the text report (``--json`` lists all).
 SHOWN = 20
@@ -23,8 +23,7 @@ SHOWN = 20
                    "check in a pipeline).")
 @click.option("--json", "as_json", is_flag=True, help="Print every group as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
-@click.option("--allow-outside", is_flag=True,
-              help="Follow symbolic links in the dataset's folder that lead out of it.")
+@allow_outside_option
 @_handle_errors
 def dedup(path, against, fail_on_shared, as_json, progress, allow_outside):
     """Find the records of PATH with the same stored bytes (exact duplicates),

@@ -61,6 +61,14 @@ def _handle_errors(func):
     return wrapper
 
 
+#: ``--allow-outside`` of the commands that read a dataset (info, verify, dedup).
+allow_outside_option = click.option(
+    "--allow-outside", is_flag=True,
+    help="Follow symbolic links in the dataset's folder that lead out of it "
+         "(shards spread over disks by links you made). Refused by default: a "
+         "dataset from elsewhere must not make fastdata read other files.")
+
+
 def _print_json(data) -> None:
     echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 

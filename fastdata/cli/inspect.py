@@ -6,17 +6,14 @@ import sys
 
 import click
 
-from fastdata.cli.group import _handle_errors, _print_json, echo, main
+from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option, echo, main
 from fastdata.machine import human_bytes
 
 
 @main.command(short_help="Show what a dataset holds, or why it cannot be read.")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-@click.option("--allow-outside", is_flag=True,
-              help="Follow symbolic links in the dataset's folder that lead out of it "
-                   "(shards spread over disks by links you made). Refused by default: a "
-                   "dataset from elsewhere must not make fastdata read other files.")
+@allow_outside_option
 @_handle_errors
 def info(path, as_json, allow_outside):
     """Show the manifest of the packed dataset PATH, or what the mixture file
@@ -62,7 +59,8 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
              if isinstance(m.bytes.get(key), int)]
     shards = ", ".join(str(s.get("path")) for s in m.shards[:4])
     # One shard of a set: the encodings and the source are the whole set's.
-    whole = f" (all of {m.extra['shard_of']})" if m.extra.get("shard_of") else ""
+    shard_of = m.extra.get("shard_of")
+    whole = f" (all of {shard_of})" if shard_of else ""
     rows = [
         ("format", f"{m.format} ({written})"),
         ("records", f"{m.count:,}"),
@@ -71,7 +69,7 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
         ("encoding", _encoding_text(m.encoding or {}) + whole),
         ("size", ", ".join(sizes) or "not recorded"),
         ("shards", f"{len(m.shards)}: {shards}" + (" ..." if len(m.shards) > 4 else "")
-         + (f" (one shard of {m.extra['shard_of']})" if m.extra.get("shard_of") else "")),
+         + (f" (one shard of {shard_of})" if shard_of else "")),
         ("checksums", _checksums_text(m.checksums or {})),
         ("metadata", _metadata_text(m)),
         ("source", _source_text(m.source or {}) + whole),
@@ -165,10 +163,7 @@ def _source_text(source: dict) -> str:
                    "corrupt-data warning counts as damaged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
-@click.option("--allow-outside", is_flag=True,
-              help="Follow symbolic links in the dataset's folder that lead out of it "
-                   "(shards spread over disks by links you made). Refused by default: a "
-                   "dataset from elsewhere must not make fastdata read other files.")
+@allow_outside_option
 @_handle_errors
 def verify(path, decode, as_json, progress, allow_outside):
     """Check every byte of PATH that its manifest covers.

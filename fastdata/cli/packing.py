@@ -101,10 +101,11 @@ def _options(out: str) -> tuple:
         click.option("--jpeg-restarts", is_flag=True,
                      help="Store JPEGs with a restart marker after every MCU (16x16 pixels "
                           "at 4:2:0), so that fastdata.RandomResizedCrop decodes only the "
-                          "blocks a training crop covers; files grow by about 5 percent. Re-encoded JPEGs "
-                          "(--encoding jpeg, --resize) get them from the encoder; original "
-                          "bytes are rewritten losslessly (the same pixels), which needs "
-                          "libjpeg-turbo 3.1 or later (FASTDATA_TURBOJPEG)."),
+                          "blocks a training crop covers; files grow by about 5 percent. "
+                          "Re-encoded JPEGs (--encoding jpeg, --resize) get them from the "
+                          "encoder; original bytes are rewritten losslessly (the same "
+                          "pixels), which needs libjpeg-turbo 3.1 or later "
+                          "(FASTDATA_TURBOJPEG)."),
         click.option("--workers", type=int, default=None, metavar="N",
                      help="Processes reading, checking and preprocessing images [default: "
                           "usable cores]. Every N gives the same files byte for byte, except "
