@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,19 @@ class HTTPServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextmanager
+def http_site(root, monkeypatch, cache):
+    """A fresh HTTP server for the folder ``root``, with the test's own shard
+    cache at ``cache`` and no cache limit; closed at the end."""
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(cache))
+    monkeypatch.delenv("FASTDATA_CACHE_LIMIT", raising=False)
+    server = HTTPServer(root)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")

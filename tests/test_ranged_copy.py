@@ -37,17 +37,14 @@ def served(tmp_path_factory):
 
 @pytest.fixture
 def site(served, monkeypatch, tmp_path):
-    from servers import HTTPServer
+    from servers import http_site
 
     www, labels = served
-    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FASTDATA_CACHE_LIMIT", raising=False)
-    server = HTTPServer(www)
-    server.www, server.labels = www, labels
-    server.manifest = f"{server.url}/d.tar.fastdata.json"
-    server.cache = tmp_path / "cache" / "objects"
-    yield server
-    server.close()
+    with http_site(www, monkeypatch, tmp_path / "cache") as server:
+        server.www, server.labels = www, labels
+        server.manifest = f"{server.url}/d.tar.fastdata.json"
+        server.cache = tmp_path / "cache" / "objects"
+        yield server
 
 
 def _index_ranges(site) -> list[tuple[int, int]]:

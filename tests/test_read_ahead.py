@@ -39,16 +39,13 @@ def served(tmp_path_factory):
 
 @pytest.fixture
 def site(served, monkeypatch, tmp_path):
-    from servers import HTTPServer
+    from servers import http_site
 
     local, www = served
-    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FASTDATA_CACHE_LIMIT", raising=False)
-    server = HTTPServer(www)
-    server.local = local
-    server.manifest = f"{server.url}/d.tar.fastdata.json"
-    yield server
-    server.close()
+    with http_site(www, monkeypatch, tmp_path / "cache") as server:
+        server.local = local
+        server.manifest = f"{server.url}/d.tar.fastdata.json"
+        yield server
 
 
 def _shard_bytes(local: str) -> list[int]:
