@@ -44,6 +44,7 @@ _LAZY = {
     "pack": "fastdata.packers.pack:pack",
     "convert": "fastdata.packers.convert:convert",
     "dedup": "fastdata.dedup:dedup",
+    "subset": "fastdata.views.subset:subset",
     "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",

@@ -77,6 +77,19 @@ class DedupReport:
         dropping the duplicates would remove."""
         return sum(sum(m.dataset == 0 for m in g.members) - 1 for g in self.within())
 
+    def to_drop(self) -> list[int]:
+        """Indices of the first dataset a clean view leaves out: each group's
+        records of it beyond the first, and every one of a group it shares
+        with another dataset."""
+        drop = set()
+        for group in self.groups:
+            mine = [m.index for m in group.members if m.dataset == 0]
+            if len(group.datasets()) > 1:
+                drop.update(mine)
+            else:
+                drop.update(mine[1:])
+        return sorted(drop)
+
     def to_dict(self) -> dict:
         return {
             "datasets": [{"path": p, "records": n} for p, n in zip(self.datasets, self.records)],
@@ -108,20 +121,35 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
         for where in paths:
             reader = open_reader(where, allow_outside=allow_outside)
             readers.append(reader)
-            found = np.empty((len(reader), 2), dtype=np.uint64)
-            with progress_bar(len(reader), f"hashing {os.path.basename(where.rstrip('/'))}",
-                              enabled=progress) as bar:
-                for i, data, _ in reader.records(check=True):
-                    found[i] = np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(),
-                                             dtype="<u8")
-                    bar.update()
-            digests.append(found)
+            digests.append(record_digests(reader, progress=progress))
             counts.append(len(reader))
         groups = _groups(np.concatenate(digests), counts, readers)
     finally:
         for reader in readers:
             reader.close()
     return DedupReport(paths, counts, groups)
+
+
+def digest(data) -> np.ndarray:
+    """A record's content digest: BLAKE2b-128 of its stored bytes, as two uint64."""
+    return np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), dtype="<u8")
+
+
+def record_digests(reader, *, progress: bool | None = None) -> np.ndarray:
+    """The digest of every record of ``reader`` (``(n, 2)`` uint64), read once
+    in stored order and checked against its CRC-32."""
+    found = np.empty((len(reader), 2), dtype=np.uint64)
+    name = os.path.basename(str(reader.url or reader.path).rstrip("/"))
+    with progress_bar(len(reader), f"hashing {name}", enabled=progress) as bar:
+        for i, data, _ in reader.records(check=True):
+            found[i] = digest(data)
+            bar.update()
+    return found
+
+
+def digest_keys(digests: np.ndarray) -> np.ndarray:
+    """Digests as one sortable 16-byte value each (numpy ``V16``)."""
+    return np.ascontiguousarray(digests).view("V16").ravel()
 
 
 def _groups(digests: np.ndarray, counts: list[int], readers) -> list[DuplicateGroup]:
@@ -132,7 +160,7 @@ def _groups(digests: np.ndarray, counts: list[int], readers) -> list[DuplicateGr
     per record; only the duplicates become Python objects."""
     if len(digests) < 2:
         return []
-    keys = np.ascontiguousarray(digests).view("V16").ravel()
+    keys = digest_keys(digests)
     order = np.argsort(keys, kind="stable")  # equal digests stay in dataset, index order
     sorted_keys = keys[order]
     # Position k of ``repeats``: sorted record k + 1 has record k's digest.

@@ -21,11 +21,17 @@ SHOWN = 20
 @click.option("--fail-on-shared", is_flag=True,
               help="Exit 1 when PATH shares a record with an --against dataset (for a "
                    "check in a pipeline).")
+@click.option("--write-view", "write_view", metavar="VIEW",
+              help="Write a view (NAME.fastdata.json, beside PATH) without the duplicates: "
+                   "the first record of each group stays; with --against, records shared "
+                   "with those datasets go too.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --write-view file.")
 @click.option("--json", "as_json", is_flag=True, help="Print every group as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @allow_outside_option
 @_handle_errors
-def dedup(path, against, fail_on_shared, as_json, progress, allow_outside):
+def dedup(path, against, fail_on_shared, write_view, overwrite, as_json, progress,
+          allow_outside):
     """Find the records of PATH with the same stored bytes (exact duplicates),
     grouped, each record by index and key; with --against, the records PATH
     shares with other datasets.
@@ -38,14 +44,24 @@ def dedup(path, against, fail_on_shared, as_json, progress, allow_outside):
     Examples:
       fastdata dedup train.lmdb
       fastdata dedup train.lmdb --against val.lmdb --against test.lmdb
+      fastdata dedup train.lmdb --against val.lmdb --write-view clean.fastdata.json
     """
     from fastdata.dedup import dedup as find
 
     report = find(path, against=against, progress=progress, allow_outside=allow_outside)
+    written = None
+    if write_view:
+        from fastdata.views.subset import subset
+
+        written = subset(path, write_view, exclude_indices=report.to_drop(),
+                         overwrite=overwrite, progress=progress, allow_outside=allow_outside)
     if as_json:
-        _print_json(report.to_dict())
+        _print_json({**report.to_dict(), **({"view": written.to_dict()} if written else {})})
     else:
         _print_report(report)
+        if written is not None:
+            echo(f"wrote {written.path}: {written.records:,} of {written.parent_records:,} "
+                 f"records (without {len(report.to_drop()):,})")
     if fail_on_shared and report.shared():
         sys.exit(1)
 

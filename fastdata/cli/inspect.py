@@ -64,6 +64,7 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     rows = [
         ("format", f"{m.format} ({written})"),
         ("records", f"{m.count:,}"),
+        *_view_rows(m),
         ("classes", f"{len(m.classes)}: {classes}" if m.classes
          else "none (unlabelled records, label -1)"),
         ("encoding", _encoding_text(m.encoding or {}) + whole),
@@ -81,6 +82,17 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     rows += [("", f"{k}: {_plain(v)}") for k, v in (m.pack_options or {}).items()
              if isinstance(v, dict)]
     return rows
+
+
+def _view_rows(m) -> list[tuple[str, str]]:
+    """A view's parent and selectors (none for a dataset)."""
+    view = m.extra.get("view") if isinstance(m.extra, dict) else None
+    if not isinstance(view, dict):
+        return []
+    share = m.count / max(1, int(view.get("parent_records") or 1))
+    return [("view", f"{m.count:,} of {int(view.get('parent_records') or 0):,} records "
+                     f"({share:.1%}) of {view.get('parent')}, made {view.get('created_at')}"),
+            ("selected", _plain(view.get("selected_by") or {}) or "all records")]
 
 
 def _order_text(m) -> str:

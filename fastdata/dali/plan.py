@@ -147,6 +147,11 @@ def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
     if choice == "external":
         return None
     spec = get_format(reader.format_name)
+    if getattr(reader, "is_view", False):  # DALI's readers would read every record
+        if choice == "dali":
+            raise FastDataError("DALI's own readers read whole files, not a view's selected "
+                                "records; use reader='auto' or 'external'", path=request.path)
+        return None
     native = dali_reader(spec)
     if native is None:
         if choice == "dali":

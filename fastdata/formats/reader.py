@@ -87,6 +87,13 @@ class Reader:
             TypeError: a setting this format's reader does not have, naming
                 those it has.
         """
+        from fastdata.views.view_file import is_view_file
+
+        if is_view_file(path):  # a view of a dataset of this format
+            from fastdata.views.reader import open_view
+
+            return open_view(path, verify=verify, allow_outside=allow_outside,
+                             settings=settings)
         settings = dict(settings or {})
         unknown = sorted(set(settings) - set(cls.settings()))
         if unknown:

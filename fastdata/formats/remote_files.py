@@ -85,6 +85,19 @@ def manifest_bytes(path, *, for_reader: bool = False) -> bytes:
     return data
 
 
+def peek_manifest(path) -> bytes:
+    """A manifest's bytes without taking them from the reader that asks next:
+    at a URL, those a detection fetched a moment ago (else fetched, and kept
+    for that reader)."""
+    if is_remote(path):
+        import time
+
+        entry = _RECENT.get(path)
+        if entry is not None and time.monotonic() - entry[0] <= _RECENT_SECONDS:
+            return entry[1]
+    return manifest_bytes(path)
+
+
 def fetched_manifest(path) -> bool:
     """Whether the manifest at ``path`` (a URL) was fetched a moment ago, so it
     need not be asked about again."""
