@@ -173,10 +173,11 @@ class RangedReads:
         self._objects: dict[str, object] = {}
         self._pid = os.getpid()
 
-    def read(self, url: str, ranges: list[tuple[int, int]], *, size: int | None = None
-             ) -> list[bytes]:
+    def read(self, url: str, ranges: list[tuple[int, int]], *, size: int | None = None,
+             coalesce: int | None = None) -> list[bytes]:
         """The bytes of each (start, length) range of ``url``; ``size``: the
-        object's size as the manifest gives it (no request asks for it)."""
+        object's size as the manifest gives it (no request asks for it);
+        ``coalesce``: see ``RemoteObject.read_ranges``."""
         if self._pid != os.getpid():  # a client never crosses fork
             self._objects, self._pid = {}, os.getpid()
         obj = self._objects.get(url)
@@ -184,7 +185,7 @@ class RangedReads:
             from fastdata.storage import open_remote
 
             obj = self._objects[url] = open_remote(url, size=size or None)
-        return obj.read_ranges(ranges)
+        return obj.read_ranges(ranges, coalesce=coalesce)
 
     def __getstate__(self):
         return {"_objects": {}, "_pid": None}

@@ -14,7 +14,8 @@ from fastdata.storage.forked import receive, send
 OPS = {
     "size": lambda url, opts: objects.RemoteObject(url, opts).size(),
     "read": lambda url, opts, limit=None: objects.RemoteObject(url, opts).read(limit=limit),
-    "read_ranges": lambda url, opts, ranges: objects.RemoteObject(url, opts).read_ranges(ranges),
+    "read_ranges": lambda url, opts, ranges, coalesce=None:
+        objects.RemoteObject(url, opts).read_ranges(ranges, coalesce=coalesce),
     "download": lambda url, opts, dest, limit=None:
         objects.RemoteObject(url, opts).download(dest, limit=limit),
     "exists": lambda url, opts: objects.exists(url, opts),

@@ -103,20 +103,27 @@ def read_range(url: str, start: int, length: int, options: dict | None = None) -
     return data
 
 
-def read_ranges(url: str, ranges: list[tuple[int, int]], options: dict | None = None
-                ) -> list[bytes]:
-    """The bytes of each (start, length): ranges nearer than COALESCE bytes go
-    out as one request, and the requests run in parallel."""
+def read_ranges(url: str, ranges: list[tuple[int, int]], options: dict | None = None, *,
+                coalesce: int = COALESCE) -> list[bytes]:
+    """The bytes of each (start, length): ranges at most ``coalesce`` bytes
+    apart go out as one request, and the requests run in parallel."""
+    return spans_read(ranges, coalesce,
+                      lambda span: read_range(url, span[0], span[1] - span[0], options))
+
+
+def spans_read(ranges: list[tuple[int, int]], coalesce: int, fetch) -> list[bytes]:
+    """Each (start, length) range's bytes, ranges at most ``coalesce`` bytes
+    apart merged into one span, ``fetch((start, end))`` called once per span
+    (in parallel when there are several)."""
     order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
     spans: list[list] = []  # [start, end, [k ...]]
     for k in order:
         start, length = ranges[k]
-        if spans and start - spans[-1][1] <= COALESCE:
+        if spans and start - spans[-1][1] <= coalesce:
             spans[-1][1] = max(spans[-1][1], start + length)
             spans[-1][2].append(k)
         else:
             spans.append([start, start + length, [k]])
-    fetch = lambda span: read_range(url, span[0], span[1] - span[0], options)  # noqa: E731
     bodies = list(_threads().map(fetch, spans)) if len(spans) > 1 else [fetch(spans[0])]
     out: list[bytes] = [b""] * len(ranges)
     for (first, _end, ks), body in zip(spans, bodies):

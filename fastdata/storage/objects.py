@@ -96,9 +96,14 @@ class RemoteObject:
     def read_range(self, start: int, length: int) -> bytes:
         return self.read_ranges([(start, length)])[0]
 
-    def read_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def read_ranges(self, ranges: list[tuple[int, int]], *, coalesce: int | None = None
+                    ) -> list[bytes]:
         """The bytes of each (start, length) range; remote ranges go out as one
-        obstore get_ranges call, which merges near ones into fewer requests."""
+        obstore get_ranges call, which merges near ones (1 MiB) into fewer
+        requests. ``coalesce``: merge only ranges at most that many bytes
+        apart instead (0: only touching ones), each merged span its own
+        request, the requests run at once: for reads that must not fetch
+        the bytes between ranges (a view's unselected records)."""
         ranges = list(ranges)
         if not ranges:
             return []
@@ -106,11 +111,19 @@ class RemoteObject:
         if self._local is not None:
             return _local_call(self.url, _read_local_ranges, self._local, ranges)
         if self._http:
-            return http.read_ranges(self.url, ranges, self.storage_options)
+            return http.read_ranges(self.url, ranges, self.storage_options,
+                                    coalesce=http.COALESCE if coalesce is None else coalesce)
         if forked():
-            return via_helper("read_ranges", self.url, self.storage_options, ranges)
+            return via_helper("read_ranges", self.url, self.storage_options, ranges, coalesce)
         import obstore
         store, key = _store_and_key(self.url, self.storage_options)
+        if coalesce is not None:
+            def fetch(span):
+                with self._translated():
+                    return bytes(obstore.get_range(store, key, start=span[0],
+                                                   length=span[1] - span[0]))
+
+            return http.spans_read(ranges, coalesce, fetch)
         with self._translated():
             parts = obstore.get_ranges(store, key, starts=[s for s, _ in ranges],
                                        lengths=[n for _, n in ranges])

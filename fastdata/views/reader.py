@@ -150,6 +150,8 @@ class ViewReader(Reader):
             raise ManifestError("the view's counts do not add up; make the view again",
                                 path=self.path)
         self.view = view
+        if hasattr(self.parent, "coalesce"):  # never fetch unselected records by range
+            self.parent.coalesce = 0
         self.format_name = view.format
         self.walk_in_child = self.parent.walk_in_child
         self.url = self.parent.url

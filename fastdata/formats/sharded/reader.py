@@ -72,6 +72,10 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
     def __init__(self, path, *, verify: bool = True, allow_outside: bool = False) -> None:
         self._fds: dict[int, int] = {}
         self._ranged = RangedReads()  # records of shards at URLs
+        #: How far apart records read by range may be and go in one request
+        #: (None: the store's own merging, 1 MiB); a view sets 0, since the
+        #: bytes between its records are never needed.
+        self.coalesce: int | None = None
         self._local_shards: dict[int, str] = {}  # remote shards with a downloaded copy
         self._index: IndexRows | None = None
         self._shard_paths: list[str] = []
@@ -386,7 +390,8 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
             shard, ks = item
             ranges = [(int(rows["offset"][k]), int(rows["size"][k])) for k in ks]
             url = self._shard_paths[shard]
-            got = self._ranged.read(url, ranges, size=self._shard_sizes[shard])
+            got = self._ranged.read(url, ranges, size=self._shard_sizes[shard],
+                                    coalesce=self.coalesce)
             for k, (offset, size), raw in zip(ks, ranges, got):
                 if len(raw) != size:
                     raise CorruptDataError(
