@@ -45,6 +45,7 @@ _LAZY = {
     "convert": "fastdata.packers.convert:convert",
     "dedup": "fastdata.dedup:dedup",
     "subset": "fastdata.views.subset:subset",
+    "append": "fastdata.versions.append:append",
     "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",

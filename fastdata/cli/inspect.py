@@ -13,15 +13,28 @@ from fastdata.machine import human_bytes
 @main.command(short_help="Show what a dataset holds, or why it cannot be read.")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("--history", is_flag=True,
+              help="List the dataset's versions (each append or join makes one): number, "
+                   "when, what changed, records and digest.")
+@click.option("--version", "version", type=click.IntRange(1), default=None, metavar="N",
+              help="Show version N of a dataset that has changed since its pack.")
 @allow_outside_option
 @_handle_errors
-def info(path, as_json, allow_outside):
+def info(path, as_json, history, version, allow_outside):
     """Show the manifest of the packed dataset PATH, or what the mixture file
     PATH (a JSON or YAML file of sources and weights) mixes, with each epoch's
     shares. The last line lists the decoders offered on this machine and why
     any other is not (--json prints the manifest alone)."""
     from fastdata.formats import read_manifest
     from fastdata.mixture_file import is_mixture_file
+
+    if history:
+        _print_history(path, as_json)
+        return
+    if version is not None:
+        from fastdata.formats.registry import version_path
+
+        path = version_path(path, version)
 
     if is_mixture_file(path):
         from fastdata.cli.mixture_info import print_mixture
@@ -65,6 +78,7 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
         ("format", f"{m.format} ({written})"),
         ("records", f"{m.count:,}"),
         *_view_rows(m),
+        *_version_rows(m),
         ("classes", f"{len(m.classes)}: {classes}" if m.classes
          else "none (unlabelled records, label -1)"),
         ("encoding", _encoding_text(m.encoding or {}) + whole),
@@ -84,6 +98,24 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     return rows
 
 
+def _print_history(path: str, as_json: bool) -> None:
+    """The versions of the dataset at ``path``, oldest first."""
+    from fastdata.versions.history import versions
+
+    found = versions(path)
+    if as_json:
+        _print_json([{k: v for k, v in {**x.to_dict(), "sha256": x.sha256}.items()
+                      if k not in ("kind", "schema")} for x in found])
+        return
+    if not found:
+        echo(f"{path}: one version, the pack (no change since)")
+        return
+    echo(f"{path}: {len(found)} version(s), the current one last")
+    for x in found:
+        echo(f"  v{x.number:<3} {x.created_at}  {x.records:>12,} records  {x.sha256[:12]}  "
+             f"{x.change}: {x.summary}")
+
+
 def _view_rows(m) -> list[tuple[str, str]]:
     """A view's parent and selectors (none for a dataset)."""
     view = m.extra.get("view") if isinstance(m.extra, dict) else None
@@ -93,6 +125,15 @@ def _view_rows(m) -> list[tuple[str, str]]:
     return [("view", f"{m.count:,} of {int(view.get('parent_records') or 0):,} records "
                      f"({share:.1%}) of {view.get('parent')}, made {view.get('created_at')}"),
             ("selected", _plain(view.get("selected_by") or {}) or "all records")]
+
+
+def _version_rows(m) -> list[tuple[str, str]]:
+    """A changed dataset's version (none for one never changed)."""
+    version = m.extra.get("dataset_version") if isinstance(m.extra, dict) else None
+    if not isinstance(version, dict):
+        return []
+    return [("version", f"{version.get('number')} ({version.get('change')}; "
+                        f"{version.get('parts')} part(s); --history lists all)")]
 
 
 def _order_text(m) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from fastdata.cli.group import _handle_errors, _print_json, main
+from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.cli.packing import (PackingCommand, echo_summary, echo_warning, images_text,
                                   output_options, pack_options)
 from fastdata.encodings import TORCHVISION_EXTENSIONS
+from fastdata.errors import FastDataError
 
 
 @main.command(cls=PackingCommand,
@@ -38,13 +39,22 @@ from fastdata.encodings import TORCHVISION_EXTENSIONS
                    ".csv/.tsv/.jsonl list its file path, relative to the list's folder "
                    "(and inside it, unless --allow-outside) [default: path]; in Parquet the "
                    "image struct (bytes, path), its bytes or its path [default: image].")
+@click.option("--append", "append_", is_flag=True,
+              help="Add SOURCE's images to the existing dataset OUTPUT as a new version "
+                   "(new shards or a new part; nothing existing is rewritten). Keys it "
+                   "holds already are refused; new classes go at the end of its list. "
+                   "Give the options of the first pack.")
+@click.option("--skip-existing", is_flag=True,
+              help="With --append: pass over SOURCE's images whose key OUTPUT holds, "
+                   "instead of refusing them.")
 @click.option("--label-column", metavar="NAME", default=None,
               help="For a list or Parquet SOURCE: the column holding the labels, class names "
                    "(classes: the sorted names) or integers (kept as given; classes \"0\" to "
                    "the largest) [default: label, when there is one; without a label column "
                    "the records are unlabelled: label -1, no classes].")
 @_handle_errors
-def pack(source, output, scheduler, extensions, path_column, label_column, **shared):
+def pack(source, output, scheduler, extensions, path_column, label_column, append_,
+         skip_existing, **shared):
     """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
     SOURCE holds one sub-folder per class (the torchvision ImageFolder layout);
@@ -72,6 +82,11 @@ def pack(source, output, scheduler, extensions, path_column, label_column, **sha
     Nothing is left half-written: the output appears only when complete. An
     interrupted pack keeps the pieces it finished beside OUTPUT (hidden), and the
     same command with --resume continues it.
+
+    
+    With --append, SOURCE's images join the dataset OUTPUT as a new version:
+      fastdata pack new-images/ train.lmdb --append
+      fastdata info train.lmdb --history
     """
     from fastdata.packers.pack import pack as run_pack
     from fastdata.packers.sources.dispatch import open_source
@@ -81,9 +96,38 @@ def pack(source, output, scheduler, extensions, path_column, label_column, **sha
     if path_column is not None or label_column is not None or allow_outside:
         source = open_source(source, path_column=path_column, label_column=label_column,
                              extensions=extensions, allow_outside=allow_outside)
+    if skip_existing and not append_:
+        raise FastDataError("--skip-existing applies to --append")
+    if append_:
+        _append(source, output, options, skip_existing, shared, scheduler)
+        return
     summary = run_pack(source, output, options=options, progress=shared["progress"],
                        on_event=echo_warning, scheduler=scheduler)
     if shared["as_json"]:
         _print_json(summary.to_dict())
         return
     echo_summary(summary, options, f"packed {images_text(summary)}")
+
+
+def _append(source, output, options, skip_existing: bool, shared: dict, scheduler) -> None:
+    from fastdata.versions.append import append
+
+    if options.overwrite:
+        raise FastDataError("--append adds to OUTPUT; --overwrite would replace it: give one")
+    if scheduler is not None:
+        raise FastDataError("--append packs on this machine; leave out --scheduler")
+    result = append(source, output, options=options, skip_existing=skip_existing,
+                    progress=shared["progress"], on_event=echo_warning,
+                    allow_outside=shared["allow_outside"])
+    if shared["as_json"]:
+        _print_json(result.to_dict())
+        return
+    echo(f"appended {result.added:,} images to {output}: version {result.version}, "
+         f"{result.records:,} records")
+    if result.new_classes:
+        echo(f"  new classes (at the end of the list): {', '.join(result.new_classes)}")
+    if result.skipped_existing:
+        echo(f"  passed over {result.skipped_existing:,} image(s) whose key it holds: "
+             f"{', '.join(result.skipped_keys[:5])}"
+             f"{' ...' if result.skipped_existing > 5 else ''}")
+    echo_summary(result.summary, options, "packed the new part")

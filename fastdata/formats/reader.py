@@ -45,6 +45,32 @@ def open_lock() -> threading.Lock:
     return _OPEN_LOCK
 
 
+def _open_composite(path, *, verify: bool, allow_outside: bool, settings, versions: bool):
+    """The reader of a view, a version record or a changed dataset at
+    ``path``; None for the files of one packed dataset."""
+    if isinstance(path, (list, tuple)):
+        return None
+    from fastdata.versions.history import head_number, is_version_file, record_path
+    from fastdata.views.view_file import is_view_file
+
+    options = dict(verify=verify, allow_outside=allow_outside, settings=settings)
+    if is_view_file(path):
+        from fastdata.views.reader import open_view
+
+        return open_view(path, **options)
+    if is_version_file(path):
+        from fastdata.versions.reader import open_version
+
+        return open_version(path, **options)
+    if versions:
+        head = head_number(path)
+        if head is not None:
+            from fastdata.versions.reader import open_version
+
+            return open_version(record_path(path, head), **options)
+    return None
+
+
 class Reader:
     """Base class of format readers.
 
@@ -79,21 +105,23 @@ class Reader:
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = True,
-             allow_outside: bool = False, settings: Mapping[str, Any] | None = None):
+             allow_outside: bool = False, settings: Mapping[str, Any] | None = None,
+             versions: bool = True):
         """Open ``path`` with this reader; ``settings``: its own settings by
-        name (:meth:`settings`).
+        name (:meth:`settings`). A view file opens as the view
+        (fastdata.views), a version record as that version, and a dataset
+        that has changed since its pack as its current version
+        (fastdata.versions), unless ``versions`` is False: then the files at
+        ``path`` are read as they were packed (a version's first part).
 
         Raises:
             TypeError: a setting this format's reader does not have, naming
                 those it has.
         """
-        from fastdata.views.view_file import is_view_file
-
-        if is_view_file(path):  # a view of a dataset of this format
-            from fastdata.views.reader import open_view
-
-            return open_view(path, verify=verify, allow_outside=allow_outside,
-                             settings=settings)
+        opened = _open_composite(path, verify=verify, allow_outside=allow_outside,
+                                 settings=settings, versions=versions)
+        if opened is not None:
+            return opened
         settings = dict(settings or {})
         unknown = sorted(set(settings) - set(cls.settings()))
         if unknown:

@@ -270,6 +270,11 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
     check_local(path)  # an unsupported scheme (ftp://...) is not a folder name either
     if path.rstrip("/\\").lower().endswith(MANIFEST_SUFFIX):
         return _format_from_manifest(path)
+    if path.lower().endswith(".json"):
+        from fastdata.versions.history import is_version_file
+
+        if is_version_file(path):  # NAME.versions/vNNNNNN.json names its format
+            return _format_from_manifest(path)
     spec = _by_extension(path)
     if spec is not None:
         return spec
@@ -316,11 +321,39 @@ def _format_from_manifest(path: str) -> FormatSpec:
 
 
 def open_reader(path, *, verify: bool = True, allow_outside: bool = False,
-                settings: Mapping[str, Any] | None = None):
+                settings: Mapping[str, Any] | None = None, version: int | None = None,
+                versions: bool = True):
     """Open the packed dataset at ``path`` with the reader of its format
-    (``settings``: that reader's own, by name; see ``Reader.open``)."""
+    (``settings``: that reader's own, by name; see ``Reader.open``): its
+    current version, or version ``version`` (``fastdata info --history``
+    lists them); ``versions=False`` reads the files at ``path`` as packed."""
+    path = version_path(path, version)
     return detect_format(path).load_reader().open(path, verify=verify,
-                                                  allow_outside=allow_outside, settings=settings)
+                                                  allow_outside=allow_outside, settings=settings,
+                                                  versions=versions)
+
+
+def version_path(path, version: int | None):
+    """Where version ``version`` of the dataset at ``path`` is recorded
+    (``path`` itself for None).
+
+    Raises:
+        FastDataError: the dataset has no such version.
+    """
+    if version is None:
+        return path
+    from fastdata.versions.history import head_number, record_path
+
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise FastDataError(f"version must be a version number (1, 2, ...), not {version!r}",
+                            path=os.fspath(path))
+    head = head_number(path)
+    if version == 1 and head is None:
+        return path  # never changed: the pack is version 1
+    if head is None or version > head:
+        raise FastDataError(f"the dataset has no version {version} (it has 1 to {head or 1}; "
+                            f"fastdata info --history lists them)", path=os.fspath(path))
+    return record_path(path, version)
 
 
 def read_manifest(path, *, allow_outside: bool = False):

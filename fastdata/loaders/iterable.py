@@ -191,7 +191,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         order, the shards' bounds of ``block="shard"``, a random crop
         (:func:`fastdata.order.state.order_description`)."""
         return order_description(self.shuffle_mode, epoch, shaping=self.shaping(),
-                                 starts=shard_starts(self.shuffle_mode, self.reader))
+                                 starts=shard_starts(self.shuffle_mode, self.reader),
+                                 dataset=getattr(self.reader, "identity", None))
 
     # The order's fields, read where the stream's code and its users look for them.
     shuffle = property(lambda self: self.order.shuffle)

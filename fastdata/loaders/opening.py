@@ -39,6 +39,7 @@ def open_dataset(
     samples_per_epoch: int | None = None,
     classes: ClassMode | Sequence[str] | None = None,
     schedule: Callable | None = None,
+    version: int | None = None,
 ):
     """Open a packed dataset for training, map-style or as a stream.
 
@@ -79,6 +80,8 @@ def open_dataset(
         samples_per_epoch: a mixture only (see :func:`fastdata.mix`).
         classes: a mixture only (see :func:`fastdata.mix`).
         schedule: a mixture only (see :func:`fastdata.mix`).
+        version: read this version of a dataset that has changed since its
+            pack (``fastdata info --history`` lists them); None: the current.
 
     Returns:
         (PackedDataset | ShardedIterableDataset | MixedDataset): A map-style
@@ -95,13 +98,18 @@ def open_dataset(
     mapped = {"cache": cache, "decode_threads": decode_threads, "progress": progress}
     streamed = {"read_ahead": read_ahead, "remote_read": remote_read}
     mixed = {"samples_per_epoch": samples_per_epoch, "classes": classes, "schedule": schedule}
-    per_file = {"allow_outside": allow_outside or None, "reader_settings": reader_settings}
+    per_file = {"allow_outside": allow_outside or None, "reader_settings": reader_settings,
+                "version": version}
     if isinstance(path, Mapping) or is_mixture_file(path):
         _refuse("a mixture (read map-style, by random access into each source)",
                 streaming=streaming or None, **mapped, **streamed, **per_file)
         from fastdata.loaders.mixed import mix
 
         return mix(path, **common, **mixed)
+    if version is not None:
+        from fastdata.formats.registry import version_path
+
+        path = version_path(path, version)
     if streaming:
         _refuse("a stream (streaming=True)", **mapped, **mixed)
         from fastdata.loaders.iterable import ShardedIterableDataset

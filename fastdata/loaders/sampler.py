@@ -119,8 +119,10 @@ class EpochBatches(Sampler[list[int]]):
         order, the shards' bounds of ``block="shard"``, the dataset's random
         crop (:func:`fastdata.order.state.order_description`)."""
         shaping = getattr(self.dataset, "shaping", None)
+        reader = getattr(self.dataset, "reader", None)
         return order_description(self.shuffle_mode, epoch, starts=self._starts,
-                                 shaping=shaping() if shaping is not None else None)
+                                 shaping=shaping() if shaping is not None else None,
+                                 dataset=getattr(reader, "identity", None))
 
     def state_dict(self) -> dict:
         """The point the job has reached: this epoch and the samples of its

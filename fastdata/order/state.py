@@ -157,17 +157,21 @@ def _load(entry: dict):
 
 
 def order_description(order, epoch: int, *, shaping: Mapping | None = None,
-                      starts: np.ndarray | None = None) -> dict:
+                      starts: np.ndarray | None = None, dataset: Mapping | None = None
+                      ) -> dict:
     """What a resume state records of the order it was taken in, at epoch
     ``epoch``: the order's own description (a ``Shuffle``'s mode, seed, block
     and window, or a mixture's sources, shares and schedule), the shards'
     bounds when whole shards are the blocks (``starts``, as a digest), and
     what else draws from the sample's randomness (``shaping``: a random crop's
     settings, under ``"samples"``), and the order algorithm's version
-    (:data:`fastdata.order.bijection.ALGORITHM`). A state whose description
+    (:data:`fastdata.order.bijection.ALGORITHM`), and ``dataset``: the
+    version (or view) of a dataset that has them. A state whose description
     differs in any field is refused.
     """
     out = {"algorithm": ALGORITHM, **order.describe(epoch)}
+    if dataset:
+        out[DATASET] = dict(dataset)
     if starts is not None:
         digest = hashlib.blake2b(np.asarray(starts, dtype="<i8").tobytes(), digest_size=16)
         out["shards"] = {"count": len(starts), "digest": digest.hexdigest()}
@@ -176,6 +180,8 @@ def order_description(order, epoch: int, *, shaping: Mapping | None = None,
     return out
 
 
+#: The description's part naming the dataset's version (or view).
+DATASET = "dataset"
 #: The description's part that shapes samples, not which records come next
 #: (a reader of record indices alone does not compare it).
 SAMPLES = "samples"
@@ -230,9 +236,18 @@ def saved_point(state: dict) -> StreamPoint:
 
 def _check_dataset(entry, records: int, describe: Callable[[int], dict],
                    indices_only: bool) -> None:
+    saved_version = (entry.order or {}).get(DATASET, {}).get("version")
+    now_version = (describe(entry.epoch) if entry.order else {}).get(DATASET, {}).get("version")
+    if saved_version != now_version and (saved_version or now_version):
+        raise ValueError(
+            f"this state was saved reading version {saved_version or 1} of the dataset; "
+            f"this reads version {now_version or 1}. Open version {saved_version or 1} "
+            f"(version={saved_version or 1}) to resume exactly, or start the epoch afresh "
+            f"on the new version (fastdata info --history lists the versions)")
     if entry.records and entry.records != records:
         raise ValueError(f"this state was saved for a dataset of {entry.records} records; "
-                         f"this one has {records}")
+                         f"this one has {records} (if records were appended since, open the "
+                         f"version it was saved with: fastdata info --history)")
     if not entry.order:
         return
     algorithm = entry.order.get("algorithm", 1)

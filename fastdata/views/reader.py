@@ -125,9 +125,11 @@ class ViewReader(Reader):
                 raise ManifestError(f"the view says format {view.format!r} but its parent "
                                     f"{view.parent} is {spec.name!r}; make the view again",
                                     path=self.path)
+            # A dataset changed since keeps its pack as version 1: the view
+            # reads what it was made from (a later version is named as such).
             self.parent = spec.load_reader().open(parent_path, verify=self.verify,
                                                   allow_outside=self.allow_outside,
-                                                  settings=self._settings)
+                                                  settings=self._settings, versions=False)
             if getattr(self.parent, "is_view", False):
                 raise ManifestError("the parent of a view is a view; make views of the "
                                     "dataset itself (fastdata subset on a view does)",
@@ -166,6 +168,14 @@ class ViewReader(Reader):
                                               "created_at": view.created_at}})
         self._labels = MappedColumn(self.parent.labels, self.selection)
         self._crcs = None
+
+    @property
+    def identity(self) -> dict:
+        """What a resume state records of the dataset read: the selection,
+        and the parent's version where it has versions."""
+        out = {"view": self.view.selection.get("sha256")}
+        parent = getattr(self.parent, "identity", None)
+        return {**out, **parent} if parent else out
 
     # -- records ------------------------------------------------------------------
 

@@ -125,7 +125,8 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
     try:
         root = given.parent if getattr(given, "is_view", False) else given
         base = given.selection if root is not given else None
-        root_path = root.url or root.path
+        # A version is named as such (its record), so the view keeps reading it.
+        root_path = root.path if getattr(root, "is_version", False) else root.url or root.path
         if root is not given:  # the view's parent, as the view names it
             from fastdata.storage.urls import join
 
