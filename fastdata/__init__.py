@@ -46,6 +46,7 @@ _LAZY = {
     "dedup": "fastdata.dedup:dedup",
     "subset": "fastdata.views.subset:subset",
     "append": "fastdata.versions.append:append",
+    "join": "fastdata.versions.join:join",
     "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",

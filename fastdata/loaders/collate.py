@@ -10,13 +10,15 @@ sequence of ``(image, label)`` samples) and gives what it always gives
 dicts), made from the Batch's tensors in one copy instead of sample by
 sample: a plain ``DataLoader`` gets most of ``fastdata.collate``'s speed.
 Per-sample metadata (dicts) is never stacked: ``fastdata.collate`` hands a
-batch's dicts on as a list.
+batch's dicts on as a list (a :class:`MetadataBatch`, whose ``columns``
+stack the values that are numeric in every dict).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate
 
@@ -115,7 +117,7 @@ def collate(batch):
     """
     if isinstance(batch, Batch):
         out = [batch.images, batch.labels]
-        return out if batch.metadata is None else [*out, list(batch.metadata)]
+        return out if batch.metadata is None else [*out, MetadataBatch(batch.metadata)]
     shapes = _image_shapes(batch)
     if len(set(shapes)) > 1:
         from fastdata.errors import FastDataError
@@ -126,9 +128,31 @@ def collate(batch):
             len({len(s) for s in batch}) == 1 and \
             any(all(isinstance(s[k], dict) for s in batch) for k in range(len(batch[0]))):
         # Per field: the dicts as a list, the rest as torch collates them.
-        return [list(field) if all(isinstance(v, dict) for v in field)
+        return [MetadataBatch(field) if all(isinstance(v, dict) for v in field)
                 else default_collate(list(field)) for field in zip(*batch)]
     return default_collate(batch)
+
+
+class MetadataBatch(list):
+    """A batch's metadata: the list of its dicts, and in ``columns`` the
+    values that are numeric in every dict, stacked (a joined embedding:
+    ``metas.columns["emb"]``, float32 [B, 512]; a score: [B])."""
+
+    def __init__(self, dicts) -> None:
+        super().__init__(dicts)
+        self.columns: dict[str, torch.Tensor] = {}
+        if not self or not all(isinstance(d, dict) for d in self):
+            return
+        for name in self[0]:
+            values = [d.get(name) for d in self]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                self.columns[name] = torch.tensor(values)
+            elif all(hasattr(v, "dtype") and hasattr(v, "shape") for v in values) and \
+                    len({tuple(v.shape) for v in values}) == 1:
+                self.columns[name] = torch.as_tensor(np.stack(values))
+
+    def __reduce__(self):
+        return (MetadataBatch, (list(self),))
 
 
 def _image_shapes(batch) -> list[tuple]:

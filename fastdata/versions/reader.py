@@ -21,7 +21,55 @@ import numpy as np
 
 from fastdata.errors import ManifestError
 from fastdata.formats.reader import Reader
+from fastdata.versions.columns import JoinedColumns
 from fastdata.versions.history import Version, dataset_folder, read_version
+
+
+def _inside(folder: str, name: str, reader) -> str:
+    from fastdata.contained import Folder
+
+    return Folder(folder, where=reader.path, links_out=reader.allow_outside).path(
+        name, "columns.path")
+
+
+class RelabelledColumn:
+    """Labels a join gave (``labels.npy``) over the parts' own, for the
+    records the join covered."""
+
+    def __init__(self, own, joined: JoinedColumns) -> None:
+        self.own, self.joined = own, joined
+        self.dtype = np.dtype(np.int64)
+        self.shape = own.shape
+
+    def __len__(self) -> int:
+        return len(self.own)
+
+    def __getitem__(self, where):
+        new = self.joined.array("labels.npy")
+        if isinstance(where, (int, np.integer)):
+            i = int(where) + (len(self) if where < 0 else 0)
+            return int(new[i]) if i < len(new) else self.own[i]
+        if isinstance(where, slice):
+            where = np.arange(*where.indices(len(self)))
+        at = np.asarray(where, dtype=np.int64)
+        at = np.where(at < 0, at + len(self), at)
+        out = np.asarray(self.own[at], dtype=np.int64).copy()
+        covered = at < len(new)
+        out[covered] = new[at[covered]]
+        return out
+
+    def __iter__(self):
+        return iter(np.asarray(self))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def tolist(self) -> list:
+        return np.asarray(self).tolist()
+
+    def astype(self, dtype, copy: bool = True) -> np.ndarray:
+        return np.asarray(self).astype(dtype)
 
 
 class ConcatColumn:
@@ -111,6 +159,7 @@ class VersionReader(Reader):
     def __init__(self, path, *, verify: bool = True, allow_outside: bool = False,
                  settings: Mapping[str, Any] | None = None) -> None:
         self._settings = dict(settings or {})
+        self._joined: list[JoinedColumns] = []
         self.parts: list[Reader] = []
         self.version: Version | None = None
         super().__init__(path, verify=verify, allow_outside=allow_outside)
@@ -156,6 +205,14 @@ class VersionReader(Reader):
                 "number": version.number, "change": version.change,
                 "sha256": version.sha256, "parts": len(self.parts)}})
         self._labels = ConcatColumn([r.labels for r in self.parts], first)
+        folder = dataset_folder(self.path.rsplit(".versions", 1)[0])
+        self._joined = [JoinedColumns(_inside(folder, c["path"], self), c)
+                        for c in version.columns]
+        if version.labels:
+            self._labels = RelabelledColumn(self._labels, JoinedColumns(
+                _inside(folder, version.labels["path"], self),
+                {"records": version.labels["records"], "columns": {},
+                 "sha256": {"labels.npy": version.labels["sha256"]}}))
 
     @property
     def identity(self) -> dict:
@@ -226,15 +283,20 @@ class VersionReader(Reader):
 
     @property
     def has_metadata(self) -> bool:
-        return any(r.has_metadata for r in self.parts)
+        return bool(self._joined) or any(r.has_metadata for r in self.parts)
 
     def metadata_many(self, indices: Sequence[int]) -> list[dict]:
+        """The records' own metadata, with the joined columns' values added
+        (a later join's value of a name replaces an earlier one's)."""
         at, part, local = self._grouped(indices)
         out: list = [{}] * len(at)
         for p in np.unique(part).tolist():
             ks = np.flatnonzero(part == p)
             for k, meta in zip(ks.tolist(), self.parts[p].metadata_many(local[ks].tolist())):
                 out[k] = meta
+        for joined in self._joined:
+            out = [{**mine, **extra} if extra else mine
+                   for mine, extra in zip(out, joined.values(at.tolist()))]
         return out
 
     def metadata_bytes_many(self, indices, *, check: bool = True):
