@@ -43,7 +43,7 @@ from fastdata.errors import (  # noqa: E402  (light: no third-party imports)
 _LAZY = {
     "pack": "fastdata.packers.pack:pack",
     "convert": "fastdata.packers.convert:convert",
-    "dedup": "fastdata.dedup:dedup",
+    "dedup": "fastdata.duplicates:dedup",
     "subset": "fastdata.views.subset:subset",
     "append": "fastdata.versions.append:append",
     "join": "fastdata.versions.join:join",

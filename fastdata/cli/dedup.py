@@ -46,7 +46,7 @@ def dedup(path, against, fail_on_shared, write_view, overwrite, as_json, progres
       fastdata dedup train.lmdb --against val.lmdb --against test.lmdb
       fastdata dedup train.lmdb --against val.lmdb --write-view clean.fastdata.json
     """
-    from fastdata.dedup import dedup as find
+    from fastdata.duplicates import dedup as find
 
     report = find(path, against=against, progress=progress, allow_outside=allow_outside)
     written = None

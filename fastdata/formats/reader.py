@@ -45,29 +45,27 @@ def open_lock() -> threading.Lock:
     return _OPEN_LOCK
 
 
-def _open_composite(path, *, verify: bool, allow_outside: bool, settings, versions: bool):
+#: Files that open as their own kind of dataset, tried in order before a
+#: format's files: a view (fastdata.views) and a version (fastdata.versions).
+#: Each is a "module:function" taking ``(path, verify=, allow_outside=,
+#: settings=, versions=)`` and giving a reader or None, resolved where it is
+#: used, as the registry's readers are: the layers above register here, and
+#: this module imports none of them.
+COMPOSITE_OPENERS = ["fastdata.views.reader:open_if_view",
+                     "fastdata.versions.reader:open_if_versioned"]
+
+
+def _open_composite(path, **options):
     """The reader of a view, a version record or a changed dataset at
     ``path``; None for the files of one packed dataset."""
     if isinstance(path, (list, tuple)):
         return None
-    from fastdata.versions.history import head_number, is_version_file, record_path
-    from fastdata.views.view_file import is_view_file
+    from fastdata.lazy import load
 
-    options = dict(verify=verify, allow_outside=allow_outside, settings=settings)
-    if is_view_file(path):
-        from fastdata.views.reader import open_view
-
-        return open_view(path, **options)
-    if is_version_file(path):
-        from fastdata.versions.reader import open_version
-
-        return open_version(path, **options)
-    if versions:
-        head = head_number(path)
-        if head is not None:
-            from fastdata.versions.reader import open_version
-
-            return open_version(record_path(path, head), **options)
+    for target in COMPOSITE_OPENERS:
+        opened = load(target)(path, **options)
+        if opened is not None:
+            return opened
     return None
 
 

@@ -427,3 +427,20 @@ def open_version(path, *, verify: bool = True, allow_outside: bool = False,
     if hasattr(reader.parts[0], "shard_sizes"):
         reader.__class__ = ShardedVersionReader
     return reader
+
+
+def open_if_versioned(path, *, verify: bool = True, allow_outside: bool = False,
+                      settings: Mapping[str, Any] | None = None, versions: bool = True):
+    """The reader of a version record at ``path``, or of the current version
+    of a dataset changed since its pack (unless ``versions`` is False);
+    None otherwise (see ``fastdata.formats.reader.COMPOSITE_OPENERS``)."""
+    from fastdata.versions.history import head_number, is_version_file, record_path
+
+    options = dict(verify=verify, allow_outside=allow_outside, settings=settings)
+    if is_version_file(path):
+        return open_version(path, **options)
+    if versions:
+        head = head_number(path)
+        if head is not None:
+            return open_version(record_path(path, head), **options)
+    return None

@@ -120,6 +120,12 @@ class ViewReader(Reader):
         parent_path = Folder(folder, where=self.path, links_out=self.allow_outside).path(
             view.parent, "parent.path")
         if self.parent is None:
+            from fastdata.views.view_file import is_view_file
+
+            if is_view_file(parent_path):  # checked before opening: a loop never opens
+                raise ManifestError("the parent of a view is a view; make views of the "
+                                    "dataset itself (fastdata subset on a view does)",
+                                    path=self.path)
             spec = detect_format(parent_path)
             if spec.name != view.format:
                 raise ManifestError(f"the view says format {view.format!r} but its parent "
@@ -130,10 +136,6 @@ class ViewReader(Reader):
             self.parent = spec.load_reader().open(parent_path, verify=self.verify,
                                                   allow_outside=self.allow_outside,
                                                   settings=self._settings, versions=False)
-            if getattr(self.parent, "is_view", False):
-                raise ManifestError("the parent of a view is a view; make views of the "
-                                    "dataset itself (fastdata subset on a view does)",
-                                    path=self.path)
         manifest = self.parent.manifest
         if len(self.parent) != view.parent_records or \
                 manifest_digest(manifest) != view.parent_digest:
@@ -324,3 +326,14 @@ def open_view(path, *, verify: bool = True, allow_outside: bool = False,
         reader.__class__ = ShardedViewReader
     return reader
 
+
+
+def open_if_view(path, *, verify: bool = True, allow_outside: bool = False,
+                 settings: Mapping[str, Any] | None = None, versions: bool = True):
+    """The view's reader when ``path`` is a view file, else None (see
+    ``fastdata.formats.reader.COMPOSITE_OPENERS``)."""
+    from fastdata.views.view_file import is_view_file
+
+    if not is_view_file(path):
+        return None
+    return open_view(path, verify=verify, allow_outside=allow_outside, settings=settings)

@@ -194,7 +194,7 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
                 for lo in range(0, n, CHUNK)))
         if selection.count == 0:
             raise FastDataError("the selectors select no record; nothing written", path=out)
-        counts = np.bincount(picked, minlength=len(names)).tolist()
+        counts = np.bincount(picked[picked >= 0], minlength=len(names)).tolist()
         asked = {k: v for k, v in dict(
             classes=list(classes) if classes else None,
             keys=len(keep_keys) if keep_keys is not None else None,
@@ -237,7 +237,9 @@ def _where_mask(root, test, at, mask, chunk_keys, labels, names) -> np.ndarray:
     metas = root.metadata_many(at[todo].tolist()) if root.has_metadata else [{}] * len(todo)
     for j, meta in zip(todo.tolist(), metas):
         fields = dict(meta) if isinstance(meta, dict) else {}
-        fields.update(key=chunk_keys[j], label=int(labels[j]), **{"class": names[labels[j]]})
+        label = int(labels[j])
+        fields.update(key=chunk_keys[j], label=label,
+                      **{"class": names[label] if 0 <= label < len(names) else None})
         out[j] = test(fields)
     return out
 
@@ -246,7 +248,7 @@ def _exclude_digests(exclude, allow_outside: bool, progress) -> np.ndarray | Non
     """The sorted content digests of every ``exclude`` dataset (None: none)."""
     if not exclude:
         return None
-    from fastdata.dedup import digest_keys, record_digests
+    from fastdata.duplicates import digest_keys, record_digests
     from fastdata.formats import open_reader
 
     found = []
@@ -258,7 +260,7 @@ def _exclude_digests(exclude, allow_outside: bool, progress) -> np.ndarray | Non
 
 def _content_hits(root, indices: np.ndarray, other: np.ndarray) -> np.ndarray:
     """Whether each record's bytes are among ``other``'s digests."""
-    from fastdata.dedup import digest, digest_keys
+    from fastdata.duplicates import digest, digest_keys
 
     mine = np.stack([digest(d) for d in root.read_many(indices.tolist(), check=True)])
     keys = digest_keys(mine)
@@ -273,7 +275,8 @@ def _sample(bits: np.ndarray, n: int, root, picked: np.ndarray, fraction: float,
     bijection of the group's size sends its rank below that number."""
     from fastdata.order.bijection import Bijection, mix64
 
-    groups = np.bincount(picked, minlength=len(root.classes)) if stratify else \
+    # Group g + 1 is class g's records; group 0 the unlabelled ones (label -1).
+    groups = np.bincount(picked + 1, minlength=len(root.classes) + 1) if stratify else \
         np.asarray([len(picked)])
     keep = np.rint(groups * fraction).astype(np.int64)
     base = int(mix64(np.uint64(seed))[0])
@@ -288,7 +291,7 @@ def _sample(bits: np.ndarray, n: int, root, picked: np.ndarray, fraction: float,
         at = np.flatnonzero(mask)
         if len(at):
             labels = np.asarray(root.labels[at + lo], np.int64)
-            group = labels if stratify else np.zeros(len(at), np.int64)
+            group = labels + 1 if stratify else np.zeros(len(at), np.int64)
             chosen = np.zeros(len(at), bool)
             for g in np.unique(group).tolist():
                 here = group == g

@@ -164,7 +164,7 @@ def parent_name(view_path: str, parent_path: str) -> str:
         rel = os.path.relpath(os.path.abspath(parent_path),
                               os.path.dirname(os.path.abspath(view_path)))
         name = None if rel.split(os.sep)[0] == ".." else rel.replace(os.sep, "/")
-    if not name or posixpath.normpath(name).startswith(".."):
+    if not name or name in (".", "./") or posixpath.normpath(name).startswith(".."):
         raise FastDataError(
             f"a view lives in its parent's folder (or URL prefix), or above it: its parent "
             f"{parent_path} is outside {os.path.dirname(view_path) or '.'}; write the view "
@@ -183,9 +183,13 @@ def write_view_file(view: ViewFile, *, overwrite: bool = False) -> None:
     from fastdata.formats.remote_files import exists, is_remote
 
     data = json.dumps(view.to_dict(), indent=1).encode("utf-8") + b"\n"
-    if not overwrite and exists(view.path):
-        raise OutputExistsError("the view file exists; pass overwrite=True (CLI: "
-                                "--overwrite) to replace it", path=view.path)
+    if exists(view.path):
+        if not is_view_file(view.path):  # a dataset's manifest, or another file
+            raise FastDataError("a file that is not a view is there; a view never replaces "
+                                "it: give the view another name", path=view.path)
+        if not overwrite:
+            raise OutputExistsError("the view file exists; pass overwrite=True (CLI: "
+                                    "--overwrite) to replace it", path=view.path)
     if is_remote(view.path):
         from fastdata.storage import upload_bytes
 

@@ -44,7 +44,7 @@ def compile_where(text: str) -> Callable[[dict], bool]:
             the part refused.
     """
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(_keywords_as_names(text.strip()), mode="eval")
     except SyntaxError as exc:
         raise FastDataError(f"--where {text!r} is not an expression ({exc.msg} at column "
                             f"{exc.offset})") from None
@@ -57,6 +57,30 @@ def compile_where(text: str) -> Callable[[dict], bool]:
             return False
 
     return test
+
+
+#: Field names that are Python keywords, read as names of the same length
+#: (``class``), so every part of the expression keeps its column.
+FIELD_KEYWORDS = {"class": "_clas"}
+
+
+def _keywords_as_names(text: str) -> str:
+    """``text`` with the keyword ``class`` (outside strings) renamed, so the
+    field of that name parses as a name."""
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text  # the parser reports it
+    lines = text.splitlines(keepends=True) or [""]
+    for t in reversed(tokens):
+        if t.type == tokenize.NAME and t.string in FIELD_KEYWORDS:
+            row, col = t.start
+            line = lines[row - 1]
+            lines[row - 1] = line[:col] + FIELD_KEYWORDS[t.string] + line[col + len(t.string):]
+    return "".join(lines)
 
 
 def _refuse(node: ast.AST, text: str) -> FastDataError:
@@ -75,7 +99,7 @@ def _build(node: ast.AST, text: str) -> Callable[[dict], Any]:
         parts = [_build(e, text) for e in node.elts]
         return lambda fields: [p(fields) for p in parts]
     if isinstance(node, ast.Name):
-        name = node.id
+        name = next((k for k, v in FIELD_KEYWORDS.items() if v == node.id), node.id)
         return lambda fields: fields.get(name, _MISSING)
     if isinstance(node, ast.Attribute):
         inner, name = _build(node.value, text), node.attr
