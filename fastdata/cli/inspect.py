@@ -101,8 +101,9 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
 def _print_history(path: str, as_json: bool) -> None:
     """The versions of the dataset at ``path``, oldest first."""
     from fastdata.versions.history import versions
+    from fastdata.versions.reader import dataset_path
 
-    found = versions(path)
+    found = versions(dataset_path(path))
     if as_json:
         _print_json([{k: v for k, v in {**x.to_dict(), "sha256": x.sha256}.items()
                       if k not in ("kind", "schema")} for x in found])

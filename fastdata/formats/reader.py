@@ -46,13 +46,16 @@ def open_lock() -> threading.Lock:
 
 
 #: Files that open as their own kind of dataset, tried in order before a
-#: format's files: a view (fastdata.views) and a version (fastdata.versions).
-#: Each is a "module:function" taking ``(path, verify=, allow_outside=,
-#: settings=, versions=)`` and giving a reader or None, resolved where it is
-#: used, as the registry's readers are: the layers above register here, and
-#: this module imports none of them.
+#: format's files: a view (fastdata.views) and a version record
+#: (fastdata.versions). Each is a "module:function" taking ``(path,
+#: verify=, allow_outside=, settings=)`` and giving a reader or None,
+#: resolved where it is used, as the registry's readers are: the layers
+#: above are named here, and this module imports none of them.
 COMPOSITE_OPENERS = ["fastdata.views.reader:open_if_view",
-                     "fastdata.versions.reader:open_if_versioned"]
+                     "fastdata.versions.reader:open_if_version"]
+#: Given a format's reader just opened, the reader of the dataset's current
+#: version when it has changed since its pack, else None.
+CURRENT_VERSION = "fastdata.versions.reader:open_current"
 
 
 def _open_composite(path, **options):
@@ -117,7 +120,7 @@ class Reader:
                 those it has.
         """
         opened = _open_composite(path, verify=verify, allow_outside=allow_outside,
-                                 settings=settings, versions=versions)
+                                 settings=settings)
         if opened is not None:
             return opened
         settings = dict(settings or {})
@@ -126,7 +129,16 @@ class Reader:
             have = ", ".join(cls.settings()) or "none"
             raise TypeError(f"the {cls.format_name or cls.__name__} reader has no setting "
                             f"{', '.join(map(repr, unknown))} (its settings: {have})")
-        return cls(path, verify=verify, allow_outside=allow_outside, **settings)
+        reader = cls(path, verify=verify, allow_outside=allow_outside, **settings)
+        if versions and not isinstance(path, (list, tuple)):
+            from fastdata.lazy import load
+
+            current = load(CURRENT_VERSION)(reader, verify=verify,
+                                            allow_outside=allow_outside, settings=settings)
+            if current is not None:
+                reader.close()
+                return current
+        return reader
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True,
                  allow_outside: bool = False) -> None:
@@ -267,6 +279,12 @@ class Reader:
         return manifest
 
     # -- public API -----------------------------------------------------------
+
+    @property
+    def dataset_path(self) -> str:
+        """The dataset's own name (its URL, for one opened at a URL): where
+        its versions are kept (fastdata.versions)."""
+        return self.url or self.path
 
     @property
     def manifest(self) -> Manifest:

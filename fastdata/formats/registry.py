@@ -347,6 +347,8 @@ def version_path(path, version: int | None):
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise FastDataError(f"version must be a version number (1, 2, ...), not {version!r}",
                             path=os.fspath(path))
+    with detect_format(path).load_reader().open(path, versions=False) as reader:
+        path = reader.dataset_path  # whatever named it: a pattern, a shard, the manifest
     head = head_number(path)
     if version == 1 and head is None:
         return path  # never changed: the pack is version 1

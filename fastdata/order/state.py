@@ -238,7 +238,7 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict],
                    indices_only: bool) -> None:
     saved_version = (entry.order or {}).get(DATASET, {}).get("version")
     now_version = (describe(entry.epoch) if entry.order else {}).get(DATASET, {}).get("version")
-    if saved_version != now_version and (saved_version or now_version):
+    if (saved_version or 1) != (now_version or 1):  # a dataset never changed is at 1
         raise ValueError(
             f"this state was saved reading version {saved_version or 1} of the dataset; "
             f"this reads version {now_version or 1}. Open version {saved_version or 1} "
@@ -260,6 +260,11 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict],
             f"set_epoch({entry.epoch})")
     # As JSON has them (a state may have been through JSON: tuples become lists).
     saved, now = (json.loads(json.dumps(d)) for d in (entry.order, describe(entry.epoch)))
+    # The version was compared above; a digest tells two datasets at one number apart.
+    mine, theirs = saved.pop(DATASET, {}), now.pop(DATASET, {})
+    if any(mine.get(k) and theirs.get(k) and mine[k] != theirs[k] for k in ("sha256", "view")):
+        raise ValueError("this state was saved reading another dataset (or another view) at "
+                         "this version number; resume it on the dataset it was saved with")
     if indices_only:
         saved.pop(SAMPLES, None), now.pop(SAMPLES, None)
     if saved != now:

@@ -130,11 +130,12 @@ def append(source, dataset: str | os.PathLike, *, options=None, skip_existing: b
             raise FastDataError("a view cannot be appended to; append to its dataset, then "
                                 "make the view again", path=dataset)
         current = reader.version if getattr(reader, "is_version", False) else None
+        base = reader.dataset_path  # whatever named it: a pattern, a shard, the manifest
         classes = list(reader.classes)
         existing = set(reader.keys)
         base_manifest = reader.manifest
         first_part = None if current is not None else history.Part(
-            _part_name(dataset, dataset), len(reader), _digest(reader.manifest))
+            _part_name(base, base), len(reader), _digest(reader.manifest))
         records, counts = len(reader), list(reader.manifest.class_counts)
     if not isinstance(source, Source):
         source = open_source(source, extensions=options.extensions,
@@ -146,28 +147,33 @@ def append(source, dataset: str | os.PathLike, *, options=None, skip_existing: b
                             f"images is in the dataset already", path=dataset)
     number = (current.number if current is not None else 1) + 1
     spec = detect_format(dataset)
-    part = history.history_dir(dataset) + _sep(dataset) + f"parts{_sep(dataset)}" \
+    part = history.history_dir(base) + _sep(base) + f"parts{_sep(base)}" \
         f"{number:06d}{spec.extensions[0]}"
     summary = pack(wrapped, part, options=dataclasses.replace(options, format=spec.name),
                    progress=progress, on_event=on_event)
     part_path = part + (".fastdata.json" if spec.sharded else "")
     with open_reader(part_path, allow_outside=allow_outside, versions=False) as packed:
-        _check_alike(base_manifest, packed.manifest, part_path)
-        added = history.Part(_part_name(dataset, part_path), len(packed),
+        try:
+            _check_alike(base_manifest, packed.manifest, part_path)
+        except FastDataError:
+            packed.close()
+            _remove_part(base, number)  # no version names it: it goes now
+            raise
+        added = history.Part(_part_name(base, part_path), len(packed),
                              _digest(packed.manifest))
         part_counts = list(packed.manifest.class_counts)
     parts = list(current.parts) if current is not None else [first_part]
     counts = counts + [0] * len(new_classes)
     counts = [a + b for a, b in zip(counts, part_counts)]
     if current is None:  # the first change: the pack becomes version 1
-        current = history.write_version(dataset, history.Version(
+        current = history.write_version(base, history.Version(
             number=1, format=spec.name, change="pack", summary="packed",
             records=records, classes=classes, class_counts=list(base_manifest.class_counts),
             parts=parts, created_at=base_manifest.created_at))
     what = f"appended {added.records:,} records" + (
         f" ({len(new_classes)} new class(es): {', '.join(new_classes[:5])})"
         if new_classes else "")
-    version = history.write_version(dataset, history.Version(
+    version = history.write_version(base, history.Version(
         number=number, format=spec.name, change="append", summary=what,
         records=current.records + added.records, classes=classes + new_classes,
         class_counts=counts, parts=parts + [added], parent=current.number,
@@ -208,5 +214,12 @@ def _check_alike(base, part, where: str) -> None:
         raise FastDataError(
             f"the new records are stored as {theirs.get('storage')} {theirs.get('shape') or ''}"
             f", the dataset's as {mine.get('storage')} {mine.get('shape') or ''}; append "
-            f"with the options of the first pack (the new part stays until fastdata gc)",
-            path=where)
+            f"with the options of the first pack", path=where)
+
+
+def _remove_part(base: str, number: int) -> None:
+    """Remove part ``number``'s files, which no version names."""
+    from fastdata.versions.gc import part_files, remove
+
+    for path in part_files(base, number):
+        remove(path)

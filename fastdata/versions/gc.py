@@ -39,20 +39,19 @@ def gc(dataset: str | os.PathLike, *, keep: int = 1, dry_run: bool = False) -> G
     version uses.
 
     Raises:
-        FastDataError: ``keep`` below 1, or the dataset has no versions.
+        FastDataError: ``keep`` below 1.
     """
     from fastdata.storage.urls import join
     from fastdata.versions import history
 
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise FastDataError(f"keep must be 1 or more (the current version stays), not {keep!r}")
-    dataset = os.fspath(dataset)
-    found = history.versions(dataset)
-    if not found:
-        raise FastDataError("the dataset has one version (its pack): nothing to remove",
-                            path=dataset)
+    from fastdata.versions.reader import dataset_path
+
+    dataset = dataset_path(os.fspath(dataset))
+    found = history.versions(dataset)  # none: only parts a refused change left, if any
     numbers = [v.number for v in found]
-    kept = set(numbers[-keep:]) | _viewed(dataset, numbers)
+    kept = set(numbers[-keep:]) | _viewed(dataset, numbers) if numbers else set()
     folder = history.history_dir(dataset)
     used = {p.path for v in found if v.number in kept for p in v.parts}
     used |= {c.get("path") for v in found if v.number in kept for c in v.columns}
@@ -69,10 +68,21 @@ def gc(dataset: str | os.PathLike, *, keep: int = 1, dry_run: bool = False) -> G
     removed_versions = [n for n in numbers if n not in kept]
     if not dry_run:
         for n in removed_versions:
-            _remove(history.record_path(dataset, n))
+            remove(history.record_path(dataset, n))
         for path in removed_files:
-            _remove(path)
+            remove(path)
     return GCResult(sorted(kept), removed_versions, removed_files, dry_run)
+
+
+def part_files(base: str, number: int) -> list[str]:
+    """The files (or LMDB folders) of part or column set ``number``."""
+    from fastdata.storage.urls import join
+    from fastdata.versions import history
+
+    folder = history.history_dir(base)
+    return [join(folder, sub, name) for sub in ("parts", "columns")
+            for name in _names(join(folder, sub))
+            if (m := _PART.match(name)) and int(m.group(1)) == number]
 
 
 def _stem(rel: str) -> str:
@@ -101,7 +111,7 @@ def _names(folder: str) -> list[str]:
         return []
 
 
-def _remove(path: str) -> None:
+def remove(path: str) -> None:
     if "://" in path:
         from fastdata.storage import delete
 

@@ -83,13 +83,14 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
         if getattr(reader, "is_view", False):
             raise FastDataError("join to the dataset itself, not a view of it", path=dataset)
         current = reader.version if getattr(reader, "is_version", False) else None
+        base = reader.dataset_path
         n = len(reader)
         where = {k: i for i, k in enumerate(reader.keys)}
         classes = list(reader.classes)
         labels = np.asarray(reader.labels, dtype=np.int64).copy() if label_column else None
         manifest = reader.manifest
         first = None if current is not None else history.Part(
-            _part_name(dataset, dataset), n, _digest(manifest))
+            _part_name(base, base), n, _digest(manifest))
     values: dict[str, list] = {}
     present = np.zeros(n, bool)
     unknown, seen_names, new_classes, relabelled = [], None, [], 0
@@ -126,11 +127,11 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
         raise FastDataError(f"no row of the table matches a record's key (column {key!r}; "
                             f"keys look like {next(iter(where), '')!r})", path=table)
     number = (current.number if current is not None else 1) + 1
-    folder = history.history_dir(dataset) + _sep(dataset) + f"columns{_sep(dataset)}{number:06d}"
+    folder = history.history_dir(base) + _sep(base) + f"columns{_sep(base)}{number:06d}"
     written = _write(folder, n, values, present, labels, write_columns)
-    entry = {"path": _part_name(dataset, folder), "records": n, **written}
+    entry = {"path": _part_name(base, folder), "records": n, **written}
     if current is None:
-        current = history.write_version(dataset, history.Version(
+        current = history.write_version(base, history.Version(
             number=1, format=manifest.format, change="pack", summary="packed", records=n,
             classes=list(manifest.classes), class_counts=list(manifest.class_counts),
             parts=[first], created_at=manifest.created_at))
@@ -146,7 +147,7 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
             + (f", labels from {label_column}" if label_column else "")
             + f" ({int(present.sum()):,} records matched, {len(missing):,} without a row, "
               f"{len(unknown):,} table keys not in the dataset)")
-    version = history.write_version(dataset, history.Version(
+    version = history.write_version(base, history.Version(
         number=number, format=current.format, change="join", summary=what, records=n,
         classes=classes, class_counts=counts, parts=list(current.parts),
         parent=current.number, parent_sha256=current.sha256,

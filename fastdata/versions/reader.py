@@ -215,6 +215,11 @@ class VersionReader(Reader):
                  "sha256": {"labels.npy": version.labels["sha256"]}}))
 
     @property
+    def dataset_path(self) -> str:
+        """The dataset this is a version of (the name its history is kept under)."""
+        return self.path.rsplit(".versions", 1)[0]
+
+    @property
     def identity(self) -> dict:
         """What a resume state records of the dataset read: the version."""
         return {"version": self.version.number, "sha256": self.version.sha256}
@@ -429,18 +434,38 @@ def open_version(path, *, verify: bool = True, allow_outside: bool = False,
     return reader
 
 
-def open_if_versioned(path, *, verify: bool = True, allow_outside: bool = False,
-                      settings: Mapping[str, Any] | None = None, versions: bool = True):
-    """The reader of a version record at ``path``, or of the current version
-    of a dataset changed since its pack (unless ``versions`` is False);
-    None otherwise (see ``fastdata.formats.reader.COMPOSITE_OPENERS``)."""
-    from fastdata.versions.history import head_number, is_version_file, record_path
+def open_if_version(path, *, verify: bool = True, allow_outside: bool = False,
+                    settings: Mapping[str, Any] | None = None):
+    """The reader of the version record at ``path``, else None (see
+    ``fastdata.formats.reader.COMPOSITE_OPENERS``)."""
+    from fastdata.versions.history import is_version_file
 
-    options = dict(verify=verify, allow_outside=allow_outside, settings=settings)
-    if is_version_file(path):
-        return open_version(path, **options)
-    if versions:
-        head = head_number(path)
-        if head is not None:
-            return open_version(record_path(path, head), **options)
-    return None
+    if not is_version_file(path):
+        return None
+    return open_version(path, verify=verify, allow_outside=allow_outside, settings=settings)
+
+
+def open_current(reader, *, verify: bool = True, allow_outside: bool = False,
+                 settings: Mapping[str, Any] | None = None):
+    """The reader of the current version of the dataset ``reader`` opened,
+    when it has changed since its pack; None otherwise (see
+    ``fastdata.formats.reader.CURRENT_VERSION``)."""
+    from fastdata.versions.history import head_number, record_path
+
+    head = head_number(reader.dataset_path)
+    if head is None:
+        return None
+    return open_version(record_path(reader.dataset_path, head), verify=verify,
+                        allow_outside=allow_outside, settings=settings)
+
+
+def dataset_path(path, *, allow_outside: bool = False) -> str:
+    """The name a dataset's versions are kept under, whatever names it
+    (a manifest, a shard pattern, a version record)."""
+    from fastdata.formats.registry import detect_format
+
+    spec = detect_format(path)
+    with spec.load_reader().open(path, allow_outside=allow_outside, versions=False) as reader:
+        if getattr(reader, "is_version", False):
+            return reader.dataset_path
+        return reader.dataset_path

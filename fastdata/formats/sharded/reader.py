@@ -148,6 +148,16 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
                                 classes=self._index.classes, checked=True)
         self._labels, self._crcs = self._index["label"], self._index["crc32"]
 
+    @property
+    def dataset_path(self) -> str:
+        """The dataset's manifest (its name whatever pattern or shard opened
+        it); the path itself for shards without one, or one shard of a set."""
+        if self._explicit is None and self._set_layout is None and self._records is None:
+            found = self._manifest_path(self._layout())
+            if found is not None:
+                return found
+        return self.url or self.path
+
     def _manifest_path(self, layout: ShardLayout) -> str | None:
         """This dataset's manifest: under the current name, or else under the
         earlier naming (``PREFIX.fastdata.json``) when that one is of this format
