@@ -40,10 +40,16 @@ class Member:
 @dataclass(frozen=True)
 class DuplicateGroup:
     """Records with the same stored bytes: ``digest`` (BLAKE2b-128, hex) and
-    the members in dataset, then index order."""
+    the members in dataset, then index order. With ``near``: records whose
+    perceptual hashes differ in at most the threshold's bits (``kind``
+    ``"near"``, ``distance`` the largest difference of a pair that joined
+    them; ``"exact"`` when their bytes are the same too; ``digest`` the
+    first member's)."""
 
     digest: str
     members: list[Member]
+    kind: str = "exact"
+    distance: int = 0
 
     def datasets(self) -> set[int]:
         return {m.dataset for m in self.members}
@@ -63,6 +69,8 @@ class DedupReport:
     datasets: list[str]
     records: list[int]
     groups: list[DuplicateGroup] = field(default_factory=list)
+    near_threshold: int | None = None
+    flip: bool = False
 
     def within(self) -> list[DuplicateGroup]:
         """Groups with two or more records of the first dataset."""
@@ -92,11 +100,13 @@ class DedupReport:
 
     def to_dict(self) -> dict:
         return {
+            "near": None if self.near_threshold is None else {
+                "threshold": self.near_threshold, "flip": self.flip},
             "datasets": [{"path": p, "records": n} for p, n in zip(self.datasets, self.records)],
             "redundant": self.redundant(),
             "within": len(self.within()),
             "shared": len(self.shared()),
-            "groups": [{"digest": g.digest,
+            "groups": [{"digest": g.digest, "kind": g.kind, "distance": g.distance,
                         "members": [{"dataset": self.datasets[m.dataset], "index": m.index,
                                      "key": m.key} for m in g.members]}
                        for g in self.groups],
@@ -104,6 +114,7 @@ class DedupReport:
 
 
 def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
+          near: bool = False, threshold: int | None = None, flip: bool = False,
           progress: bool | None = None, allow_outside: bool = False) -> DedupReport:
     """Find the exact duplicates of the packed dataset ``path``, and with
     ``against`` the records it shares with other datasets (any format, local
@@ -112,22 +123,89 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
     Every record is read once and checked against its CRC-32 (a damaged one
     raises ``CorruptDataError``, naming it).
 
+    Args:
+        near: find near-duplicates instead: images whose perceptual hashes
+            differ in at most ``threshold`` of 63 bits (default 8), such as
+            resized, re-encoded or lightly cropped copies; every record is
+            decoded small (see fastdata.near_duplicates).
+        flip: with ``near``, a mirrored copy counts too.
+
     Returns:
         a :class:`DedupReport`.
     """
+    from fastdata.errors import FastDataError
+
+    if (threshold is not None or flip) and not near:
+        raise FastDataError("threshold= and flip= apply to near=True (CLI: --near)")
     paths = [os.fspath(path)] + [os.fspath(p) for p in against]
-    digests, counts, readers = [], [], []
+    digests, hashes, mirrored, counts, readers = [], [], [], [], []
     try:
         for where in paths:
             reader = open_reader(where, allow_outside=allow_outside)
             readers.append(reader)
-            digests.append(record_digests(reader, progress=progress))
+            if near:
+                from fastdata.near_duplicates import record_hashes
+
+                h, m = record_hashes(reader, flip=flip, progress=progress)
+                hashes.append(h)
+                mirrored.append(m)
+            else:
+                digests.append(record_digests(reader, progress=progress))
             counts.append(len(reader))
-        groups = _groups(np.concatenate(digests), counts, readers)
+        if near:
+            groups = _near_groups(hashes, mirrored if flip else None, counts, readers,
+                                  _threshold(threshold))
+        else:
+            groups = _groups(np.concatenate(digests), counts, readers)
     finally:
         for reader in readers:
             reader.close()
-    return DedupReport(paths, counts, groups)
+    return DedupReport(paths, counts, groups, near_threshold=_threshold(threshold)
+                       if near else None, flip=flip)
+
+
+def _threshold(threshold: int | None) -> int:
+    from fastdata.errors import FastDataError
+    from fastdata.near_duplicates import DEFAULT_THRESHOLD, HASH_BITS
+
+    if threshold is None:
+        return DEFAULT_THRESHOLD
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or \
+            not 0 <= threshold <= 24:
+        raise FastDataError(f"threshold is 0 to 24 bits (of the hash's {HASH_BITS}), not "
+                            f"{threshold!r}")
+    return threshold
+
+
+def _near_groups(hashes: list, mirrored: list | None, counts: list[int], readers,
+                 threshold: int) -> list[DuplicateGroup]:
+    """Groups of records joined by near pairs (every dataset's records in one
+    index); a group whose members' bytes are equal is exact."""
+    from fastdata.near_duplicates import components, near_pairs
+
+    every = np.concatenate(hashes)
+    queries = [np.concatenate(mirrored)] if mirrored is not None else []
+    pairs = near_pairs(every, threshold, queries)
+    firsts = np.cumsum([0] + counts[:-1])
+    widest: dict[int, int] = {}
+    groups = []
+    members_of = components(pairs, len(every))
+    group_of = {x: k for k, g in enumerate(members_of) for x in g}
+    for a, _b, d in pairs.tolist():
+        k = group_of[a]
+        widest[k] = max(widest.get(k, 0), d)
+    for k, flat in enumerate(members_of):
+        members = []
+        for at in flat:
+            number = int(np.searchsorted(firsts, at, side="right")) - 1
+            index = at - int(firsts[number])
+            members.append(Member(number, index, readers[number].key_of(index)))
+        payloads = {digest(readers[m.dataset].read(m.index)).tobytes() for m in members}
+        kind = "exact" if len(payloads) == 1 else "near"
+        groups.append(DuplicateGroup(f"{int(every[flat[0]]):016x}", members, kind,
+                                     widest.get(k, 0)))
+    groups.sort(key=lambda g: (g.members[0].dataset, g.members[0].index))
+    return groups
 
 
 def digest(data) -> np.ndarray:

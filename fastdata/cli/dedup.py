@@ -18,6 +18,15 @@ SHOWN = 20
               help="Another dataset (any format, local or a URL; repeat for more): list "
                    "the records of PATH whose bytes it holds too, such as validation "
                    "images in a training set.")
+@click.option("--near", is_flag=True,
+              help="Find near-duplicates: images that look the same though their bytes "
+                   "differ (resized, re-encoded, lightly cropped). Every record is decoded "
+                   "small and hashed (a 63-bit DCT hash).")
+@click.option("--threshold", type=click.IntRange(0, 24), default=None, metavar="BITS",
+              help="With --near: the most bits two hashes may differ in (default 8; "
+                   "re-encoded or resized copies differ by 0-4, unrelated photos by 16 "
+                   "or more).")
+@click.option("--flip", is_flag=True, help="With --near: a mirrored copy counts too.")
 @click.option("--fail-on-shared", is_flag=True,
               help="Exit 1 when PATH shares a record with an --against dataset (for a "
                    "check in a pipeline).")
@@ -30,25 +39,27 @@ SHOWN = 20
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @allow_outside_option
 @_handle_errors
-def dedup(path, against, fail_on_shared, write_view, overwrite, as_json, progress,
-          allow_outside):
+def dedup(path, against, near, threshold, flip, fail_on_shared, write_view, overwrite,
+          as_json, progress, allow_outside):
     """Find the records of PATH with the same stored bytes (exact duplicates),
     grouped, each record by index and key; with --against, the records PATH
-    shares with other datasets.
+    shares with other datasets; with --near, images that look the same.
 
     Every record is read once and checked against its CRC32. Bytes are
     compared as stored: a resized or re-encoded copy is not an exact
-    duplicate.
+    duplicate, but --near finds it.
 
     \b
     Examples:
       fastdata dedup train.lmdb
       fastdata dedup train.lmdb --against val.lmdb --against test.lmdb
       fastdata dedup train.lmdb --against val.lmdb --write-view clean.fastdata.json
+      fastdata dedup train.lmdb --near --flip
     """
     from fastdata.duplicates import dedup as find
 
-    report = find(path, against=against, progress=progress, allow_outside=allow_outside)
+    report = find(path, against=against, near=near, threshold=threshold, flip=flip,
+                  progress=progress, allow_outside=allow_outside)
     written = None
     if write_view:
         from fastdata.views.subset import subset
@@ -74,10 +85,15 @@ def _print_report(report) -> None:
         return f"{where}{m.key if m.key is not None else '(no key)'} ({m.index})"
 
     within = report.within()
-    echo(f"{names[0]}: {report.records[0]:,} records, {len(within)} group(s) of exact "
-         f"duplicates, {report.redundant()} record(s) beyond the first of each")
+    what = "exact duplicates" if report.near_threshold is None else (
+        f"near-duplicates (hashes within {report.near_threshold} bits"
+        f"{', mirrored too' if report.flip else ''})")
+    echo(f"{names[0]}: {report.records[0]:,} records, {len(within)} group(s) of {what}, "
+         f"{report.redundant()} record(s) beyond the first of each")
     for group in within[:SHOWN]:
-        echo("  " + ", ".join(member(m) for m in group.members if m.dataset == 0))
+        note = "" if report.near_threshold is None else \
+            (" (same bytes)" if group.kind == "exact" else f" ({group.distance} bits)")
+        echo("  " + ", ".join(member(m) for m in group.members if m.dataset == 0) + note)
     if len(within) > SHOWN:
         echo(f"  ... {len(within) - SHOWN} more (--json lists all)")
     for number, other in enumerate(names[1:], 1):
