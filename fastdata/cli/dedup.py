@@ -99,8 +99,10 @@ def _print_report(report) -> None:
     for number, other in enumerate(names[1:], 1):
         shared = [g for g in report.shared() if number in g.datasets()]
         mine = sum(sum(m.dataset == 0 for m in g.members) for g in shared)
+        holds = "hold bytes it holds too" if report.near_threshold is None else \
+            "look like records it holds"
         echo(f"against {other} ({report.records[number]:,} records): {mine} record(s) of "
-             f"{names[0]} hold bytes it holds too")
+             f"{names[0]} {holds}")
         for group in shared[:SHOWN]:
             echo("  " + " = ".join(member(m) for m in group.members
                                    if m.dataset in (0, number)))
