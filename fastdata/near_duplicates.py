@@ -63,6 +63,11 @@ def image_hash(data: bytes, *, raw_shape: Sequence[int] | None = None) -> tuple[
     else:
         image = Image.open(io.BytesIO(data))
         image.draft("L", (2 * _SIDE, 2 * _SIDE))  # JPEG: decode at 1/2 .. 1/8 scale
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        from fastdata.decoding.decoders import pil_to_array
+
+        # 16-bit grey: the high byte, as the decoders take it (convert("L") clips).
+        image = Image.fromarray(pil_to_array(image, True, None).reshape(image.size[::-1]))
     grey = image.convert("L").resize((_SIDE, _SIDE), Image.BILINEAR)
     pixels = np.asarray(grey, dtype=np.float32)
     low = (_DCT @ pixels @ _DCT.T)[:8, :8].reshape(-1)[1:]
