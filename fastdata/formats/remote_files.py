@@ -98,6 +98,21 @@ def peek_manifest(path) -> bytes:
     return manifest_bytes(path)
 
 
+def head_bytes(path, size: int = 64) -> bytes | None:
+    """The first ``size`` bytes of the file at ``path`` (a manifest at a URL:
+    :func:`peek_manifest`'s); None when it cannot be read."""
+    from fastdata.errors import FastDataError
+
+    text = as_local(path)
+    try:
+        if is_remote(text):
+            return peek_manifest(text)[:size]
+        with open(text, "rb") as f:
+            return f.read(size)
+    except (OSError, FastDataError):
+        return None
+
+
 def fetched_manifest(path) -> bool:
     """Whether the manifest at ``path`` (a URL) was fetched a moment ago, so it
     need not be asked about again."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata.errors import FastDataError
+from fastdata.packers.options import PackOptions
 
 #: Keys listed in a refusal or a summary.
 SHOWN = 10
@@ -91,9 +92,9 @@ class AppendResult:
         return out
 
 
-def append(source, dataset: str | os.PathLike, *, options=None, skip_existing: bool = False,
-           progress: bool | None = None, on_event=None, allow_outside: bool = False
-           ) -> AppendResult:
+def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = None,
+           skip_existing: bool = False, progress: bool | None = None, on_event=None,
+           allow_outside: bool = False) -> AppendResult:
     """Add the images of ``source`` (any source ``fastdata.pack`` takes) to the
     packed dataset ``dataset`` (local or at a URL) as a new version.
 
@@ -117,7 +118,6 @@ def append(source, dataset: str | os.PathLike, *, options=None, skip_existing: b
 
     from fastdata.formats import open_reader
     from fastdata.formats.registry import detect_format
-    from fastdata.packers.options import PackOptions
     from fastdata.packers.pack import pack
     from fastdata.packers.source import Source
     from fastdata.packers.sources.dispatch import open_source

@@ -128,18 +128,10 @@ def is_version_file(path) -> bool:
     name = text.replace("\\", "/").rsplit("/", 1)[-1]
     if not _RECORD.match(name) or ".versions" not in text:
         return False
-    from fastdata.formats.remote_files import as_local, is_remote, peek_manifest
+    from fastdata.formats.remote_files import head_bytes
 
-    text = as_local(text)
-    try:
-        if is_remote(text):
-            head = peek_manifest(text)[:64]
-        else:
-            with open(text, "rb") as f:
-                head = f.read(64)
-    except (OSError, FastDataError):
-        return False
-    return _KIND.match(head) is not None
+    head = head_bytes(text)
+    return head is not None and _KIND.match(head) is not None
 
 
 def head_number(path) -> int | None:

@@ -20,132 +20,14 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ManifestError
+from fastdata.formats.composed import ComposedReader
 from fastdata.formats.reader import Reader
 from fastdata.versions.columns import JoinedColumns
+from fastdata.versions.concat import ConcatColumn, ConcatKeys, RelabelledColumn, inside
 from fastdata.versions.history import Version, dataset_folder, read_version
 
 
-def _inside(folder: str, name: str, reader) -> str:
-    from fastdata.contained import Folder
-
-    return Folder(folder, where=reader.path, links_out=reader.allow_outside).path(
-        name, "columns.path")
-
-
-class RelabelledColumn:
-    """Labels a join gave (``labels.npy``) over the parts' own, for the
-    records the join covered."""
-
-    def __init__(self, own, joined: JoinedColumns) -> None:
-        self.own, self.joined = own, joined
-        self.dtype = np.dtype(np.int64)
-        self.shape = own.shape
-
-    def __len__(self) -> int:
-        return len(self.own)
-
-    def __getitem__(self, where):
-        new = self.joined.array("labels.npy")
-        if isinstance(where, (int, np.integer)):
-            i = int(where) + (len(self) if where < 0 else 0)
-            return int(new[i]) if i < len(new) else self.own[i]
-        if isinstance(where, slice):
-            where = np.arange(*where.indices(len(self)))
-        at = np.asarray(where, dtype=np.int64)
-        at = np.where(at < 0, at + len(self), at)
-        out = np.asarray(self.own[at], dtype=np.int64).copy()
-        covered = at < len(new)
-        out[covered] = new[at[covered]]
-        return out
-
-    def __iter__(self):
-        return iter(np.asarray(self))
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-    def tolist(self) -> list:
-        return np.asarray(self).tolist()
-
-    def astype(self, dtype, copy: bool = True) -> np.ndarray:
-        return np.asarray(self).astype(dtype)
-
-
-class ConcatColumn:
-    """Per-record columns of several parts, indexed like one array."""
-
-    def __init__(self, columns: list, first: np.ndarray) -> None:
-        self.columns, self.first = columns, first
-        self.dtype = getattr(columns[0], "dtype", np.dtype(np.int64))
-        self.shape = (int(first[-1]),)
-
-    def __len__(self) -> int:
-        return int(self.first[-1])
-
-    def locate(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        part = np.searchsorted(self.first, at, side="right") - 1
-        return part, at - self.first[part]
-
-    def __getitem__(self, where):
-        n = len(self)
-        if isinstance(where, (int, np.integer)):
-            i = int(where) + (n if where < 0 else 0)
-            if not 0 <= i < n:
-                raise IndexError(f"record {where} is outside the {n} records")
-            part, local = self.locate(np.asarray([i]))
-            return self.columns[int(part[0])][int(local[0])]
-        if isinstance(where, slice):
-            where = np.arange(*where.indices(n))
-        at = np.asarray(where, dtype=np.int64)
-        at = np.where(at < 0, at + n, at)
-        flat = at.reshape(-1)
-        part, local = self.locate(flat)
-        out = np.empty(len(flat), dtype=self.dtype)
-        for p in np.unique(part).tolist():
-            here = part == p
-            out[here] = np.asarray(self.columns[p][local[here]])
-        return out.reshape(at.shape)
-
-    def __iter__(self):
-        return iter(np.asarray(self))
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-    def tolist(self) -> list:
-        return np.asarray(self).tolist()
-
-    def astype(self, dtype, copy: bool = True) -> np.ndarray:
-        return np.asarray(self).astype(dtype)
-
-
-class ConcatKeys(ConcatColumn):
-    """The parts' keys, as one sequence of str."""
-
-    def __init__(self, keys: list, first: np.ndarray) -> None:
-        self.columns, self.first = keys, first
-        self.shape = (int(first[-1]),)
-
-    def __getitem__(self, where):
-        if isinstance(where, (int, np.integer)):
-            return super().__getitem__(where)
-        if isinstance(where, slice):
-            where = range(*where.indices(len(self)))
-        at = np.asarray(list(where), dtype=np.int64)
-        part, local = self.locate(at)
-        return [self.columns[int(p)][int(i)] for p, i in zip(part, local)]
-
-    def __iter__(self):
-        for keys in self.columns:
-            yield from keys
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.asarray(list(self), dtype=dtype)
-
-
-class VersionReader(Reader):
+class VersionReader(ComposedReader):
     """A version of a dataset (``NAME.versions/vNNNNNN.json``) read as one
     dataset of its parts' records.
 
@@ -158,11 +40,10 @@ class VersionReader(Reader):
 
     def __init__(self, path, *, verify: bool = True, allow_outside: bool = False,
                  settings: Mapping[str, Any] | None = None) -> None:
-        self._settings = dict(settings or {})
         self._joined: list[JoinedColumns] = []
         self.parts: list[Reader] = []
         self.version: Version | None = None
-        super().__init__(path, verify=verify, allow_outside=allow_outside)
+        super().__init__(path, verify=verify, allow_outside=allow_outside, settings=settings)
 
     def _load_metadata(self) -> None:
         from fastdata.contained import Folder
@@ -206,11 +87,11 @@ class VersionReader(Reader):
                 "sha256": version.sha256, "parts": len(self.parts)}})
         self._labels = ConcatColumn([r.labels for r in self.parts], first)
         folder = dataset_folder(self.path.rsplit(".versions", 1)[0])
-        self._joined = [JoinedColumns(_inside(folder, c["path"], self), c)
+        self._joined = [JoinedColumns(inside(folder, c["path"], self), c)
                         for c in version.columns]
         if version.labels:
             self._labels = RelabelledColumn(self._labels, JoinedColumns(
-                _inside(folder, version.labels["path"], self),
+                inside(folder, version.labels["path"], self),
                 {"records": version.labels["records"], "columns": {},
                  "sha256": {"labels.npy": version.labels["sha256"]}}))
 
@@ -267,15 +148,11 @@ class VersionReader(Reader):
             for i, data, label in reader.records(check=check):
                 yield first + i, data, label
 
-    def _iter_payloads(self):
-        for i, data, _ in self.records(check=False):
-            yield i, data
+    def inner(self) -> list[Reader]:
+        return list(self.parts)
 
-    @property
-    def keys(self):
-        if self._keys is None:
-            self._keys = ConcatKeys([r.keys for r in self.parts], self._first)
-        return self._keys
+    def _make_keys(self):
+        return ConcatKeys([r.keys for r in self.parts], self._first)
 
     def key_of(self, index: int) -> str | None:
         try:
@@ -330,21 +207,8 @@ class VersionReader(Reader):
     def check_files(self, on_bytes=None) -> list[dict]:
         return [p for r in self.parts for p in r.check_files(on_bytes)]
 
-    def child_options(self) -> dict:
-        return {"verify": self.verify, "allow_outside": self.allow_outside,
-                "settings": self._settings}
-
     def crash_path(self) -> str:
         return self.parts[-1].crash_path() if self.parts else self.path
-
-    def close(self) -> None:
-        for reader in self.parts:
-            reader.close()
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.update(_pid=None, _handle=None, _keys=None)
-        return state
 
 
 class ShardedVersionReader(VersionReader):
@@ -466,6 +330,4 @@ def dataset_path(path, *, allow_outside: bool = False) -> str:
 
     spec = detect_format(path)
     with spec.load_reader().open(path, allow_outside=allow_outside, versions=False) as reader:
-        if getattr(reader, "is_version", False):
-            return reader.dataset_path
         return reader.dataset_path

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ManifestError
+from fastdata.formats.column import LazyColumn, positions
+from fastdata.formats.composed import ComposedReader
 from fastdata.formats.reader import Reader
 from fastdata.views.selection import Selection, SelectionError
 from fastdata.views.view_file import manifest_digest, read_view_file
@@ -29,40 +31,20 @@ from fastdata.views.view_file import manifest_digest, read_view_file
 _STEP = 256
 
 
-class MappedColumn:
-    """A parent's per-record column (labels, CRCs) at a view's positions,
-    indexed like an array."""
+class MappedColumn(LazyColumn):
+    """A parent's per-record column (labels, CRCs) at a view's positions."""
 
     def __init__(self, column, selection: Selection) -> None:
         self.column, self.selection = column, selection
         self.dtype = getattr(column, "dtype", np.dtype(np.int64))
         self.shape = (selection.count,)
 
-    def __len__(self) -> int:
-        return self.selection.count
-
     def __getitem__(self, where):
         if isinstance(where, (int, np.integer)):
             at = int(where) + (self.selection.count if where < 0 else 0)
             return self.column[int(self.selection.parents([at])[0])]
-        if isinstance(where, slice):
-            where = np.arange(*where.indices(self.selection.count))
-        at = np.asarray(where, dtype=np.int64)
-        at = np.where(at < 0, at + self.selection.count, at)
-        return np.asarray(self.column[self.selection.parents(at)])
-
-    def __iter__(self):
-        return iter(np.asarray(self))
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-    def tolist(self) -> list:
-        return np.asarray(self).tolist()
-
-    def astype(self, dtype, copy: bool = True) -> np.ndarray:
-        return np.asarray(self).astype(dtype)
+        return np.asarray(self.column[self.selection.parents(
+            positions(where, self.selection.count))])
 
 
 class MappedKeys(MappedColumn):
@@ -71,9 +53,8 @@ class MappedKeys(MappedColumn):
     def __getitem__(self, where):
         if isinstance(where, (int, np.integer)):
             return super().__getitem__(where)
-        if isinstance(where, slice):
-            where = range(*where.indices(self.selection.count))
-        return [self.column[int(p)] for p in self.selection.parents(np.asarray(where))]
+        at = positions(where, self.selection.count)
+        return [self.column[int(p)] for p in self.selection.parents(at)]
 
     def __iter__(self):
         for lo in range(0, self.selection.count, 4096):
@@ -83,7 +64,7 @@ class MappedKeys(MappedColumn):
         return np.asarray(list(self), dtype=dtype)
 
 
-class ViewReader(Reader):
+class ViewReader(ComposedReader):
     """A view (``VIEW.fastdata.json``) read as a dataset of its selected
     records, in the parent's order.
 
@@ -101,11 +82,10 @@ class ViewReader(Reader):
 
     def __init__(self, path, *, verify: bool = True, allow_outside: bool = False,
                  settings: Mapping[str, Any] | None = None) -> None:
-        self._settings = dict(settings or {})
         self.parent: Reader | None = None
         self.selection: Selection | None = None
         self.view = None
-        super().__init__(path, verify=verify, allow_outside=allow_outside)
+        super().__init__(path, verify=verify, allow_outside=allow_outside, settings=settings)
 
     # -- opening ------------------------------------------------------------------
 
@@ -208,15 +188,11 @@ class ViewReader(Reader):
                     yield done + k, data, int(label)
                 done += len(batch)
 
-    def _iter_payloads(self):
-        for i, data, _ in self.records(check=False):
-            yield i, data
+    def inner(self) -> list[Reader]:
+        return [self.parent] if self.parent is not None else []
 
-    @property
-    def keys(self):
-        if self._keys is None:
-            self._keys = MappedKeys(self.parent.keys, self.selection)
-        return self._keys
+    def _make_keys(self):
+        return MappedKeys(self.parent.keys, self.selection)
 
     def key_of(self, index: int) -> str | None:
         try:
@@ -254,22 +230,8 @@ class ViewReader(Reader):
     def check_files(self, on_bytes=None) -> list[dict]:
         return self.parent.check_files(on_bytes)
 
-    def child_options(self) -> dict:
-        return {"verify": self.verify, "allow_outside": self.allow_outside,
-                "settings": self._settings}
-
     def crash_path(self) -> str:
         return self.parent.crash_path()
-
-    def close(self) -> None:
-        if self.parent is not None:
-            self.parent.close()
-
-    def __getstate__(self):
-        # The parent pickles its own way; the selection goes along (its bits or runs).
-        state = self.__dict__.copy()
-        state.update(_pid=None, _handle=None, _keys=None)
-        return state
 
 
 class ShardedViewReader(ViewReader):

@@ -81,7 +81,8 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
 
     Args:
         classes: keep records of these class names.
-        keys / exclude_keys: keep only / drop the records with these keys.
+        keys: keep only the records with these keys.
+        exclude_keys: drop the records with these keys.
         where: keep records whose metadata passes the expression
             (:mod:`fastdata.views.where`).
         fraction: then keep this fraction (0 < F <= 1) of what is left,

@@ -26,9 +26,15 @@ from collections import OrderedDict
 import numpy as np
 
 from fastdata.errors import CorruptDataError
+from fastdata.formats.column import LazyColumn
 from fastdata.formats.integrity import check_label_range
-from fastdata.formats.sharded.index_file import (ADVICE, PIECE_DTYPE, check_rows, file_error,
-                                                rows_start)
+from fastdata.formats.sharded.index_file import (
+    ADVICE,
+    PIECE_DTYPE,
+    check_rows,
+    file_error,
+    rows_start,
+)
 from fastdata.formats.sharded.layout import INDEX_DTYPE
 
 #: Rows per checked piece (4 KiB of rows: one page).
@@ -340,7 +346,7 @@ class IndexRows:
             return list(self._kept)
 
 
-class Column:
+class Column(LazyColumn):
     """One field of an :class:`IndexRows` (``"label"``, ``"crc32"``, ...),
     indexed like an array; its rows checked as the index's are."""
 
@@ -364,16 +370,7 @@ class Column:
             return index._flat_rows(index._positions(where), self.name)
         return index[where][self.name]
 
-    def __iter__(self):
-        return iter(np.asarray(self))
-
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self.index[:][self.name]
         return out if dtype is None else out.astype(dtype)
-
-    def tolist(self) -> list:
-        return np.asarray(self).tolist()
-
-    def astype(self, dtype, copy: bool = True) -> np.ndarray:
-        return np.asarray(self).astype(dtype)
 
