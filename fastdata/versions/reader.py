@@ -43,7 +43,8 @@ class VersionReader(ComposedReader):
         self._joined: list[JoinedColumns] = []
         self.parts: list[Reader] = []
         self.version: Version | None = None
-        super().__init__(path, verify=verify, allow_outside=allow_outside, settings=settings)
+        super().__init__(path, verify=verify, allow_outside=allow_outside,
+                         settings=settings)
 
     def _load_metadata(self) -> None:
         from fastdata.contained import Folder

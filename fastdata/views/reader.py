@@ -85,7 +85,8 @@ class ViewReader(ComposedReader):
         self.parent: Reader | None = None
         self.selection: Selection | None = None
         self.view = None
-        super().__init__(path, verify=verify, allow_outside=allow_outside, settings=settings)
+        super().__init__(path, verify=verify, allow_outside=allow_outside,
+                         settings=settings)
 
     # -- opening ------------------------------------------------------------------
 
