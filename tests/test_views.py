@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -753,6 +754,26 @@ def test_a_view_through_loader_mix_and_metadata(data):
                                                   world_size=2, drop_last=False))
         got.update(digest(payload) for payload, _ in stream)
     assert got == expected
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia.dali") is None,
+                    reason="NVIDIA DALI is not installed")
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_dali_reads_a_view_through_its_external_source(data, fmt):
+    from fastdata.dali import DALILoader
+
+    view = data["folder"] / f"dali-{fmt}.fastdata.json"
+    fastdata.subset(data["packs"][fmt], view, classes=["cat", "dog"], overwrite=True,
+                    progress=False)
+    want = sorted(label for _, _, label in everything(view))
+    loader = DALILoader(str(view), decode=fastdata.Decode(size=(16, 16)), device="cpu",
+                        order=fastdata.Order(batch_size=4, drop_last=False))
+    got = sorted(int(t) for _, labels in loader for t in labels.tolist())
+    assert got == want
+    with pytest.raises(FastDataError, match="view"):
+        fastdata.dali.build_pipeline(str(view), reader="dali", device="cpu",
+                                     decode=fastdata.Decode(size=(16, 16)),
+                                     order=fastdata.Order(batch_size=4))
 
 
 # -- 11. info, verify, convert -------------------------------------------------------

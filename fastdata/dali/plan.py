@@ -147,10 +147,13 @@ def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
     if choice == "external":
         return None
     spec = get_format(reader.format_name)
-    if getattr(reader, "is_view", False):  # DALI's readers would read every record
+    if getattr(reader, "is_view", False) or getattr(reader, "is_version", False):
+        # DALI's readers read one dataset's files whole: not a view's records,
+        # nor a version's parts one after another.
         if choice == "dali":
-            raise FastDataError("DALI's own readers read whole files, not a view's selected "
-                                "records; use reader='auto' or 'external'", path=request.path)
+            raise FastDataError("DALI's own readers read one dataset's files whole, not a "
+                                "view or a version of several parts; use reader='auto' or "
+                                "'external'", path=request.path)
         return None
     native = dali_reader(spec)
     if native is None:
