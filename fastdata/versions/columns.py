@@ -4,6 +4,7 @@ dataset as plain arrays (no pickle, no torch).
 A join writes one folder, ``NAME.versions/columns/NNNNNN/``:
 
     present.npy            bool per record: the table had its row
+    COLUMN.missing.npy     bool per record, where a row's value was missing or null
     COLUMN.npy             a number per record (int64, float64 or bool), or a
                            fixed-length vector (float32, ``(records, D)``)
     COLUMN.utf8            text of every record, one after another (UTF-8),
@@ -120,10 +121,13 @@ def write_columns(folder: str, records: int, columns: dict[str, list], present: 
     described = {}
     for name, values in columns.items():
         kind, shape = kind_of(values)
+        # A row's missing or null value (its record not "present" aside).
+        missing = np.asarray([v is None for v in values], bool) & present.astype(bool)
+        if missing.any():
+            files[f"{name}.missing.npy"] = missing
         if kind == "number":
-            ints = all(isinstance(v, int) for v in values if v is not None) and \
-                all(v is not None for v in values)
-            arr = np.asarray([np.nan if v is None else v for v in values],
+            ints = all(isinstance(v, int) for v in values if v is not None)
+            arr = np.asarray([(0 if ints else np.nan) if v is None else v for v in values],
                              dtype=np.int64 if ints else np.float64)
             files[f"{name}.npy"] = arr
             described[name] = {"kind": kind, "dtype": str(arr.dtype)}
@@ -215,10 +219,14 @@ class JoinedColumns:
     def text(self, name: str) -> np.ndarray:
         found = self._texts.get(name)
         if found is None:
-            found = self._texts[name] = np.memmap(self._checked(f"{name}.utf8"), dtype=np.uint8,
-                                                  mode="r") \
-                if os.path.getsize(self._file(f"{name}.utf8")) else np.zeros(0, np.uint8)
+            path = self._checked(f"{name}.utf8")  # checked whatever its size
+            found = self._texts[name] = np.memmap(path, dtype=np.uint8, mode="r") \
+                if os.path.getsize(path) else np.zeros(0, np.uint8)
         return found
+
+    def _missing(self, name: str, i: int) -> bool:
+        file = f"{name}.missing.npy"
+        return file in self.entry["sha256"] and bool(self.array(file)[i])
 
     def values(self, indices) -> list[dict]:
         """Each record's joined values (``{}`` for a record without a row, or
@@ -232,6 +240,9 @@ class JoinedColumns:
             row = {}
             for name, spec in self.entry["columns"].items():
                 kind = spec["kind"]
+                if self._missing(name, i):
+                    row[name] = None
+                    continue
                 if kind in ("number", "bool"):
                     value = self.array(f"{name}.npy")[i].item()
                     row[name] = None if isinstance(value, float) and math.isnan(value) else value

@@ -82,7 +82,7 @@ class RelabelledColumn(LazyColumn):
         new = self.joined.array("labels.npy")
         if isinstance(where, (int, np.integer)):
             i = int(where) + (len(self) if where < 0 else 0)
-            return int(new[i]) if i < len(new) else self.own[i]
+            return int(new[i]) if i < len(new) else int(self.own[i])
         at = positions(where, len(self))
         out = np.asarray(self.own[at], dtype=np.int64).copy()
         covered = at < len(new)

@@ -91,16 +91,23 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
         manifest = reader.manifest
         first = None if current is not None else history.Part(
             _part_name(base, base), n, _digest(manifest))
-    values: dict[str, list] = {}
+    # Columns as rows name them (a JSON Lines row may lack a field others have).
+    values: dict[str, list] = {c: [None] * n for c in columns or []}
+    seen_names: dict[str, None] = {}
     present = np.zeros(n, bool)
-    unknown, seen_names, new_classes, relabelled = [], None, [], 0
+    unknown, rows, new_classes, relabelled = [], 0, [], 0
     for number, row in enumerate(table_rows(table), 1):
-        if seen_names is None:
-            seen_names = list(row)
-            _check_columns(seen_names, key, columns, label_column, table)
-            names = columns or [c for c in seen_names if c not in (key, label_column)]
-            values = {c: [None] * n for c in names}
+        rows += 1
+        for c in row:
+            if c not in seen_names:
+                seen_names[c] = None
+                if columns is None and c not in (key, label_column):
+                    values[c] = [None] * n
         k = row.get(key)
+        if k is None and key not in row:
+            _check_columns(list(seen_names), key, columns, label_column, table)
+            raise FastDataError(f"row {number} has no {key!r} field; give every row its "
+                                f"key", path=table)
         i = where.get(str(k)) if k is not None else None
         if i is None:
             unknown.append(str(k))
@@ -121,8 +128,9 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
             label = classes.index(name)
             relabelled += int(labels[i] != label)
             labels[i] = label
-    if seen_names is None:
+    if not rows:
         raise FastDataError("the table has no rows", path=table)
+    _check_columns(list(seen_names), key, columns, label_column, table)
     if not present.any():
         raise FastDataError(f"no row of the table matches a record's key (column {key!r}; "
                             f"keys look like {next(iter(where), '')!r})", path=table)
