@@ -140,7 +140,7 @@ class VersionReader(ComposedReader):
         _, part, local = self._grouped([index])
         return self.parts[int(part[0])], int(local[0])
 
-    def check(self, index: int, data, expected: int | None = None) -> None:
+    def _check_inner(self, index: int, data, expected: int | None) -> None:
         reader, local = self._one(index)
         reader.check(local, data, expected)
 

@@ -173,7 +173,7 @@ class ViewReader(ComposedReader):
     def crcs_of(self, indices: Sequence[int]) -> list[int] | None:
         return self.parent.crcs_of(self.parents_of(indices).tolist())
 
-    def check(self, index: int, data, expected: int | None = None) -> None:
+    def _check_inner(self, index: int, data, expected: int | None) -> None:
         self.parent.check(int(self.parents_of([index])[0]), data, expected)
 
     def records(self, *, check: bool) -> Iterator[tuple[int, bytes, int]]:

@@ -13,7 +13,8 @@ the decoded bytes:
 
 What grows with the dataset, per process: 16 bytes per run for ``ranges``;
 for ``bitmap`` one bit per parent record plus 8 bytes per 4,096 records (the
-counts of set bits before each block), about 0.13 bytes per parent record.
+counts of set bits before each block), about 0.13 bytes per parent record,
+and up to 256 blocks decoded (4 MB at most).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import numpy as np
 BLOCK_BITS = 4096
 _BLOCK_BYTES = BLOCK_BITS // 8
 ENCODINGS = ("ranges", "bitmap")
+#: Bitmap blocks whose selected offsets are kept decoded (16 KiB each at most).
+_KEPT_BLOCKS = 256
 
 
 class SelectionError(ValueError):
@@ -124,12 +127,28 @@ class Selection:
             return (self.starts[run] + (flat - self._first[run])).reshape(at.shape)
         block = np.searchsorted(self._before, flat, side="right") - 1
         out = np.empty(len(flat), np.int64)
+        if len(flat) == 1:  # one position: no grouping
+            b = int(block[0])
+            out[0] = b * BLOCK_BITS + self._set_bits(b)[flat[0] - self._before[b]]
+            return out.reshape(at.shape)
         for b in np.unique(block).tolist():
             here = block == b
-            raw = self._padded[b * _BLOCK_BYTES:(b + 1) * _BLOCK_BYTES]
-            set_bits = np.flatnonzero(np.unpackbits(raw, bitorder="little"))
-            out[here] = b * BLOCK_BITS + set_bits[flat[here] - self._before[b]]
+            out[here] = b * BLOCK_BITS + self._set_bits(b)[flat[here] - self._before[b]]
         return out.reshape(at.shape)
+
+    def _set_bits(self, b: int) -> np.ndarray:
+        """The selected offsets in block ``b``; the last blocks used are kept
+        (a batch's positions fall in few blocks, and the next batch's often
+        in the same), at most ``_KEPT_BLOCKS`` of them."""
+        cache = self.__dict__.setdefault("_blocks", {})
+        found = cache.pop(b, None)
+        if found is None:
+            raw = self._padded[b * _BLOCK_BYTES:(b + 1) * _BLOCK_BYTES]
+            found = np.flatnonzero(np.unpackbits(raw, bitorder="little")).astype(np.int32)
+            if len(cache) >= _KEPT_BLOCKS:
+                del cache[next(iter(cache))]
+        cache[b] = found
+        return found
 
     def rank(self, parents) -> np.ndarray:
         """How many selected records lie before each parent index (0..parent_count):
