@@ -149,7 +149,8 @@ def test_verify_of_tfrecords_at_a_url_checks_their_idx_files(tree, http_server, 
 
 def test_opening_a_dataset_at_a_url_asks_for_each_file_once(tree, tmp_path, cache):
     """The manifest is fetched once for the format's detection and the reader,
-    and a shard's size is the manifest's (no HEAD request)."""
+    a shard's size is the manifest's (no HEAD request), and the version
+    pointer is asked for once (a dataset never changed has none)."""
     import functools
     import http.server
     import threading
@@ -177,7 +178,8 @@ def test_opening_a_dataset_at_a_url_asks_for_each_file_once(tree, tmp_path, cach
     assert asked == Counter({("GET", "/d.tar.fastdata.json"): 1,
                              ("GET", "/d.tar.fastdata.index.npy"): 1,
                              ("GET", "/d.tar.fastdata.index-crc.npy"): 1,
-                             ("GET", "/d-000000.tar"): 1})
+                             ("GET", "/d-000000.tar"): 1,
+                             ("GET", "/d.tar.versions/HEAD"): 1})
 
 
 def test_missing_object_is_one_clear_line(s3_server, s3_env, cache):

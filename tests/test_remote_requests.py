@@ -149,7 +149,12 @@ def _chunked(records: list[int], size: int) -> list[list[int]]:
 def _check_metadata_requests(log, d: Uploaded) -> None:
     """Only GETs; the manifest and the index's piece checksums fetched whole,
     once each; the index by ranges only, no byte of it twice; the keys at most
-    once; nothing but the dataset's own objects."""
+    once; nothing but the dataset's own objects. The dataset's version
+    pointer (``NAME.versions/HEAD``) is asked for once per open: none here."""
+    pointer = d.key(d.local.name.replace(".fastdata.json", ".versions/HEAD"))
+    probes = [r for r in log if r.key == pointer]
+    assert probes and all((r.method, r.status) == ("GET", 404) for r in probes), probes
+    log = [r for r in log if r.key != pointer]
     assert {r.method for r in log} == {"GET"}, [r for r in log if r.method != "GET"]
     assert all(r.status in (200, 206) for r in log), [r for r in log if r.status >= 300]
     others = Counter((r.key, r.range) for r in log if r.key not in d.shard_keys)

@@ -71,6 +71,7 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
 
     def __init__(self, path, *, verify: bool = True, allow_outside: bool = False) -> None:
         self._fds: dict[int, int] = {}
+        self._manifest_file: str | None = None  # the manifest read, when there is one
         self._ranged = RangedReads()  # records of shards at URLs
         #: How far apart records read by range may be and go in one request
         #: (None: the store's own merging, 1 MiB); a view sets 0, since the
@@ -152,10 +153,8 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
     def dataset_path(self) -> str:
         """The dataset's manifest (its name whatever pattern or shard opened
         it); the path itself for shards without one, or one shard of a set."""
-        if self._explicit is None and self._set_layout is None and self._records is None:
-            found = self._manifest_path(self._layout())
-            if found is not None:
-                return found
+        if self._set_layout is None and self._records is None and self._manifest_file:
+            return self._manifest_file
         return self.url or self.path
 
     def _manifest_path(self, layout: ShardLayout) -> str | None:
@@ -172,6 +171,7 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
         return None
 
     def _load_fastdata(self, layout: ShardLayout, manifest_path: str) -> None:
+        self._manifest_file = manifest_path
         manifest = self._accept_manifest(manifest_bytes(manifest_path, for_reader=True),
                                          manifest_path)
         # Every name resolved (and refused if it leads outside) before any is opened.
