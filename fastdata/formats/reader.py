@@ -13,7 +13,6 @@ closed) and a fresh one opened.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import threading
 import zlib
@@ -24,6 +23,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats.integrity import check_labels
+from fastdata.formats.record_metadata import RecordMetadata
 from fastdata.formats.remote_files import absolute, is_remote, local_copy
 from fastdata.records import Manifest
 
@@ -72,7 +72,7 @@ def _open_composite(path, **options):
     return None
 
 
-class Reader:
+class Reader(RecordMetadata):
     """Base class of format readers.
 
     Args:
@@ -180,17 +180,6 @@ class Reader:
 
     def _read_many(self, indices: Sequence[int]) -> list[bytes]:
         raise NotImplementedError
-
-    def _read_metadata_many(self, indices: Sequence[int]) -> list[bytes | None]:
-        """The stored metadata JSON of each record (None: the record has none);
-        called only when ``has_metadata``. Indices are in range."""
-        return [None] * len(indices)
-
-    def _load_metadata_crcs(self) -> np.ndarray | None:
-        """The CRC32 of each record's metadata JSON (0: none), checked against
-        the manifest's SHA-256; None when the dataset stores none (another
-        tool's)."""
-        return None
 
     def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
         """Sequential (index, payload) over the whole dataset."""
@@ -376,81 +365,6 @@ class Reader:
                 f"record {index} fails its CRC32 check (stored {expected:08x}, read "
                 f"{actual:08x}): the file is damaged; re-pack it or read with "
                 f"on_error='skip'", path=self.path, key=self.key_of(index), record=index)
-
-    # -- per-sample metadata ----------------------------------------------------
-
-    @property
-    def has_metadata(self) -> bool:
-        """Whether records carry metadata (the manifest's ``extra["metadata"]``)."""
-        extra = self.manifest.extra if isinstance(self.manifest.extra, dict) else {}
-        return isinstance(extra.get("metadata"), dict)
-
-    def metadata(self, index: int) -> dict:
-        """Record ``index``'s metadata: the dict the source gave (as JSON gives it
-        back), or an empty dict when it has none.
-
-        Raises:
-            CorruptDataError: the stored JSON fails its CRC32 (with ``verify``)
-                or cannot be parsed.
-        """
-        return self.metadata_many([index])[0]
-
-    def metadata_many(self, indices: Sequence[int]) -> list[dict]:
-        """The metadata of several records (see :meth:`metadata`)."""
-        norm = self._normalise(indices)
-        if not self.has_metadata:
-            return [{} for _ in norm]
-        return [self.parse_metadata(j, data)
-                for j, data in zip(norm, self.metadata_bytes_many(norm, check=self.verify))]
-
-    def metadata_bytes_many(self, indices: Sequence[int], *, check: bool = True
-                            ) -> list[bytes | None]:
-        """The stored metadata JSON of records ``indices`` (in range), None for
-        a record without; ``check``: against their CRC32s."""
-        if not self.has_metadata:
-            return [None] * len(indices)
-        self._check_process()
-        found = self._read_metadata_many(list(indices))
-        if check:
-            for j, data in zip(indices, found):
-                self.check_metadata(j, data)
-        return found
-
-    def metadata_crcs(self) -> np.ndarray | None:
-        """The CRC32 of each record's metadata JSON (0: none), loaded and checked
-        against the manifest on first use; None when there are none to check."""
-        if self._metadata_crcs is None and self.has_metadata:
-            self._check_process()
-            self._metadata_crcs = self._load_metadata_crcs()
-        return self._metadata_crcs
-
-    def check_metadata(self, index: int, data: bytes | None) -> None:
-        """Raise CorruptDataError when ``data`` (None: no metadata stored) is
-        not record ``index``'s metadata as packed (its CRC32)."""
-        crcs = self.metadata_crcs()
-        if crcs is None:  # another tool's dataset: nothing to check against
-            return
-        expected = int(crcs[index])
-        actual = 0 if data is None else zlib.crc32(data)
-        if actual != expected:
-            what = "is missing" if data is None else (
-                f"fails its CRC32 check (stored {expected:08x}, read {actual:08x})")
-            raise CorruptDataError(
-                f"the metadata of record {index} {what}: the file is damaged; re-pack it or "
-                f"read with on_error='skip'", path=self.path, key=self.key_of(index),
-                record=index)
-
-    def parse_metadata(self, index: int, data: bytes | None):
-        """Record ``index``'s stored metadata JSON as its value ({} for None)."""
-        if data is None:
-            return {}
-        try:
-            return json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise CorruptDataError(
-                f"the metadata of record {index} is not valid JSON ({type(exc).__name__}: "
-                f"{str(exc)[:80]}); re-pack it", path=self.path, key=self.key_of(index),
-                record=index) from None
 
     def _normalise(self, indices: Sequence[int]) -> list[int]:
         """``indices`` as positions in range (negative ones count from the end)."""
