@@ -347,8 +347,7 @@ def version_path(path, version: int | None):
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise FastDataError(f"version must be a version number (1, 2, ...), not {version!r}",
                             path=os.fspath(path))
-    with detect_format(path).load_reader().open(path, versions=False) as reader:
-        path = reader.dataset_path  # whatever named it: a pattern, a shard, the manifest
+    path = dataset_path(path)
     head = head_number(path)
     if version == 1 and head is None:
         return path  # never changed: the pack is version 1
@@ -356,6 +355,14 @@ def version_path(path, version: int | None):
         raise FastDataError(f"the dataset has no version {version} (it has 1 to {head or 1}; "
                             f"fastdata info --history lists them)", path=os.fspath(path))
     return record_path(path, version)
+
+
+def dataset_path(path, *, allow_outside: bool = False) -> str:
+    """The name a dataset's versions are kept under, whatever names it: a
+    shard pattern, a shard of the set, the manifest, a version record
+    (``Reader.dataset_path``)."""
+    with open_reader(path, allow_outside=allow_outside, versions=False) as reader:
+        return reader.dataset_path
 
 
 def read_manifest(path, *, allow_outside: bool = False):

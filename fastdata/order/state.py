@@ -236,8 +236,9 @@ def saved_point(state: dict) -> StreamPoint:
 
 def _check_dataset(entry, records: int, describe: Callable[[int], dict],
                    indices_only: bool) -> None:
+    described = describe(entry.epoch) if entry.order else {}
     saved_version = (entry.order or {}).get(DATASET, {}).get("version")
-    now_version = (describe(entry.epoch) if entry.order else {}).get(DATASET, {}).get("version")
+    now_version = described.get(DATASET, {}).get("version")
     if (saved_version or 1) != (now_version or 1):  # a dataset never changed is at 1
         raise ValueError(
             f"this state was saved reading version {saved_version or 1} of the dataset; "
@@ -259,7 +260,7 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict],
             f"Resume from the start of epoch {entry.epoch}: load no state and call "
             f"set_epoch({entry.epoch})")
     # As JSON has them (a state may have been through JSON: tuples become lists).
-    saved, now = (json.loads(json.dumps(d)) for d in (entry.order, describe(entry.epoch)))
+    saved, now = (json.loads(json.dumps(d)) for d in (entry.order, described))
     # The version was compared above; a digest tells two datasets at one number apart.
     mine, theirs = saved.pop(DATASET, {}), now.pop(DATASET, {})
     if any(mine.get(k) and theirs.get(k) and mine[k] != theirs[k] for k in ("sha256", "view")):

@@ -46,7 +46,7 @@ def gc(dataset: str | os.PathLike, *, keep: int = 1, dry_run: bool = False) -> G
 
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise FastDataError(f"keep must be 1 or more (the current version stays), not {keep!r}")
-    from fastdata.versions.reader import dataset_path
+    from fastdata.formats.registry import dataset_path
 
     dataset = dataset_path(os.fspath(dataset))
     found = history.versions(dataset)  # none: only parts a refused change left, if any

@@ -113,28 +113,27 @@ class VersionReader(ComposedReader):
         part = np.searchsorted(self._first, at, side="right") - 1
         return at, part, at - self._first[part]
 
-    def read_many(self, indices: Sequence[int], *, check: bool | None = None) -> list[bytes]:
-        at, part, local = self._grouped(indices)
-        out: list = [None] * len(at)
-        check = self.verify if check is None else check
+    def _per_part(self, indices: Sequence[int], ask) -> list | None:
+        """``ask(part reader, its local indices)`` once per part the records
+        are in, the answers put back in the order of ``indices``; None when a
+        part answers None."""
+        _, part, local = self._grouped(indices)
+        out: list = [None] * len(part)
         for p in np.unique(part).tolist():
             ks = np.flatnonzero(part == p)
-            got = self.parts[p].read_many(local[ks].tolist(), check=check)
-            for k, data in zip(ks.tolist(), got):
-                out[k] = data
-        return out
-
-    def crcs_of(self, indices: Sequence[int]) -> list[int] | None:
-        at, part, local = self._grouped(indices)
-        out = [0] * len(at)
-        for p in np.unique(part).tolist():
-            ks = np.flatnonzero(part == p)
-            got = self.parts[p].crcs_of(local[ks].tolist())
+            got = ask(self.parts[p], local[ks].tolist())
             if got is None:
                 return None
-            for k, crc in zip(ks.tolist(), got):
-                out[k] = crc
+            for k, value in zip(ks.tolist(), got):
+                out[k] = value
         return out
+
+    def read_many(self, indices: Sequence[int], *, check: bool | None = None) -> list[bytes]:
+        check = self.verify if check is None else check
+        return self._per_part(indices, lambda r, local: r.read_many(local, check=check))
+
+    def crcs_of(self, indices: Sequence[int]) -> list[int] | None:
+        return self._per_part(indices, lambda r, local: r.crcs_of(local))
 
     def _one(self, index: int) -> tuple[Reader, int]:
         _, part, local = self._grouped([index])
@@ -171,26 +170,16 @@ class VersionReader(ComposedReader):
     def metadata_many(self, indices: Sequence[int]) -> list[dict]:
         """The records' own metadata, with the joined columns' values added
         (a later join's value of a name replaces an earlier one's)."""
-        at, part, local = self._grouped(indices)
-        out: list = [{}] * len(at)
-        for p in np.unique(part).tolist():
-            ks = np.flatnonzero(part == p)
-            for k, meta in zip(ks.tolist(), self.parts[p].metadata_many(local[ks].tolist())):
-                out[k] = meta
+        at = self._normalise(indices)
+        out = self._per_part(at, lambda r, local: r.metadata_many(local))
         for joined in self._joined:
             out = [{**mine, **extra} if extra else mine
-                   for mine, extra in zip(out, joined.values(at.tolist()))]
+                   for mine, extra in zip(out, joined.values(at))]
         return out
 
     def metadata_bytes_many(self, indices, *, check: bool = True):
-        at, part, local = self._grouped(indices)
-        out: list = [None] * len(at)
-        for p in np.unique(part).tolist():
-            ks = np.flatnonzero(part == p)
-            got = self.parts[p].metadata_bytes_many(local[ks].tolist(), check=check)
-            for k, data in zip(ks.tolist(), got):
-                out[k] = data
-        return out
+        return self._per_part(indices,
+                              lambda r, local: r.metadata_bytes_many(local, check=check))
 
     def check_metadata(self, index: int, data) -> None:
         reader, local = self._one(index)
@@ -322,13 +311,3 @@ def open_current(reader, *, verify: bool = True, allow_outside: bool = False,
         return None
     return open_version(record_path(reader.dataset_path, head), verify=verify,
                         allow_outside=allow_outside, settings=settings)
-
-
-def dataset_path(path, *, allow_outside: bool = False) -> str:
-    """The name a dataset's versions are kept under, whatever names it
-    (a manifest, a shard pattern, a version record)."""
-    from fastdata.formats.registry import detect_format
-
-    spec = detect_format(path)
-    with spec.load_reader().open(path, allow_outside=allow_outside, versions=False) as reader:
-        return reader.dataset_path
