@@ -36,7 +36,7 @@ from fastdata.demo import synthesize
 from fastdata.errors import CorruptDataError, FastDataError
 from fastdata.formats import open_reader
 from fastdata.loaders.collate import MetadataBatch
-from fastdata.versions import history
+from fastdata.dataset import history
 
 N = 12
 DIM = 512

@@ -30,8 +30,8 @@ from fastdata.demo import synthesize
 from fastdata.errors import FastDataError, ManifestError
 from fastdata.formats import open_reader
 from fastdata.packers.preprocess import Preprocess
-from fastdata.versions import history
-from fastdata.versions.gc import gc
+from fastdata.dataset import history
+from fastdata.ops.gc import gc
 
 #: format -> (output name pattern, shard size: several shards for the sharded ones)
 FORMATS = {

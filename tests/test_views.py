@@ -1,7 +1,7 @@
 """Views (``fastdata subset``, ``fastdata dedup --write-view``): a small JSON
 file selecting records of a parent dataset, read like a dataset everywhere
 (map-style, streams, DataLoader workers, info / verify / convert), and its
-selection (``fastdata.views.selection.Selection``) on its own.
+selection (``fastdata.dataset.selection.Selection``) on its own.
 
 Every dataset is packed at test time from tiny generated images (lossless
 formats, so a record's bytes identify it); what a view should hold is worked
@@ -36,7 +36,7 @@ from fastdata.errors import (
 )
 from fastdata.formats import open_reader
 from fastdata.packers.pack import PackOptions
-from fastdata.views.selection import Selection, SelectionError
+from fastdata.dataset.selection import Selection, SelectionError
 
 pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning")]
 

@@ -62,7 +62,7 @@ def dedup(path, against, near, threshold, flip, fail_on_shared, write_view, over
                   progress=progress, allow_outside=allow_outside)
     written = None
     if write_view:
-        from fastdata.views.subset import subset
+        from fastdata.ops.subset import subset
 
         written = subset(path, write_view, exclude_indices=report.to_drop(),
                          overwrite=overwrite, progress=progress, allow_outside=allow_outside)

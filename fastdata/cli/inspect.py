@@ -100,7 +100,7 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
 
 def _print_history(path: str, as_json: bool) -> None:
     """The versions of the dataset at ``path``, oldest first."""
-    from fastdata.versions.history import versions
+    from fastdata.dataset.history import versions
     from fastdata.formats.registry import dataset_path
 
     found = versions(dataset_path(path))

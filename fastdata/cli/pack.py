@@ -110,7 +110,7 @@ def pack(source, output, scheduler, extensions, path_column, label_column, appen
 
 
 def _append(source, output, options, skip_existing: bool, shared: dict, scheduler) -> None:
-    from fastdata.versions.append import append
+    from fastdata.ops.append import append
 
     if options.overwrite:
         raise FastDataError("--append adds to OUTPUT; --overwrite would replace it: give one")

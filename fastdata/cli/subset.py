@@ -51,8 +51,8 @@ def subset(dataset, view, classes, keys_file, exclude_file, where, fraction, see
           --fraction 0.1 --stratify
       fastdata subset train.lmdb clean.fastdata.json --exclude val.lmdb
     """
-    from fastdata.views.subset import read_key_list
-    from fastdata.views.subset import subset as make
+    from fastdata.ops.subset import read_key_list
+    from fastdata.ops.subset import subset as make
 
     result = make(dataset, view,
                   classes=[c.strip() for c in classes.split(",") if c.strip()]

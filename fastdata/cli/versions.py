@@ -26,7 +26,7 @@ def gc(dataset, keep, dry_run, as_json):
       fastdata info train.lmdb --history
       fastdata gc train.lmdb --keep 2 --dry-run
     """
-    from fastdata.versions.gc import gc as collect
+    from fastdata.ops.gc import gc as collect
 
     result = collect(dataset, keep=keep, dry_run=dry_run)
     if as_json:
@@ -67,7 +67,7 @@ def join(dataset, table, key, columns, label_column, as_json, allow_outside):
       fastdata join train.lmdb captions.jsonl --key path
       fastdata join train.tar.fastdata.json fixed.csv --key path --label-column label
     """
-    from fastdata.versions.join import join as run
+    from fastdata.ops.join import join as run
 
     result = run(dataset, table, key=key, label_column=label_column,
                  columns=[c.strip() for c in columns.split(",") if c.strip()]

@@ -51,11 +51,11 @@ def open_lock() -> threading.Lock:
 #: verify=, allow_outside=, settings=)`` and giving a reader or None,
 #: resolved where it is used, as the registry's readers are: the layers
 #: above are named here, and this module imports none of them.
-COMPOSITE_OPENERS = ["fastdata.views.reader:open_if_view",
-                     "fastdata.versions.reader:open_if_version"]
+COMPOSITE_OPENERS = ["fastdata.dataset.view_reader:open_if_view",
+                     "fastdata.dataset.version_reader:open_if_version"]
 #: Given a format's reader just opened, the reader of the dataset's current
 #: version when it has changed since its pack, else None.
-CURRENT_VERSION = "fastdata.versions.reader:open_current"
+CURRENT_VERSION = "fastdata.dataset.version_reader:open_current"
 
 
 def _open_composite(path, **options):

@@ -271,7 +271,7 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
     if path.rstrip("/\\").lower().endswith(MANIFEST_SUFFIX):
         return _format_from_manifest(path)
     if path.lower().endswith(".json"):
-        from fastdata.versions.history import is_version_file
+        from fastdata.dataset.history import is_version_file
 
         if is_version_file(path):  # NAME.versions/vNNNNNN.json names its format
             return _format_from_manifest(path)
@@ -342,7 +342,7 @@ def version_path(path, version: int | None):
     """
     if version is None:
         return path
-    from fastdata.versions.history import head_number, record_path
+    from fastdata.dataset.history import head_number, record_path
 
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise FastDataError(f"version must be a version number (1, 2, ...), not {version!r}",

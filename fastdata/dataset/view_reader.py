@@ -5,7 +5,7 @@ Every way of reading takes a view because a :class:`ViewReader` is a reader:
 view position ``i`` is the parent's record ``selection.parents(i)``, and
 every method that takes record indices maps them before asking the parent.
 The parent's files, handles and caches are the parent reader's own; a view
-adds its selection (see :mod:`fastdata.views.selection` for what that costs).
+adds its selection (see :mod:`fastdata.dataset.selection` for what that costs).
 Over a sharded parent, :class:`ShardedViewReader` adds the shard methods the
 streams and read-ahead use, so a stream reads only the selected records'
 ranges (or the whole shards that hold enough of them).
@@ -24,8 +24,8 @@ from fastdata.errors import ManifestError
 from fastdata.formats.column import LazyColumn, positions
 from fastdata.formats.composed import ComposedReader
 from fastdata.formats.reader import Reader
-from fastdata.views.selection import Selection, SelectionError
-from fastdata.views.view_file import manifest_digest, read_view_file
+from fastdata.dataset.selection import Selection, SelectionError
+from fastdata.dataset.view_file import manifest_digest, read_view_file
 
 #: Records read together when a view is walked in order.
 _STEP = 256
@@ -101,7 +101,7 @@ class ViewReader(ComposedReader):
         parent_path = Folder(folder, where=self.path, links_out=self.allow_outside).path(
             view.parent, "parent.path")
         if self.parent is None:
-            from fastdata.views.view_file import is_view_file
+            from fastdata.dataset.view_file import is_view_file
 
             if is_view_file(parent_path):  # checked before opening: a loop never opens
                 raise ManifestError("the parent of a view is a view; make views of the "
@@ -295,7 +295,7 @@ def open_if_view(path, *, verify: bool = True, allow_outside: bool = False,
                  settings: Mapping[str, Any] | None = None, versions: bool = True):
     """The view's reader when ``path`` is a view file, else None (see
     ``fastdata.formats.reader.COMPOSITE_OPENERS``)."""
-    from fastdata.views.view_file import is_view_file
+    from fastdata.dataset.view_file import is_view_file
 
     if not is_view_file(path):
         return None

@@ -121,7 +121,7 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
     from fastdata.packers.pack import pack
     from fastdata.packers.source import Source
     from fastdata.packers.sources.dispatch import open_source
-    from fastdata.versions import history
+    from fastdata.dataset import history
 
     dataset = os.fspath(dataset)
     options = options or PackOptions()
@@ -189,7 +189,7 @@ def _sep(dataset: str) -> str:
 
 
 def _digest(manifest) -> str:
-    from fastdata.views.view_file import manifest_digest
+    from fastdata.dataset.view_file import manifest_digest
 
     return manifest_digest(manifest)
 
@@ -197,7 +197,7 @@ def _digest(manifest) -> str:
 def _part_name(dataset: str, path: str) -> str:
     """``path`` relative to the dataset's folder, "/"-separated."""
     from fastdata.formats.remote_files import absolute
-    from fastdata.versions.history import dataset_folder
+    from fastdata.dataset.history import dataset_folder
 
     folder = dataset_folder(dataset)
     text = absolute(path)
@@ -219,7 +219,7 @@ def _check_alike(base, part, where: str) -> None:
 
 def _remove_part(base: str, number: int) -> None:
     """Remove part ``number``'s files, which no version names."""
-    from fastdata.versions.gc import part_files, remove
+    from fastdata.ops.gc import part_files, remove
 
     for path in part_files(base, number):
         remove(path)

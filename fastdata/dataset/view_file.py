@@ -14,7 +14,7 @@ dataset without copying them (``VIEW.fastdata.json``; no torch).
 inside it: a view lives beside its parent or above it. ``manifest_sha256``
 is the parent's manifest digest (:func:`manifest_digest`): a view opens only
 the parent it was made from. The selection's stored form is
-:mod:`fastdata.views.selection`'s.
+:mod:`fastdata.dataset.selection`'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ class, key, metadata, a random fraction or content (no torch).
 
 The parent's records are walked a chunk at a time; each selector gives a
 flag per record, and the selection is stored as runs or a bitmap
-(:mod:`fastdata.views.selection`). What grows with the dataset in this
+(:mod:`fastdata.dataset.selection`). What grows with the dataset in this
 process: one bit per parent record (the flags, packed), the keys given
 (``keys``/``exclude_keys``), and 16 bytes per record of each ``exclude``
 dataset (its content digests). A subset of a view selects from the view's
@@ -84,7 +84,7 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
         keys: keep only the records with these keys.
         exclude_keys: drop the records with these keys.
         where: keep records whose metadata passes the expression
-            (:mod:`fastdata.views.where`).
+            (:mod:`fastdata.ops.where`).
         fraction: then keep this fraction (0 < F <= 1) of what is left,
             exactly ``round(F * n)`` records, drawn with ``seed``; with
             ``stratify`` that fraction of each class.
@@ -104,15 +104,15 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
     """
     from fastdata.formats import open_reader
     from fastdata.progress import progress_bar
-    from fastdata.views.selection import Selection
-    from fastdata.views.view_file import (
+    from fastdata.dataset.selection import Selection
+    from fastdata.dataset.view_file import (
         ViewFile,
         manifest_digest,
         now,
         parent_name,
         write_view_file,
     )
-    from fastdata.views.where import compile_where
+    from fastdata.ops.where import compile_where
 
     if fraction is not None and not 0 < float(fraction) <= 1:
         raise FastDataError(f"fraction must be in (0, 1], not {fraction}")

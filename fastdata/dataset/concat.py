@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastdata.formats.column import LazyColumn, positions
-from fastdata.versions.columns import JoinedColumns
+from fastdata.dataset.columns import JoinedColumns
 
 
 def inside(folder: str, name: str, reader) -> str:

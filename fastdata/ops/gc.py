@@ -42,7 +42,7 @@ def gc(dataset: str | os.PathLike, *, keep: int = 1, dry_run: bool = False) -> G
         FastDataError: ``keep`` below 1.
     """
     from fastdata.storage.urls import join
-    from fastdata.versions import history
+    from fastdata.dataset import history
 
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise FastDataError(f"keep must be 1 or more (the current version stays), not {keep!r}")
@@ -77,7 +77,7 @@ def gc(dataset: str | os.PathLike, *, keep: int = 1, dry_run: bool = False) -> G
 def part_files(base: str, number: int) -> list[str]:
     """The files (or LMDB folders) of part or column set ``number``."""
     from fastdata.storage.urls import join
-    from fastdata.versions import history
+    from fastdata.dataset import history
 
     folder = history.history_dir(base)
     return [join(folder, sub, name) for sub in ("parts", "columns")
@@ -124,7 +124,7 @@ def remove(path: str) -> None:
 
 def _viewed(dataset: str, numbers: list[int]) -> set[int]:
     """The versions view files in the dataset's folder name (local folders only)."""
-    from fastdata.versions import history
+    from fastdata.dataset import history
 
     folder = history.dataset_folder(dataset)
     if "://" in folder:

@@ -74,9 +74,9 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
             dataset meanwhile.
     """
     from fastdata.formats import open_reader
-    from fastdata.versions import history
-    from fastdata.versions.append import _digest, _part_name, _sep
-    from fastdata.versions.columns import table_rows, write_columns
+    from fastdata.dataset import history
+    from fastdata.ops.append import _digest, _part_name, _sep
+    from fastdata.dataset.columns import table_rows, write_columns
 
     dataset, table = os.fspath(dataset), os.fspath(table)
     with open_reader(dataset, allow_outside=allow_outside) as reader:

@@ -22,9 +22,9 @@ import numpy as np
 from fastdata.errors import ManifestError
 from fastdata.formats.composed import ComposedReader
 from fastdata.formats.reader import Reader
-from fastdata.versions.columns import JoinedColumns
-from fastdata.versions.concat import ConcatColumn, ConcatKeys, RelabelledColumn, inside
-from fastdata.versions.history import Version, dataset_folder, read_version
+from fastdata.dataset.columns import JoinedColumns
+from fastdata.dataset.concat import ConcatColumn, ConcatKeys, RelabelledColumn, inside
+from fastdata.dataset.history import Version, dataset_folder, read_version
 
 
 class VersionReader(ComposedReader):
@@ -49,7 +49,7 @@ class VersionReader(ComposedReader):
     def _load_metadata(self) -> None:
         from fastdata.contained import Folder
         from fastdata.formats.registry import detect_format
-        from fastdata.views.view_file import manifest_digest
+        from fastdata.dataset.view_file import manifest_digest
 
         version = read_version(self.path)
         if not self.parts:
@@ -292,7 +292,7 @@ def open_if_version(path, *, verify: bool = True, allow_outside: bool = False,
                     settings: Mapping[str, Any] | None = None):
     """The reader of the version record at ``path``, else None (see
     ``fastdata.formats.reader.COMPOSITE_OPENERS``)."""
-    from fastdata.versions.history import is_version_file
+    from fastdata.dataset.history import is_version_file
 
     if not is_version_file(path):
         return None
@@ -304,7 +304,7 @@ def open_current(reader, *, verify: bool = True, allow_outside: bool = False,
     """The reader of the current version of the dataset ``reader`` opened,
     when it has changed since its pack; None otherwise (see
     ``fastdata.formats.reader.CURRENT_VERSION``)."""
-    from fastdata.versions.history import head_number, record_path
+    from fastdata.dataset.history import head_number, record_path
 
     head = head_number(reader.dataset_path)
     if head is None:

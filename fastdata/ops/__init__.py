@@ -1,0 +1,1 @@
+"""Jobs over a dataset: append, join, subset, gc; no torch."""
