@@ -11,7 +11,9 @@ only when the names that need them are first used.
 
 The top level holds what a training script needs; everything else lives in its
 sub-package, each an attribute of ``fastdata`` imported on first use:
-``fastdata.formats`` (the registry, ``open_reader``, ``read_manifest``),
+``fastdata.formats`` (the registry, the format readers), ``fastdata.dataset``
+(version records, views, the resolver, the commit), ``fastdata.ops`` (append,
+join, subset, gc, verify),
 ``fastdata.records`` (``Manifest``), ``fastdata.packers``, ``fastdata.loaders``,
 ``fastdata.order`` (``Order``), ``fastdata.decoding`` (``Decode``,
 ``CenterCrop``, ``RandomResizedCrop``), ``fastdata.storage`` (paths and URLs),
@@ -47,6 +49,10 @@ _LAZY = {
     "subset": "fastdata.ops.subset:subset",
     "append": "fastdata.ops.append:append",
     "join": "fastdata.ops.join:join",
+    "gc": "fastdata.ops.gc:gc",
+    "open_reader": "fastdata.dataset.resolve:open_reader",
+    "read_manifest": "fastdata.dataset.resolve:read_manifest",
+    "DatasetRef": "fastdata.dataset.ref:DatasetRef",
     "PackOptions": "fastdata.packers.options:PackOptions",
     "Source": "fastdata.packers.source:Source",
     "ImageFolderSource": "fastdata.packers.source:ImageFolderSource",
@@ -84,7 +90,8 @@ __all__ = sorted([
 
 #: Sub-packages reachable as attributes (``fastdata.formats.read_manifest``).
 _SUBMODULES = ("formats", "records", "errors", "packers", "loaders", "order", "decoding",
-               "storage", "bench", "demo", "dali", "machine", "encodings", "cli")
+               "storage", "dataset", "ops", "bench", "demo", "dali", "machine", "encodings",
+               "cli")
 
 
 def __getattr__(name: str):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fastdata.formats import open_reader
+from fastdata.dataset.resolve import open_reader
 from fastdata.progress import progress_bar
 
 

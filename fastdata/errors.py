@@ -138,6 +138,15 @@ class StorageError(FastDataError):
     names the URL and never a credential."""
 
 
+class MissingObjectError(StorageError):
+    """The object (or local file) is not there: a 404, or no such file."""
+
+
+class AccessDeniedError(StorageError):
+    """The store refused the request (401/403). S3 answers 403 for a missing
+    object when the credentials may not list the bucket."""
+
+
 class MixedSizeWarning(UserWarning):
     """Images of one batch (or one stream) differ in size, so a collate that
     stacks them will fail. Silence it where a collate keeps a list on purpose:

@@ -2,8 +2,8 @@
 
 Under ``.ci/run`` (``FASTDATA_CI=1``) every component the tests use is
 installed, so a skip means a broken install quietly removing tests: a skipped
-test, a skipped module (``pytest.importorskip`` at its top) or a skipped
-fixture fails the run instead, unless its reason matches an entry of
+test, a skipped module (``optional.require`` at its top, tests/optional.py) or
+a skipped fixture fails the run instead, unless its reason matches an entry of
 ``ALLOWED``: what no CI machine can provide. By hand, skips stay skips.
 conftest.py's hooks call :func:`enforce` on each report and
 :func:`summary_lines` at the end of the run.

@@ -4,7 +4,8 @@ A test whose component is missing (an emulator, the pinned library versions)
 skips, with the reason, where the suite runs by hand; under ``.ci/run``, which
 sets ``FASTDATA_CI=1`` and installs every component, the same thing fails the
 run instead, so a broken install cannot quietly remove what it was meant to
-test.
+test. A Python package that an extra brings is probed through tests/optional.py
+instead: its skips fail in CI through the hooks of tests/allowed_skips.py.
 """
 
 from __future__ import annotations

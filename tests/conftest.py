@@ -484,7 +484,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_make_collect_report(collector):
-    report = yield     # a module skipped whole: pytest.importorskip at its top
+    report = yield     # a module skipped whole: optional.require at its top
     allowed_skips.enforce(report)
     return report
 

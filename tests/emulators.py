@@ -21,7 +21,6 @@ import base64
 import hashlib
 import hmac
 import http.client
-import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ import tempfile
 from email.utils import formatdate
 from pathlib import Path
 
+import optional
 import pytest
 from ci_needs import missing
 from servers import wait_until_listening
@@ -89,8 +89,7 @@ class GCSEmulator(EmulatorProcess):
     what = "gcp-storage-emulator"
 
     def __init__(self) -> None:
-        if importlib.util.find_spec("gcp_storage_emulator") is None:
-            missing("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
+        optional.skip_if_missing("gcp-storage-emulator")
         super().__init__()
         self.env = {"GOOGLE_SERVICE_ACCOUNT_KEY": json.dumps(self.service_account_key())}
 

@@ -252,7 +252,7 @@ def _read_stream(p: Pristine, path: str) -> str | None:
 
 
 def _verify(p: Pristine, path: str) -> None:
-    from fastdata.formats.verify import verify_dataset
+    from fastdata.ops.verify import verify_dataset
 
     result = verify_dataset(path, progress=False)
     if not result.ok:

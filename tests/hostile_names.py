@@ -387,7 +387,7 @@ def _stream(path, out):
 
 
 def _verify(path, out):
-    from fastdata.formats.verify import verify_dataset
+    from fastdata.ops.verify import verify_dataset
 
     verify_dataset(path, progress=False)
 
@@ -436,11 +436,9 @@ def _pack(path, out):
 
 
 def _dali_installed() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import optional
+
+    return optional.available("dali")
 
 
 def commands(case: Case, world: World) -> dict:

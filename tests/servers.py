@@ -85,7 +85,7 @@ class MotoServer:
 
     def __init__(self, *, check_auth: bool = False) -> None:
         if shutil.which("moto_server") is None:
-            missing("moto_server is not on PATH (pip install 'moto[server]')")
+            missing("moto_server is not on PATH (pip install -e '.[test]' brings moto[server])")
         self.check_auth = check_auth
         self.log_path = Path(tempfile.mkstemp(prefix="moto-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
@@ -192,6 +192,9 @@ class _Listener(http.server.ThreadingHTTPServer):
         self.cut: dict[str, int] = {}
         #: path -> the Hold its next whole GET waits at, half-way.
         self.hold: dict[str, Hold] = {}
+        #: How a missing file is answered: 404, 403 (S3 without ListBucket),
+        #: or "page" (a 200 HTML page, as a CDN's catch-all route sends).
+        self.missing: int | str = 404
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -220,7 +223,17 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
                     hold = server.hold.pop(rel, None)
         path = Path(self.directory, rel.removeprefix("truncate/"))
         if not path.is_file():
-            self.send_error(404)
+            missing = getattr(server, "missing", 404)
+            if missing != "page":
+                self.send_error(missing)
+                return
+            page = b"<!doctype html><html><body>Welcome! Page not found here.</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            if body:
+                self.wfile.write(page)
             return
         data = path.read_bytes()
         start, end, status = 0, len(data) - 1, 200
@@ -268,6 +281,15 @@ class HTTPServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    @property
+    def missing(self) -> int | str:
+        """How a missing file is answered (see ``_Listener.missing``)."""
+        return self.server.missing
+
+    @missing.setter
+    def missing(self, value: int | str) -> None:
+        self.server.missing = value
 
     def close(self) -> None:
         self.server.shutdown()

@@ -16,6 +16,7 @@ import json
 import os
 from collections import Counter
 
+import optional
 import pytest
 from conftest import build_tree, no_hang, uniform_spec
 from torch.utils.data import DataLoader
@@ -24,7 +25,7 @@ import fastdata
 from fastdata import Decode, Order, storage
 from fastdata.errors import FastDataError, StorageError
 
-pytest.importorskip("obstore")
+optional.require("obstore")
 
 #: (format, output name as packed, name to open it by)
 FORMATS = [("tar", "d-%06d.tar", "d.tar.fastdata.json"), ("lmdb", "d.lmdb", "d.lmdb")]

@@ -27,7 +27,7 @@ import fastdata.storage
 from fastdata.cli import main
 from fastdata.contained import name_problem
 from fastdata.errors import FastDataError, StorageError, UnsafeNameError
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 
 import hostile_names
 from conftest import build_tree, uniform_spec

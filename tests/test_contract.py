@@ -16,6 +16,7 @@ import os
 import random
 from collections import Counter
 
+import optional
 import pytest
 import toyformat
 from conftest import TESTS_DIR, build_tree, largest_data_file, run_python, truncate_to_half
@@ -146,7 +147,7 @@ _READ_EVERYTHING = """
                 pass
 
     def verify():
-        from fastdata.formats.verify import verify_dataset
+        from fastdata.ops.verify import verify_dataset
         if not verify_dataset(path, progress=False).ok:
             raise FastDataError("verify reported damage")
 
@@ -294,7 +295,7 @@ def test_the_toy_format_uploads_as_its_writer_says(tmp_path, s3_server, s3_env, 
     --overwrite), goes up after the data, and an overwrite takes it down first."""
     import re
 
-    pytest.importorskip("obstore")
+    optional.require("obstore")
     monkeypatch.setenv("FASTDATA_STAGING_DIR", str(tmp_path / "staging"))
     s3_server.make_bucket("toyup")
     tree = build_tree(tmp_path / "src")

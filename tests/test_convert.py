@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import optional
 import pytest
 from click.testing import CliRunner
 from conftest import build_tree, make_image_bytes, uniform_spec
@@ -265,7 +266,7 @@ def test_webdataset_tar_converts(tmp_path):
 
 @pytest.mark.parametrize("feature_keys", [None, {"image": "img", "label": "class_id"}])
 def test_tfrecord_package_file_converts(tmp_path, feature_keys):
-    tfrecord = pytest.importorskip("tfrecord")
+    tfrecord = optional.require("tfrecord")
     image, label = ("image/encoded", "image/class/label") if feature_keys is None else \
         (feature_keys["image"], feature_keys["label"])
     path = tmp_path / "theirs.tfrecord"

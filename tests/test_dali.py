@@ -9,7 +9,6 @@ OpenCV bilinear/area), so they agree within a tolerance, not exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 import torch
 from PIL import Image
@@ -26,15 +26,7 @@ from fastdata import CenterCrop, Decode, Order
 from fastdata.errors import FastDataError
 from fastdata.packers.preprocess import Preprocess
 
-
-def _have_dali() -> bool:
-    try:
-        return importlib.util.find_spec("nvidia.dali") is not None
-    except ImportError:  # no "nvidia" namespace at all
-        return False
-
-
-needs_dali = pytest.mark.skipif(not _have_dali(), reason="NVIDIA DALI is not installed")
+needs_dali = optional.skip_unless("dali")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 #: Mean absolute difference (0-255 levels) allowed between DALI's and fastdata's

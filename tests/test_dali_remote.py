@@ -9,6 +9,7 @@ give what the same pipeline gives over the local copy.
 
 from __future__ import annotations
 
+import optional
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from fastdata.errors import FastDataError
 from test_dali import (BATCH, FORMATS, IMAGE_TOLERANCE, MEAN_TOLERANCE, N, SIZE, diff,
                        make_tree, nearest, needs_dali, one_epoch, pack, reference)
 
-pytest.importorskip("obstore")
+optional.require("obstore")
 pytestmark = needs_dali
 
 #: format -> the name a dataset is opened by, below its folder.

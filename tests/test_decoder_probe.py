@@ -10,17 +10,17 @@ and at exit. Each test runs a child interpreter and reads its stderr whole.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import optional
 import pytest
 from PIL import Image
 
 import fastdata
-from ci_needs import checkout_env, missing
+from ci_needs import checkout_env
 from fastdata.decoding import decode as D
 from fastdata.errors import FastDataError
 
@@ -94,8 +94,8 @@ def _child(script: str, *args, tmp_path) -> subprocess.CompletedProcess:
 
 
 def _needs(kind: str) -> None:
-    if kind == "jpeg4py" and importlib.util.find_spec("jpeg4py") is None:
-        missing("needs jpeg4py (the [test] extra installs it)")
+    if kind == "jpeg4py":
+        optional.skip_if_missing("jpeg4py")
 
 
 @pytest.mark.parametrize("kind", KINDS)

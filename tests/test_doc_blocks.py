@@ -28,6 +28,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import optional
 import pytest
 
 from ci_needs import ci_spelling, top_level_commands, vision_python
@@ -195,25 +196,13 @@ def _env(python: str = sys.executable) -> dict:
     return env
 
 
-# What a block's code says it needs: (pattern, module, what to say when missing).
+# What a block's code says it needs: (pattern, the dependency in tests/optional.py).
 NEEDS = [
-    (r"torchdata", "torchdata", "torchdata is not installed (the test extra)"),
-    (r"fastdata\.dali|nvidia\.dali", "nvidia.dali",
-     "NVIDIA DALI is not installed (the dali extra)"),
-    (r"\b(import|from) (lightning|pytorch_lightning)\b|examples/lightning", "lightning",
-     "PyTorch Lightning is not installed"),
-    (r"\b(import|from) datasets\b|examples/hf_", "datasets",
-     "Hugging Face datasets is not installed"),
+    (r"torchdata", "torchdata"),
+    (r"fastdata\.dali|nvidia\.dali", "dali"),
+    (r"\b(import|from) (lightning|pytorch_lightning)\b|examples/lightning", "lightning"),
+    (r"\b(import|from) datasets\b|examples/hf_", "datasets"),
 ]
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a parent package (nvidia) missing
-        return False
 
 
 # Blocks using timm or torchvision run in an interpreter that has them, maybe
@@ -227,9 +216,9 @@ def _python(block: Block) -> str:
 
 def _needs(block: Block) -> str | None:
     """Why a block cannot run here, or None."""
-    for pattern, module, reason in NEEDS:
-        if re.search(pattern, block.code) and not _has(module):
-            return reason
+    for pattern, name in NEEDS:
+        if re.search(pattern, block.code) and not optional.available(name):
+            return optional.reason(name)
     return None
 
 
@@ -238,7 +227,7 @@ def _s3_for(block: Block, request) -> dict:
     and the AWS_* variables pointing at it."""
     if "s3://bucket/" not in block.code:
         return {}
-    pytest.importorskip("obstore")
+    optional.require("obstore")
     server = request.getfixturevalue("s3_server")
     server.make_bucket("bucket")
     server.put("s3://bucket/shards/train-000000.tar", os.urandom(50_000))

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import optional
 import pytest
 from ci_needs import missing
 
@@ -28,11 +29,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    try:
-        import material  # noqa: F401
-        import mkdocstrings  # noqa: F401
-    except ImportError:
-        missing("the docs tools are not installed (pip install -e .[docs])")
+    optional.skip_if_missing("docs")
     site_dir = tmp_path_factory.mktemp("browser-site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                            "--config-file", str(ROOT / "mkdocs.yml"),
@@ -47,11 +44,8 @@ def site(tmp_path_factory) -> Path:
 def browser(tmp_path_factory):
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
         missing("Chromium is not installed (Debian: apt-get install chromium chromium-driver)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        missing("selenium is not installed (the test extra)")
+    webdriver = optional.require("selenium", "selenium.webdriver")
+    Service = optional.require("selenium", "selenium.webdriver.chrome.service").Service
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tmp_path_factory.mktemp("chromium-profile")

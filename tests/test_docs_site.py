@@ -9,36 +9,22 @@ once for the module. mkdocs, mkdocstrings and mkdocs-click are in the test extra
 from __future__ import annotations
 
 import html as html_lib
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import optional
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-SITE_PACKAGES = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python",
-                 "mkdocs_click")
-
-
-def _missing(*modules: str) -> list[str]:
-    missing = []
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
 
 
 def _nav_pages() -> list[str]:
     """The files the nav of mkdocs.yml names, in order."""
-    yaml = pytest.importorskip("yaml", reason="PyYAML (a dependency of mkdocs) is not installed")
+    yaml = optional.require("yaml")
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
 
     def walk(items) -> list[str]:
@@ -65,10 +51,7 @@ def test_every_nav_page_exists_and_every_page_is_in_the_nav():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    missing = _missing(*SITE_PACKAGES)
-    if missing:
-        pytest.skip(f"the docs tools are not installed ({', '.join(missing)}): "
-                    f"pip install -e .[docs]")
+    optional.skip_if_missing("docs")
     site_dir = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run(

@@ -13,7 +13,6 @@ are skipped with the reason where it is not.
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import json
 import os
 import select
@@ -23,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import optional
 import pytest
 
 from ci_needs import vision_python
@@ -272,8 +272,7 @@ def _python_for(module: str) -> str:
     (``ci_needs.vision_python``)."""
     if module in ("torchvision", "timm"):
         return vision_python()
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed")
+    optional.skip_if_missing(module)
     return sys.executable
 
 

@@ -13,6 +13,7 @@ import tarfile
 import warnings
 
 import numpy as np
+import optional
 import pytest
 from conftest import pixel_digest, run_python
 from PIL import Image, ImageDraw, ImageFilter
@@ -25,9 +26,7 @@ from fastdata.errors import DecodeError
 from fastdata.decoding import turbojpeg
 from fastdata.decoding.decode import DecoderChain
 
-if not turbojpeg.available():
-    pytest.skip(f"no TurboJPEG 3 library, so no fused crops ({turbojpeg.INSTALL_HINT})",
-                allow_module_level=True)
+optional.skip_if_missing("turbojpeg")
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -3,12 +3,12 @@ with CUDA: on this one they must at least run, and say what they skip."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import optional
 import pytest
 import torch
 
@@ -29,7 +29,7 @@ def test_the_training_rows_that_need_no_cuda_run(tmp_path):
     fastdata_row = next(line for line in lines if line.startswith("fastdata fused (CPU)"))
     assert "torch.uint8 [8, 3, 32, 32]" in fastdata_row and fastdata_row.endswith("True")
     dali_row = next(line for line in lines if line.startswith("DALI image_random_crop (cpu)"))
-    if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
+    if optional.available("dali"):
         assert dali_row.endswith("True"), dali_row  # DALI is here: its CPU row must run
     else:
         assert "skipped" in dali_row, dali_row

@@ -26,7 +26,7 @@ import fastdata
 from fastdata import Decode
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.loaders.datasets import HDF5Dataset
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 from fastdata.formats.hdf5.reader import HDF5Reader
 from fastdata.formats.hdf5.schema import (
     CRC32,

@@ -396,7 +396,7 @@ def test_index_row_out_of_range(tar_dataset, field, value, words):
     index_path = _edit_index(tar_dataset, field, 3, value)
     body = """
 from fastdata.formats.tar.reader import TarReader
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 try:
     r = TarReader(sys.argv[1])
     r.read(3)
@@ -597,7 +597,7 @@ def test_lmdb_errors_from_the_walk_are_reported(tmp_path):
     out = tmp_path / "big.lmdb"
     fastdata.pack(tree.root, out, progress=False)
     _lmdb_lose_a_page(out)
-    from fastdata.formats.verify import verify_dataset
+    from fastdata.ops.verify import verify_dataset
 
     result = verify_dataset(out, progress=False)
     assert result.problems and "MDB_PAGE_NOTFOUND" in result.problems[-1]["reason"]

@@ -111,16 +111,20 @@ def test_dir_lists_lazy_names():
 #: Package -> the fastdata packages it must never import (at any depth of its
 #: modules, function-level imports included): the layers above it.
 FORBIDDEN = {
-    "formats": {"loaders", "dali", "packers", "bench", "cli", "demo"},
-    "decoding": {"loaders", "dali", "packers", "formats", "bench", "cli"},
-    "order": {"loaders", "dali", "packers", "formats", "decoding", "bench", "cli"},
-    "storage": {"loaders", "dali", "packers", "formats", "decoding", "order", "bench", "cli"},
-    "packers": {"loaders", "dali", "bench"},
-    "dali": {"loaders", "packers", "bench", "cli"},
+    "formats": {"loaders", "dali", "packers", "bench", "cli", "demo", "dataset", "ops"},
+    "decoding": {"loaders", "dali", "packers", "formats", "bench", "cli", "dataset", "ops"},
+    "order": {"loaders", "dali", "packers", "formats", "decoding", "bench", "cli", "dataset",
+              "ops"},
+    "storage": {"loaders", "dali", "packers", "formats", "decoding", "order", "bench", "cli",
+                "dataset", "ops"},
+    "dataset": {"loaders", "dali", "packers", "ops", "bench", "cli", "demo"},
+    "packers": {"loaders", "dali", "bench", "ops"},
+    "ops": {"loaders", "dali", "bench", "cli", "demo"},
+    "dali": {"loaders", "packers", "bench", "cli", "ops"},
 }
 #: Packages that never import torch: only the torch layer (loaders) and the
 #: tools built on it do (DALI only to find the current CUDA device).
-TORCH_FREE = ("formats", "decoding", "order", "storage", "packers")
+TORCH_FREE = ("formats", "decoding", "order", "storage", "dataset", "packers", "ops")
 
 
 def _imports(package: str) -> list[tuple[str, int, str]]:
@@ -144,6 +148,21 @@ def test_a_package_imports_no_layer_above_it(package):
     bad = [f"{path}:{line}: {module}" for path, line, module in _imports(package)
            if module.split(".")[0] == "fastdata" and len(module.split(".")) > 1
            and module.split(".")[1] in FORBIDDEN[package]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_package_names_no_layer_above_it_in_a_lazy_reference(package):
+    """A "module:attribute" string (resolved where it is used, so no import)
+    still ties a package to the module it names: none names a layer above."""
+    import re
+    from pathlib import Path
+
+    named = re.compile(r"[\"']fastdata\.(\w+)[\w.]*:\w+[\"']")
+    root = Path(__file__).resolve().parents[1] / "fastdata" / package
+    bad = [f"{path}: {m.group(0)}" for path in sorted(root.rglob("*.py"))
+           for m in named.finditer(path.read_text(encoding="utf-8"))
+           if m.group(1) in FORBIDDEN[package]]
     assert not bad, "\n".join(bad)
 
 

@@ -17,7 +17,7 @@ import fastdata
 from fastdata import Decode
 from fastdata.errors import CorruptDataError
 from fastdata.formats.sharded import index_rows
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 
 BYTES = Decode(output="bytes")
 

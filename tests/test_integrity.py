@@ -35,7 +35,7 @@ import fastdata
 from fastdata import Decode
 from fastdata.cli import main
 from fastdata.errors import CorruptDataError
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 
 EXTENSIONS = {"lmdb": ".lmdb", "hdf5": ".h5", "tar": ".tar", "tfrecord": ".tfrecord"}
 SHARDED = ("tar", "tfrecord")

@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 from ci_needs import checkout_env, vision_python
 from click.testing import CliRunner
@@ -122,7 +123,7 @@ def test_webdataset_reads_every_sample_with_its_default_keys(photos):
 
 def test_huggingface_datasets_reads_every_sample_and_the_manifest_names_the_classes(
         photos, tmp_path):
-    datasets = pytest.importorskip("datasets")
+    datasets = optional.require("datasets")
 
     hf = datasets.load_dataset("webdataset", data_files={"train": shards(photos)},
                                split="train", cache_dir=str(tmp_path / "hf"))
@@ -308,7 +309,7 @@ def test_packs_finishing_together_keep_every_split(tmp_path):
 
 def test_a_pack_to_a_url_keeps_the_other_splits(tiny, tmp_path, s3_server, s3_env,
                                                monkeypatch):
-    pytest.importorskip("obstore")
+    optional.require("obstore")
     from fastdata.storage import list_names, open_remote
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))

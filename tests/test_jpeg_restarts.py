@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import optional
 import pytest
 import simplejpeg
 from click.testing import CliRunner
@@ -33,8 +34,7 @@ CHAIN = DecoderChain()
 KINDS = ("4:2:0", "4:2:2", "4:4:4", "gray")
 #: (mcu_w, mcu_h) of each kind.
 MCU = {"4:2:0": (16, 16), "4:2:2": (16, 8), "4:4:4": (8, 8), "gray": (8, 8)}
-needs_turbojpeg = pytest.mark.skipif(not turbojpeg.available(),
-                                     reason=f"no TurboJPEG 3 ({turbojpeg.INSTALL_HINT})")
+needs_turbojpeg = optional.skip_unless("turbojpeg")
 
 
 # -- images ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import fastdata
 from fastdata import Decode
 from fastdata.errors import CorruptDataError
 from fastdata.formats.record_spool import PIECE_KEYS
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 from fastdata.packers.source import SourceEntry
 
 #: Keys a JSON list must escape, and a separator inside a key.

@@ -39,7 +39,7 @@ from fastdata.errors import (
 from fastdata import Decode
 from fastdata.loaders.datasets import LMDBDataset
 from fastdata.formats.lmdb.reader import LMDBReader
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 from fastdata.packers.pack import PackOptions
 from fastdata.records import MANIFEST_VERSION
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 import torch
 from click.testing import CliRunner
@@ -24,7 +25,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.formats import open_reader
 from fastdata.loaders.collate import Batch
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 from fastdata.packers.plan import ResumeRefused
 from fastdata.packers.source import SourceEntry
 from conftest import TESTS_DIR, build_tree, lmdb_get, lmdb_put, make_image_bytes, uniform_spec
@@ -422,7 +423,7 @@ def test_we_read_webdataset_json_members(tmp_path):
 
 
 def test_tfrecord_package_reads_the_metadata_feature(packs):
-    example_pb2 = pytest.importorskip("tfrecord").example_pb2
+    example_pb2 = optional.require("tfrecord").example_pb2
     manifest = json.loads(Path(packs["tfrecord"]).read_text())
     data = (Path(packs["tfrecord"]).parent / manifest["shards"][0]["path"]).read_bytes()
     pos, found = 0, []

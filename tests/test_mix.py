@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import optional
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -17,7 +18,7 @@ import fastdata
 from conftest import build_tree, run_ranks, uniform_spec
 from fastdata import Decode, Order
 
-StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+StatefulDataLoader = optional.require("torchdata").StatefulDataLoader
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 BATCH = 5

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import optional
 import pytest
 from conftest import build_tree, uniform_spec
 from worker_pids import CollatedIn, assert_other_processes
@@ -21,7 +22,7 @@ from fastdata import Decode, Order
 from fastdata.order.mixture import MixOrder, MixSource, Mixture
 from fastdata.order.state import StreamPoint, order_description, parse_state
 
-StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+StatefulDataLoader = optional.require("torchdata").StatefulDataLoader
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 BATCH = 5

@@ -5,11 +5,14 @@ over random sizes, weights and epochs."""
 from __future__ import annotations
 
 import numpy as np
+import optional
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 from fastdata.order.mixture import Mixture, MixOrder, MixSource
+
+optional.require("hypothesis")  # the test extra: without it, this module skips
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 
 def _mixture(sizes, weights, per_epoch, seed=0, shuffle=True):

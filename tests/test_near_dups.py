@@ -23,7 +23,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.demo import synthesize
 from fastdata.errors import CorruptDataError, FastDataError
-from fastdata.formats import open_reader
+from fastdata.dataset.resolve import open_reader
 from fastdata.near_duplicates import HASH_BITS, choose_bands, image_hash, near_pairs
 
 KINDS = ("resized", "reencoded", "cropped", "mirrored")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import optional
 import pytest
 import torch
 
@@ -82,7 +83,7 @@ def test_every_way_of_reading_names_the_new_spelling(lmdb_path, call):
 
 
 def test_dali_takes_decode_and_order_only(lmdb_path):
-    pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
+    optional.skip_if_missing("dali")
     with pytest.raises(TypeError, match=r"'prefetch'\n  pass run_ahead= instead"):
         fastdata.dali.DALILoader(lmdb_path, prefetch=2)
     with pytest.raises(TypeError, match=r"'num_shards'\n  pass order=fastdata.Order"

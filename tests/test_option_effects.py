@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 import torch
 from click.testing import CliRunner
@@ -182,8 +183,8 @@ def _png(pixels: np.ndarray) -> bytes:
 
 
 def test_parquet_image_column_packs_that_column_and_names_a_missing_one(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = optional.require("pyarrow")
+    pq = optional.require("pyarrow", "pyarrow.parquet")
     from fastdata.errors import SourceError
 
     rng = np.random.default_rng(5)

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import optional
 
 from fastdata.order.epochs import Shuffle, epoch_order, permutation
 from fastdata.order.slices import Slice, batches_delivered, worker_batches
 from fastdata.order.state import worker_positions
+
+optional.require("hypothesis")  # the test extra: without it, this module skips
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 SHUFFLES = st.one_of(
     st.just(Shuffle(False)),

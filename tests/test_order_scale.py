@@ -10,14 +10,17 @@ import subprocess
 import sys
 
 import numpy as np
+import optional
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import fastdata
 from fastdata.order.bijection import ALGORITHM, Bijection
 from fastdata.order.epochs import Shuffle, epoch_order
 from fastdata.order.slices import Slice
+
+optional.require("hypothesis")  # the test extra: without it, this module skips
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @settings(max_examples=200, deadline=None)

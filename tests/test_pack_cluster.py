@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import optional
 import pytest
 from conftest import build_tree, list_partials, run_python, uniform_spec
 
@@ -39,7 +40,7 @@ def dd():
     import copyreg
 
     saved = dict(copyreg.dispatch_table)
-    yield pytest.importorskip("distributed")
+    yield optional.require("distributed")
     copyreg.dispatch_table.clear()
     copyreg.dispatch_table.update(saved)
 

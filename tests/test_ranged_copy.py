@@ -3,17 +3,22 @@
 
 A real HTTP server honouring Range serves a packed dataset; its request log
 shows which bytes of the index were asked for. Other processes are real
-processes sharing the test's cache folder.
+processes sharing the test's cache folder. A re-pack at the same URL is a
+new copy (keyed by the object's size and the index's piece checksums), and a
+block that fails its check is fetched from the server once more before any
+error.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import no_hang
 
 import fastdata
 from fastdata.demo import synthesize
@@ -21,6 +26,12 @@ from fastdata.formats.ranged_copy import BLOCK, RangedCopy
 
 N, SHARD = 3000, 300
 INDEX = "d.tar.fastdata.index.npy"
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with no_hang(300):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +58,11 @@ def site(served, monkeypatch, tmp_path):
         yield server
 
 
-def _index_ranges(site) -> list[tuple[int, int]]:
+def _index_ranges(site, name: str = INDEX) -> list[tuple[int, int]]:
     """(start, end) of every request for the index; none asks for it whole."""
     out = []
     for method, path, rng in site.log:
-        if path.endswith(INDEX):
+        if path.endswith(name):
             assert rng is not None, "the index was fetched whole"
             start, end = rng.split("=", 1)[1].split("-")
             out.append((int(start), int(end) + 1))
@@ -169,3 +180,108 @@ def test_a_range_outside_the_object_is_refused(site):
     copy = RangedCopy(f"{site.url}/{INDEX}", 1000)
     with pytest.raises(fastdata.StorageError, match="outside the object"):
         copy.read([(990, 20)])
+
+
+# -- a damaged header, a re-pack at the same URL, a short body ------------------------
+
+
+def _covering(site, block: int, name: str = INDEX) -> int:
+    """How many requests for ``name`` asked for bytes of ``block``."""
+    return sum(1 for start, end in _index_ranges(site, name)
+               if start // BLOCK <= block < -(-end // BLOCK))
+
+
+def test_a_damaged_header_in_the_copy_is_fetched_again(site):
+    """The header's block, damaged in the machine's copy with its mark left
+    set, is fetched again once: the dataset opens, and the copy is mended."""
+    assert len(fastdata.open_dataset(site.manifest).targets) == N  # fills the copy
+    before = _covering(site, 0)
+    copy = _copy(site)
+    with open(copy, "r+b") as f:  # inside the header's dict
+        f.seek(20)
+        f.write(b"\xff" * 8)
+    got = np.asarray(fastdata.open_dataset(site.manifest).targets)
+    assert np.array_equal(got, site.labels)
+    assert _covering(site, 0) == before + 1
+    truth = (site.www / INDEX).read_bytes()
+    assert copy.read_bytes()[:len(truth)] == truth
+
+
+def test_a_header_damaged_at_the_url_is_fetched_twice_then_refused(site, tmp_path):
+    from servers import HTTPServer
+
+    www = tmp_path / "www"
+    shutil.copytree(site.www, www)
+    raw = bytearray((www / INDEX).read_bytes())
+    raw[20:28] = b"\xff" * 8
+    (www / INDEX).write_bytes(bytes(raw))
+    server = HTTPServer(www)
+    try:
+        with pytest.raises(fastdata.CorruptDataError, match="header") as err:
+            fastdata.open_dataset(f"{server.url}/d.tar.fastdata.json")
+        assert INDEX in str(err.value)
+        asked = [rng for _, path, rng in server.log if path.endswith(INDEX)]
+        assert len([r for r in asked if r and r.startswith("bytes=0-")]) == 2, asked
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    """Three packs of one name: A and B of the same size (other images), C larger."""
+    tmp = tmp_path_factory.mktemp("repacks")
+    out = {}
+    for name, n, seed in (("A", 600, 4), ("B", 600, 5), ("C", 900, 6)):
+        synthesize(tmp / f"src{name}", kind="tiny", n=n, seed=seed)
+        summary = fastdata.pack(tmp / f"src{name}", tmp / name / "d-%06d.tar",
+                                options=fastdata.PackOptions(shard_size=300), progress=False)
+        ds = fastdata.open_dataset(summary.output, decode=fastdata.Decode(output="bytes"))
+        out[name] = (tmp / name, np.asarray(ds.targets), [ds[i][0] for i in (0, 299, n - 1)])
+    return out
+
+
+def test_a_repack_at_the_same_url_is_a_new_copy(packs, monkeypatch, tmp_path):
+    """The same URL packed again (same size and other bytes, then another
+    size): each pack's index is its own copy, never old blocks with new ones."""
+    from servers import http_site
+
+    www = tmp_path / "www"
+    with http_site(www, monkeypatch, tmp_path / "cache") as server:
+        cache = tmp_path / "cache" / "objects"
+        for k, name in enumerate("ABC"):
+            folder, labels, some = packs[name]
+            shutil.rmtree(www, ignore_errors=True)
+            shutil.copytree(folder, www)
+            url = f"{server.url}/d.tar.fastdata.json"
+            with fastdata.open_dataset(url, decode=fastdata.Decode(output="bytes")) as ds:
+                assert np.array_equal(np.asarray(ds.targets), labels), name
+                n = len(labels)
+                assert [ds[i][0] for i in (0, 299, n - 1)] == some, name
+            copies = sorted(p for p in cache.iterdir() if p.name.endswith(INDEX + ".ranges"))
+            assert len(copies) == k + 1, (name, copies)
+            truth = (www / INDEX).read_bytes()
+            assert any(p.read_bytes()[:len(truth)] == truth for p in copies), name
+
+
+def test_a_short_body_is_refused_and_nothing_is_marked(tmp_path, monkeypatch):
+    """The server holds fewer bytes than the copy's size: the read is refused,
+    no block of it is marked (not even one whose own request was whole),
+    and once the object is whole the same copy reads it right."""
+    from servers import http_site
+
+    truth = bytes(range(256)) * (20 * BLOCK // 256)  # 20 blocks
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "obj.bin").write_bytes(truth[:18 * BLOCK + 50])
+    with http_site(www, monkeypatch, tmp_path / "cache") as server:
+        copy = RangedCopy(f"{server.url}/obj.bin", len(truth))
+        # Block 0 and block 18: two requests, the second one answered short.
+        with pytest.raises(fastdata.StorageError):
+            copy.read([(0, 100), (18 * BLOCK, 100)])
+        path = next(p for p in (tmp_path / "cache" / "objects").iterdir()
+                    if p.name.endswith("obj.bin.ranges"))
+        assert path.read_bytes()[len(truth):] == b"\0" * 20, "a block was marked"
+        (www / "obj.bin").write_bytes(truth)
+        assert copy.read([(0, 100), (18 * BLOCK, 100)]) == [truth[:100],
+                                                            truth[18 * BLOCK:18 * BLOCK + 100]]
+        assert path.read_bytes()[len(truth):] == b"\1" + b"\0" * 17 + b"\1\0"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import optional
 import pytest
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
@@ -19,7 +20,7 @@ from fastdata.errors import FastDataError
 
 from conftest import build_tree, no_hang, uniform_spec
 
-pytest.importorskip("obstore")
+optional.require("obstore")
 
 #: (format, output name as packed, name to open it by)
 FORMATS = [
@@ -135,7 +136,7 @@ def test_info_and_verify_by_url(tree, s3_server, s3_env, cache):
 
 def test_verify_of_tfrecords_at_a_url_checks_their_idx_files(tree, http_server, cache,
                                                               monkeypatch):
-    from fastdata.formats.verify import verify_dataset
+    from fastdata.ops.verify import verify_dataset
 
     _pack(tree.root, http_server.root / "d-%05d.tfrecord")
     url = f"{http_server.url}/d.tfrecord.fastdata.json"

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 
 import fastdata
@@ -41,7 +42,7 @@ from fastdata.formats.ranged_copy import BLOCK
 
 from conftest import no_hang
 
-pytest.importorskip("obstore")
+optional.require("obstore")
 
 N, SHARD = 600, 100
 BUCKET = "fastdata-requests"

@@ -5,6 +5,7 @@ state of another order refused, and fastdata.loader() reading this way."""
 
 from __future__ import annotations
 
+import optional
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -14,7 +15,7 @@ from fastdata import Order
 from conftest import build_tree, uniform_spec
 from worker_pids import CollatedIn, assert_workers_did_it
 
-StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+StatefulDataLoader = optional.require("torchdata").StatefulDataLoader
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 BATCH = 4

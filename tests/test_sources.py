@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+import optional
 import pytest
 from click.testing import CliRunner
 from conftest import build_tree, list_partials, make_image_bytes, run_python
@@ -21,12 +22,12 @@ from conftest import build_tree, list_partials, make_image_bytes, run_python
 import fastdata
 from fastdata.cli import main
 from fastdata.errors import BadImageError, FastDataError, SourceError, UnsafeNameError
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 from fastdata.packers.pack import PackOptions
 from fastdata.packers.source import SourceEntry
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pa = optional.require("pyarrow")
+pq = optional.require("pyarrow", "pyarrow.parquet")
 
 FORMATS = [".lmdb", ".h5", ".tfrecord", ".tar"]
 KINDS = ["csv", "tsv", "jsonl", "parquet"]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import time
 
+import optional
 import pytest
 from conftest import no_hang
 
 from fastdata import storage
 from fastdata.errors import FastDataError, StorageError
 
-pytest.importorskip("obstore")
+optional.require("obstore")
 
 PAYLOAD = bytes(range(256)) * 4000          # ~1 MB, every offset distinguishable
 
@@ -310,7 +311,7 @@ class ShardCacheNoHold(storage.ShardCache):
 
 
 def test_aws_profile_from_a_credentials_file(s3_server, monkeypatch, tmp_path):
-    pytest.importorskip("boto3")
+    optional.skip_if_missing("boto3")
     for name in list(os.environ):
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 from conftest import UNEVEN_COUNTS, build_tree, uneven_spec
 from torch.utils.data import DataLoader
@@ -27,7 +28,7 @@ from fastdata.errors import CorruptDataError
 from fastdata.order.epochs import Shuffle, epoch_order
 
 # In the test extra; the plain-DataLoader resume needs no torchdata, but most tests do.
-StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+StatefulDataLoader = optional.require("torchdata").StatefulDataLoader
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:'set_vital' is deprecated:UserWarning",

@@ -23,7 +23,7 @@ from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.tar.members import iter_members, split_key
 from fastdata.formats.tar.reader import TarReader
 from fastdata.formats.tar.schema import member_header, sample_stem, split_name, ustar_header
-from fastdata.formats.verify import verify_dataset
+from fastdata.ops.verify import verify_dataset
 
 from conftest import build_tree, expected_chw, make_image_bytes, uniform_spec
 

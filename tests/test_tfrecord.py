@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 import torch
 from conftest import assert_pixels, build_tree, no_hang, uniform_spec
@@ -32,8 +33,8 @@ from fastdata.formats.tfrecord.schema import (
     masked_crc32c,
 )
 
-tfrecord = pytest.importorskip("tfrecord")
-from tfrecord import example_pb2  # noqa: E402  (after the importorskip)
+tfrecord = optional.require("tfrecord")
+from tfrecord import example_pb2  # noqa: E402  (after the probe)
 from tfrecord.torch.dataset import TFRecordDataset as PkgTFRecordDataset  # noqa: E402
 
 # 18 images, 3 classes, mixed encodings; shard_size=3 gives 6 shards of 3.

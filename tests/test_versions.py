@@ -28,7 +28,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.demo import synthesize
 from fastdata.errors import FastDataError, ManifestError
-from fastdata.formats import open_reader
+from fastdata.dataset.resolve import open_reader
 from fastdata.packers.preprocess import Preprocess
 from fastdata.dataset import history
 from fastdata.ops.gc import gc
@@ -161,7 +161,7 @@ def test_append_equals_one_pack_of_the_union(sources, tmp_path, fmt):
         assert list(u.classes) == ["ant", "cat", "dog"]  # the union labels them otherwise
 
     with open_reader(ds) as r:
-        assert getattr(r, "is_version", False) and r.version.number == 2
+        assert r.record.kind == "version" and r.version == 2
         assert list(r.classes) == ["cat", "dog", "ant"]  # the new class at the end
         assert r.manifest.count == 20 and list(r.manifest.class_counts) == [6, 10, 4]
         if fmt in SHARDED:
@@ -418,14 +418,18 @@ def test_gc_removes_old_versions_never_used_parts(sources, tmp_path):
     assert sorted(p for p in folder.rglob("*") if p.is_file()) == files_before
     assert records(ds, version=1) and records(ds, version=2)
 
-    cli = CliRunner().invoke(main, ["gc", ds, "--dry-run", "--json"])
+    safe = CliRunner().invoke(main, ["gc", ds, "--dry-run", "--json"])
+    assert safe.exit_code == 0, safe.output
+    assert json.loads(safe.output)["removed_versions"] == []  # none without --keep
+    cli = CliRunner().invoke(main, ["gc", ds, "--keep", "1", "--dry-run", "--json"])
     assert cli.exit_code == 0, cli.output
     assert json.loads(cli.output)["removed_versions"] == [1, 2]
+    assert gc(ds).removed_versions == [] and len(history.versions(ds)) == 3
 
     done = gc(ds, keep=1)
     assert done.removed_versions == [1, 2] and not done.dry_run
-    assert not os.path.exists(history.record_path(ds, 1))
-    assert not os.path.exists(history.record_path(ds, 2))
+    for n in (1, 2):  # a tombstone each: the numbers stay taken
+        assert json.loads(open(history.record_path(ds, n)).read())["removed"]
     assert [v.number for v in history.versions(ds)] == [3]
     assert records(ds) == want
     assert "26 records checked, 0 damaged" in verify_cli(ds)
@@ -437,14 +441,23 @@ def test_a_refused_append_leaves_no_part_and_gc_removes_orphans(sources, tmp_pat
     raw = Preprocess(resize=(8, 8), encoding="raw")
     ds = pack(sources["A"], tmp_path / "ds", "tar", preprocess=raw)
     fastdata.append(sources["B"], ds, options=options("tar", preprocess=raw), progress=False)
-    with pytest.raises(FastDataError, match="raw"):
-        append(sources["C"], ds, "tar")  # stored as the files are: refused
-    assert history.head_number(ds) == 2
     parts = tmp_path / "ds" / "d.tar.versions" / "parts"
-    assert not [p for p in parts.iterdir() if p.name.startswith("000003")]
+    kept = sorted(p.name for p in parts.iterdir())
+    assert len(kept) == 1 and re.fullmatch(r"[0-9a-f]{32}", kept[0])  # named by an id
+    other = Preprocess(resize=(6, 6), encoding="raw")
+    with pytest.raises(FastDataError, match="packed with resize"):
+        fastdata.append(sources["C"], ds, options=options("tar", preprocess=other),
+                        progress=False)  # refused before anything is packed
+    assert history.head_number(ds) == 2
+    assert sorted(p.name for p in parts.iterdir()) == kept
 
-    orphan = parts / "000009-000000.tar"  # what no version names (a part left by hand)
-    orphan.write_bytes(b"x" * 10)
+    orphan = parts / ("f" * 32)  # what no version names (a part an append left)
+    orphan.mkdir()
+    (orphan / "part-000000.tar").write_bytes(b"x" * 10)
+    young = gc(ds, keep=2, dry_run=True)  # younger than the grace period: kept
+    assert young.kept == [1, 2] and young.removed_files == [] and young.young == [str(orphan)]
+    old = time.time() - 2 * 24 * 3600
+    os.utime(orphan / "part-000000.tar", (old, old))
     planned = gc(ds, keep=2, dry_run=True)
     assert planned.kept == [1, 2] and planned.removed_versions == []
     assert planned.removed_files == [str(orphan)] and orphan.exists()
@@ -452,9 +465,10 @@ def test_a_refused_append_leaves_no_part_and_gc_removes_orphans(sources, tmp_pat
     assert not orphan.exists()
     assert len(records(ds)) == 20 and len(records(ds, version=1)) == 12
 
-    again = fastdata.append(sources["C"], ds, options=options("tar", preprocess=raw),
-                            progress=False)
-    assert again.version == 3 and again.records == 26
+    again = fastdata.append(sources["C"], ds, options=options("tar"), progress=False)
+    assert again.version == 3 and again.records == 26  # the dataset's own preprocessing
+    with open_reader(ds) as r:
+        assert r.parts[-1].manifest.encoding["shape"] == [8, 8, 3]
     assert "26 records checked, 0 damaged" in verify_cli(ds)
 
 
@@ -499,13 +513,14 @@ def test_a_replaced_appended_part_is_refused_naming_it(sources, tmp_path, fmt):
     ds = pack(sources["A"], tmp_path / "ds", fmt)
     result = append(sources["B"], ds, fmt)
     part = result.part.removesuffix(".fastdata.json")
-    if fmt == "tar":  # the part's shards: parts/000002-NNNNNN.tar
+    if fmt == "tar":  # the part's shards: parts/ID/part-NNNNNN.tar
         part = part.removesuffix(".tar") + "-%06d.tar"
     repacked = fastdata.pack(sources["C"], part, options=options(fmt, overwrite=True),
                              progress=False)
     assert repacked.output == result.part
     assert records(ds, version=1)  # version 1 does not use it
-    with pytest.raises(ManifestError, match="parts/000002"):
+    part_id = os.path.basename(os.path.dirname(result.part))
+    with pytest.raises(ManifestError, match=f"parts/{part_id}/"):
         open_reader(ds)
 
 
@@ -532,38 +547,30 @@ def test_a_view_from_before_an_append_keeps_its_records(sources, tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
-def test_append_with_other_storage_is_refused(sources, tmp_path, fmt):
+def test_append_takes_the_datasets_preprocessing_and_refuses_another(sources, tmp_path, fmt):
     raw = Preprocess(resize=(8, 8), encoding="raw")
     ds = pack(sources["A"], tmp_path / "ds", fmt, preprocess=raw)
-    with pytest.raises(FastDataError, match="raw") as refused:
-        append(sources["B"], ds, fmt)
-    assert "options of the first pack" in str(refused.value)
-    assert history.head_number(ds) is None and history.versions(ds) == []
-    with open_reader(ds) as r:
-        assert len(r) == 12 and not getattr(r, "is_version", False)
     other = Preprocess(resize=(6, 6), encoding="raw")  # raw, another shape
-    ds2 = pack(sources["A"], tmp_path / "ds2", fmt, preprocess=raw)
-    with pytest.raises(FastDataError, match="raw"):
-        fastdata.append(sources["B"], ds2, options=options(fmt, preprocess=other),
+    with pytest.raises(FastDataError, match=r"packed with resize \[8, 8\]") as refused:
+        fastdata.append(sources["B"], ds, options=options(fmt, preprocess=other),
                         progress=False)
-    assert history.head_number(ds2) is None
-
-
-def test_corrected_append_after_a_refused_one_on_a_fresh_dataset(sources, tmp_path):
-    raw = Preprocess(resize=(8, 8), encoding="raw")
-    ds = pack(sources["A"], tmp_path / "ds", "lmdb", preprocess=raw)
-    with pytest.raises(FastDataError, match="raw"):
-        append(sources["B"], ds, "lmdb")
-    gc(ds, keep=1)  # what the refusal says: the new part stays until fastdata gc
-    result = fastdata.append(sources["B"], ds, options=options("lmdb", preprocess=raw),
-                             progress=False)
+    assert "give none, and it is used" in str(refused.value)
+    assert history.head_number(ds) is None and history.versions(ds) == []
+    assert not os.path.exists(history.history_dir(ds))  # refused before packing
+    with open_reader(ds) as r:
+        assert len(r) == 12 and r.identity is None
+    result = append(sources["B"], ds, fmt)  # no preprocessing given: the dataset's
     assert result.version == 2 and result.records == 20
+    with open_reader(ds) as r:
+        assert {p.manifest.encoding["storage"] for p in r.parts} == {"raw"}
+        assert r.parts[1].manifest.encoding["shape"] == [8, 8, 3]
+        assert all(len(d) == 8 * 8 * 3 for d in r.read_many(list(range(20))))
 
 
 def test_damaged_bytes_in_an_appended_part_fail_verify(sources, tmp_path):
     ds = pack(sources["A"], tmp_path / "ds", "tar")
     append(sources["B"], ds, "tar")
-    shard = tmp_path / "ds" / "d.tar.versions" / "parts" / "000002-000000.tar"
+    [shard] = (tmp_path / "ds" / "d.tar.versions" / "parts").glob("*/part-000000.tar")
     with open_reader(ds) as r:
         data = r.read_many([12])[0]
     raw = bytearray(shard.read_bytes())
@@ -573,7 +580,7 @@ def test_damaged_bytes_in_an_appended_part_fail_verify(sources, tmp_path):
     shard.write_bytes(bytes(raw))
     done = CliRunner().invoke(main, ["verify", ds, "--no-progress"])
     assert done.exit_code == 1, done.output
-    assert "1 damaged" in done.output and "000002-000000.tar" in done.output
+    assert "1 damaged" in done.output and "part-000000.tar" in done.output
     with open_reader(ds) as r:
         assert len(r.read_many(list(range(12)))) == 12  # the first part is whole
         with pytest.raises(FastDataError):

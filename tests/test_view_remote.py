@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import optional
 import pytest
 
 import fastdata
@@ -16,7 +17,7 @@ from fastdata.demo import synthesize
 
 from conftest import no_hang
 
-pytest.importorskip("obstore")
+optional.require("obstore")
 
 N, SHARD = 600, 300
 BUCKET = "fastdata-views"
@@ -55,11 +56,12 @@ def _range(header: str) -> tuple[int, int]:
 @pytest.mark.parametrize("remote_read", ["auto", "ranges"])
 def test_stream_over_a_view_fetches_only_its_records(packed, proxy, remote_read):
     folder, _, view_url = packed
-    local = fastdata.formats.open_reader(folder / "ten.fastdata.json")
-    parents = local.selection.parents(np.arange(len(local)))
-    shard, size = local.parent.placement(parents)
+    local = fastdata.open_reader(folder / "ten.fastdata.json")
+    [part] = local.parts
+    parents = local.base_of(np.arange(len(local)))
+    shard, size = part.placement(parents)
     rows = {int(p): (int(s), int(z)) for p, s, z in zip(parents, shard, size)}
-    shard_bytes = sum(local.parent.shard_sizes())
+    shard_bytes = sum(part.shard_sizes())
     assert len(local) == 60
 
     ds = fastdata.open_dataset(view_url, streaming=True, remote_read=remote_read,
@@ -68,7 +70,7 @@ def test_stream_over_a_view_fetches_only_its_records(packed, proxy, remote_read)
         labels = sorted(int(y) for _, y in ds)
     assert labels == sorted(np.asarray(local.labels).tolist())
 
-    shard_names = {f"{BUCKET}/tar/{p.rsplit('/', 1)[1]}" for p in local.parent.shard_paths}
+    shard_names = {f"{BUCKET}/tar/{p.rsplit('/', 1)[1]}" for p in part.shard_paths}
     fetched: Counter = Counter()
     moved = 0
     for r in proxy.log:
@@ -87,8 +89,8 @@ def test_stream_over_a_view_fetches_only_its_records(packed, proxy, remote_read)
 
 def test_view_at_a_url_reads_map_style(packed, proxy):
     folder, _, view_url = packed
-    local = fastdata.formats.open_reader(folder / "ten.fastdata.json")
-    with fastdata.formats.open_reader(view_url) as remote:
+    local = fastdata.open_reader(folder / "ten.fastdata.json")
+    with fastdata.open_reader(view_url) as remote:
         assert len(remote) == len(local) == 60
         assert remote.read_many(list(range(60))) == local.read_many(list(range(60)))
         assert np.asarray(remote.labels).tolist() == np.asarray(local.labels).tolist()

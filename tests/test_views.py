@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import optional
 import pytest
 from click.testing import CliRunner
 from conftest import build_tree, run_python, uniform_spec
@@ -34,7 +34,7 @@ from fastdata.errors import (
     OutputExistsError,
     UnsafeNameError,
 )
-from fastdata.formats import open_reader
+from fastdata.dataset.resolve import open_reader
 from fastdata.packers.pack import PackOptions
 from fastdata.dataset.selection import Selection, SelectionError
 
@@ -69,7 +69,7 @@ def everything(path) -> list[tuple[str, bytes, int]]:
 def selected(view) -> list[int]:
     """The parent indices a view selects, from its reader."""
     with open_reader(view) as reader:
-        return reader.selection.parents(np.arange(len(reader))).tolist()
+        return reader.base_of(np.arange(len(reader))).tolist()
 
 
 def invoke(*args: str):
@@ -121,8 +121,8 @@ def test_class_view_reads_the_parents_records_of_those_classes(data, fmt):
     with open_reader(view) as reader:
         assert reader.is_view and reader.format_name == fmt
         assert len(reader) == len(expected) and reader.classes == classes
-        assert reader.selection.parents(np.arange(len(reader))).tolist() == expected
-        assert reader.parent.manifest.count == 32
+        assert reader.base_of(np.arange(len(reader))).tolist() == expected
+        assert reader.record.base_records == 32 and len(reader.parts) == 1
         got = [(reader.keys[i], reader.read(i), int(reader.labels[i]))
                for i in range(len(reader))]
         assert got == [records[i] for i in expected]
@@ -284,7 +284,7 @@ def test_fraction_is_exact_and_seeded(data):
     assert runs["a"] == runs["b"] and runs["a"] != runs["c"]
     assert len(runs["c"]) == round(0.3 * n)
     a, b = (json.loads((folder / f"seed-{x}.fastdata.json").read_text()) for x in "ab")
-    assert a["selection"] == b["selection"]
+    assert a["parts"] == b["parts"] and a["parts"][0]["selection"] is not None
     assert a["selected_by"] == {"fraction": 0.3, "seed": 7}
     for bad in (0, 1.5, -0.1):
         with pytest.raises(FastDataError, match="fraction"):
@@ -510,7 +510,7 @@ def test_dedup_of_a_view_writes_a_view_of_the_root_parent(planted):
                   "--no-progress")
     assert done.exit_code == 0, done.output
     stored = json.loads((folder / "ac-clean.fastdata.json").read_text())
-    assert stored["parent"]["path"] == "train.lmdb"
+    assert stored["of"]["path"] == "train.lmdb" == stored["parts"][0]["path"]
     assert [records[i][0] for i in sorted(set(inside) - set(selected(
         folder / "ac-clean.fastdata.json")))] == ["c/img002.bmp", "c/zz-c2.bmp"]
 
@@ -537,12 +537,13 @@ def test_a_subset_of_a_view_selects_from_the_root_parent(data):
     second = fastdata.subset(first.path, folder / "bcd.fastdata.json",
                              classes=["bee", "cat", "dog"], progress=False)
     stored = json.loads(Path(second.path).read_text())
-    assert stored["parent"]["path"] == os.path.basename(parent) == second.parent
-    assert stored["parent"]["records"] == 32 == second.parent_records
+    assert stored["of"]["path"] == os.path.basename(parent) == second.parent
+    assert [p["path"] for p in stored["parts"]] == [os.path.basename(parent)]
+    assert second.parent_records == 32
     assert selected(second.path) == [i for i, c in enumerate(labels) if c in (1, 2)]
-    with open_reader(second.path) as reader:
-        assert not getattr(reader.parent, "is_view", False)
-        assert reader.parent.manifest.count == 32
+    with open_reader(second.path) as reader:  # the dataset's own part, not the first view
+        assert reader.record.kind == "view" and reader.record.base_records == 32
+        assert [r.path for r in reader.parts] == [parent]
     # Indices given for the view are the view's own.
     outer = selected(first.path)
     third = fastdata.subset(first.path, folder / "abc-less.fastdata.json",
@@ -571,7 +572,7 @@ def test_a_view_lives_beside_its_parent_or_above_it(data):
         assert type(refused.value) is FastDataError
         assert not out.exists()
         done = invoke("subset", parent, out, "--classes", "ant")
-        assert done.exit_code == 1 and "beside the parent" in done.output
+        assert done.exit_code == 1 and "beside the dataset" in done.output
     # Above the parent's folder is allowed: the parent is then data/d.lmdb.
     above = fastdata.subset(parent, tmp / "above.fastdata.json", classes=["ant"],
                             progress=False)
@@ -590,13 +591,13 @@ def test_a_view_of_a_repacked_parent_is_refused(tmp_path):
     assert len(everything(view)) == 5
     pack(tree.root, tmp_path / "d.lmdb", overwrite=True, shuffle=3)  # same records, reordered
     for opening in (open_reader, fastdata.open_dataset):
-        with pytest.raises(ManifestError, match="made from another dataset.*another version"):
+        with pytest.raises(ManifestError, match="not the dataset this view was made with"):
             opening(view)
     done = invoke("info", view)
-    assert done.exit_code == 1 and "made from another dataset" in done.output
+    assert done.exit_code == 1 and "not the dataset this view was made with" in done.output
     shutil.rmtree(tmp_path / "src" / "a")  # fewer records
     pack(tree.root, tmp_path / "d.lmdb", overwrite=True)
-    with pytest.raises(ManifestError, match="had 10 records, this has 5"):
+    with pytest.raises(ManifestError, match="had 10 records, it has 5"):
         open_reader(view)
 
 
@@ -605,10 +606,15 @@ def test_a_damaged_view_file_is_refused(data, tmp_path):
     good = fastdata.subset(parent, folder / "dmg.fastdata.json", fraction=0.5, seed=1,
                            progress=False).path
     stored = json.loads(Path(good).read_text())
+    [part] = stored["parts"]
+
+    def with_part(**changes):
+        return dict(stored, parts=[dict(part, **changes)])
+
     variants = {
-        "sha": dict(stored, selection=dict(stored["selection"], sha256="ab" * 32)),
-        "records": dict(stored, selection=dict(stored["selection"], records=3)),
-        "data": dict(stored, selection=dict(stored["selection"], data="AAAA")),
+        "sha": with_part(selection=dict(part["selection"], sha256="ab" * 32)),
+        "records": with_part(selection=dict(part["selection"], records=3)),
+        "data": with_part(selection=dict(part["selection"], data="AAAA")),
         "count": dict(stored, records=stored["records"] + 1),
     }
     for name, bad in variants.items():
@@ -620,18 +626,18 @@ def test_a_damaged_view_file_is_refused(data, tmp_path):
             fastdata.open_dataset(path, streaming=True)
         done = invoke("verify", path)
         assert done.exit_code != 0, (name, done.output)
-    path = folder / "dmg-noparent.fastdata.json"
-    path.write_text(json.dumps({k: v for k, v in stored.items() if k != "parent"}))
-    with pytest.raises(ManifestError, match="parent"):
+    path = folder / "dmg-noparts.fastdata.json"
+    path.write_text(json.dumps({k: v for k, v in stored.items() if k != "parts"}))
+    with pytest.raises(ManifestError, match="parts"):
         open_reader(path)
-    # A parent named outside the view's folder, or of another format; a newer file.
+    # A part named outside the view's folder, or of another format; a newer file.
     hostile = {"../data/d.lmdb": UnsafeNameError, str(Path(parent).resolve()): UnsafeNameError,
                "d.h5": ManifestError}
     for name, error in hostile.items():
-        path.write_text(json.dumps(dict(stored, parent=dict(stored["parent"], path=name))))
+        path.write_text(json.dumps(with_part(path=name)))
         with pytest.raises(error):
             open_reader(path)
-    path.write_text(json.dumps(dict(stored, version=2)))
+    path.write_text(json.dumps(dict(stored, schema=3)))
     with pytest.raises(ManifestError, match="newer"):
         open_reader(path)
     assert len(everything(good)) == 16
@@ -643,8 +649,9 @@ def test_a_view_naming_itself_as_parent_is_refused(data):
                            classes=["ant"], progress=False).path
     stored = json.loads(Path(good).read_text())
     path = folder / "selfish.fastdata.json"
-    path.write_text(json.dumps(dict(stored, parent=dict(stored["parent"], path=path.name))))
-    with pytest.raises(ManifestError):
+    path.write_text(json.dumps(dict(stored, parts=[dict(stored["parts"][0],
+                                                         path=path.name)])))
+    with pytest.raises(ManifestError, match="a part is a packed dataset"):
         open_reader(path)
 
 
@@ -756,8 +763,7 @@ def test_a_view_through_loader_mix_and_metadata(data):
     assert got == expected
 
 
-@pytest.mark.skipif(importlib.util.find_spec("nvidia.dali") is None,
-                    reason="NVIDIA DALI is not installed")
+@optional.skip_unless("dali")
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_dali_reads_a_view_through_its_external_source(data, fmt):
     from fastdata.dali import DALILoader
@@ -815,3 +821,45 @@ def test_info_verify_and_convert_of_a_view(data, tmp_path):
     assert everything(tmp_path / "t.h5") == everything(tar_view)
     assert [k for k, _, _ in everything(tmp_path / "t.h5")] == ["ant/img001.bmp",
                                                                   "dog/img010.bmp"]
+
+
+# -- views of the first layout ------------------------------------------------------
+
+
+def test_a_view_file_of_the_first_layout_still_opens(data, tmp_path):
+    """A view written before views became records (``"version": 1``: one
+    parent and one selection over all of its records) reads the same records."""
+    from fastdata.dataset.record import manifest_digest
+
+    parent = data["packs"]["tar"]
+    records = everything(parent)
+    with open_reader(parent) as reader:
+        digest, n = manifest_digest(reader.manifest), len(reader)
+        counts = [0] * len(reader.classes)
+    chosen = [i for i, (_, _, label) in enumerate(records) if label in (1, 3)][::2]
+    for i in chosen:
+        counts[records[i][2]] += 1
+    flags = np.zeros(n, bool)
+    flags[chosen] = True
+    selection = Selection.from_mask_chunks(n, [flags])
+    old = {"kind": "fastdata-view", "format": "tar", "version": 1,
+           "parent": {"path": os.path.basename(parent), "records": n,
+                      "manifest_sha256": digest},
+           "records": len(chosen), "class_counts": counts, "payload_bytes": None,
+           "selection": selection.encode(), "selected_by": {"by": "hand"},
+           "created_at": "2026-11-01T00:00:00+00:00", "fastdata_version": "0.1.0"}
+    path = data["folder"] / "first-layout.fastdata.json"
+    path.write_text(json.dumps(old))
+    assert everything(path) == [records[i] for i in chosen]
+    with open_reader(path) as reader:
+        assert reader.record.kind == "view" and reader.manifest.class_counts == counts
+    stream = fastdata.open_dataset(path, streaming=True,
+                                   decode=fastdata.Decode(output="bytes"))
+    assert sorted(bytes(x) for x, _ in stream) == sorted(records[i][1] for i in chosen)
+    # A subset of it is a view of today's layout over the same part.
+    again = fastdata.subset(path, data["folder"] / "from-first.fastdata.json",
+                            classes=[data["tree"].classes[1]], progress=False)
+    stored = json.loads(Path(again.path).read_text())
+    assert stored["schema"] == 2 and stored["parts"][0]["path"] == os.path.basename(parent)
+    assert [k for k, _, _ in everything(again.path)] == \
+        [records[i][0] for i in chosen if records[i][2] == 1]

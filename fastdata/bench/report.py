@@ -16,6 +16,7 @@ from fastdata.bench.results import BenchReport
 from fastdata.bench.train import train_lines
 from fastdata.decoding.decode import decoder_status, decoder_status_line
 from fastdata.machine import meminfo, usable_cores
+from fastdata.storage.partial import replace_file
 
 #: Other processes' CPU use (cores) above which a measurement is flagged as disturbed.
 OTHER_CPU_WARN = 0.2
@@ -205,8 +206,5 @@ def summary_lines(report: BenchReport) -> list[str]:
 
 def write_json(report: BenchReport, path: str) -> None:
     """Write ``report.to_dict()`` to ``path`` (atomically)."""
-    tmp = f"{path}.partial"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(report.to_dict(), f, indent=2, ensure_ascii=False, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(report.to_dict(), indent=2, ensure_ascii=False,
+                                  default=str) + "\n")

@@ -156,7 +156,7 @@ def pack_targets(
 def _pack_one(source: Source, out: str, fmt: str, variant: Variant, *, progress: bool | None,
               log: Callable[[str], None] | None) -> Target:
     """Pack ``source`` into ``out`` as one row; a failure is the row's error."""
-    from fastdata.formats import read_manifest
+    from fastdata.dataset.resolve import read_manifest
     from fastdata.packers.pack import PackOptions, pack
 
     name = fmt + variant.suffix
@@ -193,7 +193,7 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
             nor an image folder; the message says what bench measures.
     """
     from fastdata.formats import detect_format
-    from fastdata.formats import read_manifest
+    from fastdata.dataset.resolve import read_manifest
     from fastdata.mixture_file import is_mixture_file
 
     path = os.fspath(path)
@@ -242,8 +242,8 @@ def existing_target(path: str | os.PathLike, *, limit: int | None = None,
 def mixture_target(path: str, *, limit: int | None = None, seed: int = 0) -> Target:
     """A row for a mixture file: one epoch of the mixture, its stored bytes
     estimated from each source's mean record size and its share."""
-    from fastdata.mixture_file import mixture_summary
-    from fastdata.formats import read_manifest
+    from fastdata.dataset.mixture_summary import mixture_summary
+    from fastdata.dataset.resolve import read_manifest
 
     base = os.path.basename(path)
     try:

@@ -25,24 +25,19 @@ def info(path, as_json, history, version, allow_outside):
     PATH (a JSON or YAML file of sources and weights) mixes, with each epoch's
     shares. The last line lists the decoders offered on this machine and why
     any other is not (--json prints the manifest alone)."""
-    from fastdata.formats import read_manifest
+    from fastdata.dataset.resolve import read_manifest
     from fastdata.mixture_file import is_mixture_file
 
     if history:
-        _print_history(path, as_json)
+        _print_history(path, as_json, allow_outside)
         return
-    if version is not None:
-        from fastdata.formats.registry import version_path
-
-        path = version_path(path, version)
-
     if is_mixture_file(path):
         from fastdata.cli.mixture_info import print_mixture
 
         print_mixture(path, as_json=as_json, allow_outside=allow_outside)
         return
 
-    m = read_manifest(path, allow_outside=allow_outside)
+    m = read_manifest(path, allow_outside=allow_outside, version=version)
     if as_json:
         _print_json(m.to_dict())
         return
@@ -98,16 +93,33 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     return rows
 
 
-def _print_history(path: str, as_json: bool) -> None:
-    """The versions of the dataset at ``path``, oldest first."""
-    from fastdata.dataset.history import versions
-    from fastdata.formats.registry import dataset_path
+def _print_history(path: str, as_json: bool, allow_outside: bool = False) -> None:
+    """The versions of the dataset at ``path``, oldest first (a view: those of
+    the dataset it was made from, and which one that was)."""
+    from fastdata.dataset.history import read_record, versions
+    from fastdata.dataset.resolve import classify, dataset_path
 
-    found = versions(dataset_path(path))
+    made_from = None
+    if classify(path) == "view":
+        view = read_record(path)
+        made_from = view.of or {}
+        where = made_from.get("path")
+        if not where:
+            echo(f"{path}: a view of a dataset it does not name (made by an earlier "
+                 f"fastdata); fastdata info {path} shows what it selects")
+            return
+        from fastdata.storage.urls import dirname, join
+
+        path = join(dirname(path), where)
+    found = versions(dataset_path(path, allow_outside=allow_outside))
     if as_json:
-        _print_json([{k: v for k, v in {**x.to_dict(), "sha256": x.sha256}.items()
-                      if k not in ("kind", "schema")} for x in found])
+        listed = [{k: v for k, v in {**x.to_dict(), "sha256": x.sha256}.items()
+                   if k not in ("kind", "schema")} for x in found]
+        _print_json({"view_of": made_from, "versions": listed} if made_from is not None
+                    else listed)
         return
+    if made_from is not None:
+        echo(f"a view made from version {made_from.get('version') or 1} of {path}")
     if not found:
         echo(f"{path}: one version, the pack (no change since)")
         return
@@ -122,9 +134,11 @@ def _view_rows(m) -> list[tuple[str, str]]:
     view = m.extra.get("view") if isinstance(m.extra, dict) else None
     if not isinstance(view, dict):
         return []
-    share = m.count / max(1, int(view.get("parent_records") or 1))
-    return [("view", f"{m.count:,} of {int(view.get('parent_records') or 0):,} records "
-                     f"({share:.1%}) of {view.get('parent')}, made {view.get('created_at')}"),
+    whole = int(view.get("base_records") or 1)
+    of = view.get("of") or {}
+    return [("view", f"{m.count:,} of {whole:,} records ({m.count / max(1, whole):.1%}) of "
+                     f"{of.get('path') or 'its dataset'} (version {of.get('version') or 1}), "
+                     f"made {view.get('created_at')}"),
             ("selected", _plain(view.get("selected_by") or {}) or "all records")]
 
 
@@ -227,7 +241,7 @@ def verify(path, decode, as_json, progress, allow_outside):
     TFRecord .idx files against the index. Exits 1 when anything is damaged,
     listing each problem on one line.
     """
-    from fastdata.formats.verify import verify_dataset
+    from fastdata.ops.verify import verify_dataset
 
     result = verify_dataset(path, decode=decode, progress=progress, allow_outside=allow_outside)
     if as_json:

@@ -6,7 +6,7 @@ from fastdata.cli.group import _print_json, echo
 
 
 def print_mixture(path: str, *, as_json: bool, allow_outside: bool) -> None:
-    from fastdata.mixture_file import mixture_summary
+    from fastdata.dataset.mixture_summary import mixture_summary
     from fastdata.redaction import redact
 
     summary = mixture_summary(path, allow_outside=allow_outside)

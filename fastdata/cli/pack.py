@@ -124,6 +124,8 @@ def _append(source, output, options, skip_existing: bool, shared: dict, schedule
         return
     echo(f"appended {result.added:,} images to {output}: version {result.version}, "
          f"{result.records:,} records")
+    if result.rebased:
+        echo(f"  recorded after {result.rebased} version(s) another writer made meanwhile")
     if result.new_classes:
         echo(f"  new classes (at the end of the list): {', '.join(result.new_classes)}")
     if result.skipped_existing:

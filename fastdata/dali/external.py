@@ -97,10 +97,10 @@ class ExternalBatches:
     def reader(self) -> Any:
         """The dataset's reader, opened in this process on first use."""
         if self._reader is None:
-            from fastdata.formats import detect_format
+            from fastdata.dataset.resolve import open_reader
 
-            self._reader = detect_format(self.path).load_reader().open(
-                self.path, verify=self.verify, settings=self.reader_settings)
+            self._reader = open_reader(self.path, verify=self.verify,
+                                       settings=self.reader_settings)
         return self._reader
 
     def _slice(self) -> Slice:

@@ -96,7 +96,7 @@ class DALILoader:
     def manifest(self) -> Any:
         """The dataset's manifest (``fastdata.records.Manifest``), read on first use."""
         if self._manifest is None:
-            from fastdata.formats import read_manifest
+            from fastdata.dataset.resolve import read_manifest
 
             self._manifest = read_manifest(self.plan.path)
         return self._manifest

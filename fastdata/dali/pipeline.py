@@ -136,12 +136,11 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
     _, fn, types = import_dali()
     from nvidia.dali.pipeline import Pipeline
 
-    from fastdata.formats import detect_format
+    from fastdata.dataset.resolve import open_reader
 
     where = place(options)
     path = absolute(path)
-    reader = detect_format(path).load_reader().open(
-        path, verify=options.verify, settings=options.reader_settings)
+    reader = open_reader(path, verify=options.verify, settings=options.reader_settings)
     try:
         plan, native = make_plan(path, reader, options, where)
         start_method = options.py_start_method

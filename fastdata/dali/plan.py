@@ -124,7 +124,9 @@ def make_plan(path: str | list[str], reader: Any, options: DALIOptions, where: P
         shard_size = external_slice(count, where.shard_id, where.num_shards,
                                     options.batch_size).per_rank
     batches = _batches(shard_size, options, where, path)
-    plan = PipelinePlan(path=path, format=reader.format_name,
+    # A version or a view: its record, so every DALI worker reads that version.
+    plan = PipelinePlan(path=reader.path if getattr(reader, "record", None) else path,
+                        format=reader.format_name,
                         reader=native.name if native is not None else "external",
                         mode=mode, transcode=transcode, device=where.device,
                         device_id=where.device_id, shard_id=where.shard_id,
@@ -147,7 +149,7 @@ def choose_native(reader: Any, request: NativeRequest) -> NativeReader | None:
     if choice == "external":
         return None
     spec = get_format(reader.format_name)
-    if getattr(reader, "is_view", False) or getattr(reader, "is_version", False):
+    if getattr(reader, "record", None) is not None:
         # DALI's readers read one dataset's files whole: not a view's records,
         # nor a version's parts one after another.
         if choice == "dali":

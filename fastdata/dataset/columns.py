@@ -1,155 +1,131 @@
 """Joined columns: per-record values from a table, stored beside the
 dataset as plain arrays (no pickle, no torch).
 
-A join writes one folder, ``NAME.versions/columns/NNNNNN/``:
+A join writes one folder of files named by each column's position in the
+join (``cNNNN``), never by the column's name:
 
     present.npy            bool per record: the table had its row
-    COLUMN.missing.npy     bool per record, where a row's value was missing or null
-    COLUMN.npy             a number per record (int64, float64 or bool), or a
-                           fixed-length vector (float32, ``(records, D)``)
-    COLUMN.utf8            text of every record, one after another (UTF-8),
-    COLUMN.offsets.npy     and where each record's starts (int64, records + 1)
+    cNNNN.missing.npy      bool per record, where a row's value was missing or null
+    cNNNN.npy              a value per record (int64, float64, float32 or bool),
+                           or a fixed-length vector ``(records, D)`` of those
+    cNNNN.utf8             text of every record, one after another (UTF-8),
+    cNNNN.offsets.npy      and where each record's starts (int64, records + 1)
     labels.npy             with a label column: every record's label (int64)
 
-Text columns hold strings, or JSON for other values (``kind: "json"``). The
-version record lists each file's SHA-256, checked when the column is first
-read. What grows with the dataset: the columns themselves (a 512-float
-embedding is 2 KB per record), read memory-mapped, not loaded.
+The description a join returns, kept in the version record, maps each
+column's name to its kind and its files (``{"caption": {"kind": "string",
+"files": {"text": "c0000.utf8", "offsets": "c0000.offsets.npy"}}}``) and
+lists each file's SHA-256 (``sha256``), checked when the file is first
+read; a reader opens only files named there. Entries of the first layout
+(no ``files``: files named after the column) are read through the same
+checks. Text columns hold strings, or JSON for other values (``kind:
+"json"``). What grows with the dataset: the columns themselves (a
+512-float32 embedding is 2 KB per record), read memory-mapped, not loaded.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator
 
 import numpy as np
 
-from fastdata.errors import FastDataError
+from fastdata.dataset.tables import EXACT_FLOAT
+from fastdata.errors import ManifestError
 
 KINDS = ("number", "vector", "string", "json", "bool")
-
-
-# -- reading the table ------------------------------------------------------------
-
-def table_rows(path: str) -> Iterator[dict]:
-    """The rows of a CSV/TSV, JSON Lines or Parquet table, as dicts.
-
-    Raises:
-        FastDataError: another extension, or a row that cannot be read.
-    """
-    lower = path.lower()
-    if lower.endswith((".csv", ".tsv")):
-        yield from _csv_rows(path, "\t" if lower.endswith(".tsv") else ",")
-    elif lower.endswith((".jsonl", ".ndjson")):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise FastDataError(f"line {n} is not JSON ({exc})", path=path) from None
-                if not isinstance(row, dict):
-                    raise FastDataError(f"line {n} is not a JSON object", path=path)
-                yield row
-    elif lower.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise FastDataError("reading Parquet needs pyarrow: pip install pyarrow",
-                                path=path) from None
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-            yield from batch.to_pylist()
-    else:
-        raise FastDataError("a table is a .csv, .tsv, .jsonl or .parquet file", path=path)
-
-
-def _csv_rows(path: str, delimiter: str) -> Iterator[dict]:
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f, delimiter=delimiter):
-            yield {k: _number(v) for k, v in row.items()}
-
-
-def _number(text):
-    """A CSV cell as a number where it reads as one (``"3"``, ``"0.5"``)."""
-    if not isinstance(text, str):
-        return text
-    for kind in (int, float):
-        try:
-            value = kind(text)
-        except ValueError:
-            continue
-        return value if kind is int or math.isfinite(value) else text
-    return text
+#: The files a column of each kind has (besides ``missing``), and their suffixes.
+ROLES = {"number": ("values",), "bool": ("values",), "vector": ("values",),
+         "string": ("text", "offsets"), "json": ("text", "offsets")}
+SUFFIXES = {"values": ".npy", "text": ".utf8", "offsets": ".offsets.npy",
+            "missing": ".missing.npy"}
 
 
 # -- writing ----------------------------------------------------------------------
 
-def kind_of(values: list) -> tuple[str, list[int] | None]:
-    """The stored kind of a column's values (missing ones are None), and a
-    vector's shape."""
+def kind_of(values: list) -> tuple[str, str | None, list[int] | None]:
+    """The stored kind of a column's values (missing ones are None), its
+    dtype, and a vector's shape: ints int64, floats float64 (ints among
+    floats too, where float64 holds them exactly), float32 and bool as
+    they are; vectors of one length and dtype; text; JSON for the rest."""
     seen = [v for v in values if v is not None]
-    if seen and all(isinstance(v, bool) for v in seen):
-        return "bool", None
-    if seen and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen):
-        return "number", None
-    if seen and all(isinstance(v, np.ndarray) and v.ndim == 1 and v.size for v in seen):
-        lengths = {len(v) for v in seen}
-        if len(lengths) == 1:
-            return "vector", [lengths.pop()]
     if all(isinstance(v, str) for v in seen):
-        return "string", None
-    return "json", None
+        return "string", None, None
+    if all(isinstance(v, (bool, np.bool_)) for v in seen):
+        return "bool", "bool", None
+    if all(isinstance(v, np.float32) for v in seen):
+        return "number", "float32", None
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen):
+        ints = [v for v in seen if isinstance(v, int)]
+        if len(ints) == len(seen):
+            return "number", "int64", None
+        if all(-EXACT_FLOAT <= v <= EXACT_FLOAT for v in ints):
+            return "number", "float64", None
+        return "json", None, None
+    if all(isinstance(v, np.ndarray) and v.ndim == 1 and v.size for v in seen):
+        lengths, dtypes = {len(v) for v in seen}, {v.dtype for v in seen}
+        if len(lengths) == 1 and len(dtypes) == 1:
+            return "vector", str(dtypes.pop()), [lengths.pop()]
+        if len(lengths) == 1 and dtypes == {np.dtype(np.int64), np.dtype(np.float64)} and \
+                all(np.abs(v).max() <= EXACT_FLOAT for v in seen if v.dtype == np.int64):
+            return "vector", "float64", [lengths.pop()]
+    return "json", None, None
 
 
 def _plain(value):
-    """A value as JSON holds it (a vector of another length as a list)."""
-    return value.tolist() if isinstance(value, np.ndarray) else value
+    """A value as JSON holds it (an array as a list)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
+
+
+def _filled(dtype: str, shape: tuple) -> np.ndarray:
+    """An array whose missing values read NaN (floats), 0 or False."""
+    arr = np.zeros(shape, dtype=dtype)
+    if arr.dtype.kind == "f":
+        arr.fill(np.nan)
+    return arr
 
 
 def write_columns(folder: str, records: int, columns: dict[str, list], present: np.ndarray,
                   labels: np.ndarray | None = None) -> dict:
     """Write the column folder; returns its description for the version
-    record (``columns``: name -> kind, dtype, shape; ``sha256``: file ->
-    digest)."""
+    record (``columns``: name -> kind, dtype, shape and ``files``, role ->
+    file name; ``sha256``: file -> digest). Files are named by the column's
+    position (``c0000.npy``), never by its name."""
     os.makedirs(folder, exist_ok=True)
-    files: dict[str, np.ndarray | bytes] = {"present.npy": present.astype(bool)}
+    present = present.astype(bool)
+    files: dict[str, np.ndarray | bytes] = {"present.npy": present}
     described = {}
-    for name, values in columns.items():
-        kind, shape = kind_of(values)
-        # A row's missing or null value (its record not "present" aside).
-        missing = np.asarray([v is None for v in values], bool) & present.astype(bool)
-        if missing.any():
-            files[f"{name}.missing.npy"] = missing
-        if kind == "number":
-            ints = all(isinstance(v, int) for v in values if v is not None)
-            arr = np.asarray([(0 if ints else np.nan) if v is None else v for v in values],
-                             dtype=np.int64 if ints else np.float64)
-            files[f"{name}.npy"] = arr
-            described[name] = {"kind": kind, "dtype": str(arr.dtype)}
-        elif kind == "bool":
-            files[f"{name}.npy"] = np.asarray([bool(v) for v in values], dtype=bool)
-            described[name] = {"kind": kind, "dtype": "bool"}
-        elif kind == "vector":
-            arr = np.full((records, shape[0]), np.nan, dtype=np.float32)
+    for number, (name, values) in enumerate(columns.items()):
+        kind, dtype, shape = kind_of(values)
+        names = {role: f"c{number:04d}{SUFFIXES[role]}" for role in ROLES[kind]}
+        spec: dict = {"kind": kind}
+        if kind in ("number", "bool", "vector"):
+            arr = _filled(dtype, (records, *(shape or ())))
             for i, v in enumerate(values):
                 if v is not None:
                     arr[i] = v
-            files[f"{name}.npy"] = arr
-            described[name] = {"kind": kind, "dtype": "float32", "shape": shape}
+            files[names["values"]] = arr
+            spec["dtype"] = dtype
+            if shape:
+                spec["shape"] = shape
         else:
             texts = [b"" if v is None else (v if kind == "string" else
-                                            json.dumps(_plain(v), ensure_ascii=False)
-                                            ).encode("utf-8")
+                                            json.dumps(_plain(v), ensure_ascii=False,
+                                                       default=_plain)).encode("utf-8")
                      for v in values]
             offsets = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
-            files[f"{name}.utf8"] = b"".join(texts)
-            files[f"{name}.offsets.npy"] = offsets
-            described[name] = {"kind": kind}
+            files[names["text"]] = b"".join(texts)
+            files[names["offsets"]] = offsets
+        # A row's missing or null value (its record not "present" aside).
+        missing = np.asarray([v is None for v in values], bool) & present
+        if missing.any():
+            names["missing"] = f"c{number:04d}{SUFFIXES['missing']}"
+            files[names["missing"]] = missing
+        described[name] = {**spec, "files": names}
     if labels is not None:
         files["labels.npy"] = labels.astype(np.int64)
     digests = {}
@@ -176,20 +152,71 @@ def _sha256(path: str) -> str:
 
 class JoinedColumns:
     """The columns one join wrote, read per record (memory-mapped, each file
-    checked against its SHA-256 when first used).
+    checked against its SHA-256 when first used). Only files the entry's
+    ``sha256`` map lists are opened, each a plain name inside ``folder``.
 
     Args:
         folder: the column folder (local, or a URL: files fetched whole into
             the shared cache).
         entry: the version record's entry for it.
+
+    Raises:
+        ManifestError: the entry names a file that is not a plain name, or
+            that its ``sha256`` map does not list.
     """
 
     def __init__(self, folder: str, entry: dict) -> None:
         self.folder, self.entry = folder, entry
-        self.records = int(entry["records"])
-        self.names = list(entry["columns"])
+        self._where = str(entry.get("path") or folder)
+        try:
+            self.records = int(entry["records"])
+            digests, columns = entry["sha256"], entry["columns"]
+        except (KeyError, TypeError, ValueError):
+            raise self._refused("lacks its records, columns or sha256 field") from None
+        if not isinstance(digests, dict) or not isinstance(columns, dict):
+            raise self._refused("has a columns or sha256 field that is not a map")
+        for file in digests:
+            if not _plain_name(file):
+                raise self._refused(f"lists the file {file!r}, not a plain file name")
+        #: name -> (kind, role -> file, written by the first layout?)
+        self._layout = {name: self._files(name, spec) for name, spec in columns.items()}
+        self._owner = {f: n for n, (_, files, _) in self._layout.items() for f in files.values()}
+        self.names = list(self._layout)
         self._arrays: dict[str, np.ndarray] = {}
         self._texts: dict[str, np.ndarray] = {}
+
+    def _refused(self, what: str) -> ManifestError:
+        return ManifestError(f"the joined-columns entry {self._where} {what}; restore the "
+                             f"version record from a copy, or join the table again",
+                             path=self.folder)
+
+    def _files(self, name: str, spec) -> tuple[str, dict, bool]:
+        """A column's kind and files: from its ``files`` map, or (first
+        layout) named after it."""
+        kind = spec.get("kind") if isinstance(spec, dict) else None
+        if kind not in KINDS:
+            raise self._refused(f"gives column {name!r} a kind this fastdata does not read")
+        listed = self.entry["sha256"]
+        legacy = "files" not in spec
+        if legacy:
+            files = {role: f"{name}{SUFFIXES[role]}" for role in (*ROLES[kind], "missing")}
+            if files["missing"] not in listed:
+                del files["missing"]
+        else:
+            files = spec["files"]
+            if not isinstance(files, dict):
+                raise self._refused(f"gives column {name!r} a files field that is not a map")
+        for role in ROLES[kind]:
+            if role not in files:
+                raise self._refused(f"gives column {name!r} no {role} file")
+        for role, file in files.items():
+            if not _plain_name(file):
+                raise self._refused(f"names the {role} file of column {name!r} {file!r}, "
+                                    f"not a plain file name")
+            if file not in listed:
+                raise self._refused(f"names the {role} file of column {name!r} {file!r}, "
+                                    f"which its sha256 map does not list")
+        return kind, dict(files), legacy
 
     def __getstate__(self):
         return {**self.__dict__, "_arrays": {}, "_texts": {}}
@@ -203,30 +230,32 @@ class JoinedColumns:
     def _checked(self, file: str) -> str:
         from fastdata.errors import CorruptDataError
 
+        if file not in self.entry["sha256"]:  # names listed there are plain (checked)
+            raise self._refused(f"has no file {file!r} in its sha256 map")
         path = self._file(file)
-        if _sha256(path) != self.entry["sha256"].get(file):
-            raise CorruptDataError(f"joined column file {file} fails its SHA-256 check; join "
-                                   f"the table again", path=path)
+        if _sha256(path) != self.entry["sha256"][file]:
+            owner = self._owner.get(file)
+            of = f" (column {owner!r})" if owner is not None else ""
+            raise CorruptDataError(f"joined column file {file}{of} fails its SHA-256 check; "
+                                   f"join the table again", path=path)
         return path
 
     def array(self, file: str) -> np.ndarray:
+        """A ``.npy`` file the entry lists, memory-mapped (checked once)."""
         found = self._arrays.get(file)
         if found is None:
             found = self._arrays[file] = np.load(self._checked(file), mmap_mode="r",
                                                  allow_pickle=False)
         return found
 
-    def text(self, name: str) -> np.ndarray:
-        found = self._texts.get(name)
+    def text(self, file: str) -> np.ndarray:
+        """A ``.utf8`` file the entry lists, as bytes (checked once)."""
+        found = self._texts.get(file)
         if found is None:
-            path = self._checked(f"{name}.utf8")  # checked whatever its size
-            found = self._texts[name] = np.memmap(path, dtype=np.uint8, mode="r") \
+            path = self._checked(file)  # checked whatever its size
+            found = self._texts[file] = np.memmap(path, dtype=np.uint8, mode="r") \
                 if os.path.getsize(path) else np.zeros(0, np.uint8)
         return found
-
-    def _missing(self, name: str, i: int) -> bool:
-        file = f"{name}.missing.npy"
-        return file in self.entry["sha256"] and bool(self.array(file)[i])
 
     def values(self, indices) -> list[dict]:
         """Each record's joined values (``{}`` for a record without a row, or
@@ -237,20 +266,46 @@ class JoinedColumns:
             if i >= self.records or not present[i]:
                 out.append({})
                 continue
-            row = {}
-            for name, spec in self.entry["columns"].items():
-                kind = spec["kind"]
-                if self._missing(name, i):
-                    row[name] = None
-                    continue
-                if kind in ("number", "bool"):
-                    value = self.array(f"{name}.npy")[i].item()
-                    row[name] = None if isinstance(value, float) and math.isnan(value) else value
-                elif kind == "vector":
-                    row[name] = np.array(self.array(f"{name}.npy")[i])
-                else:
-                    offsets = self.array(f"{name}.offsets.npy")
-                    raw = bytes(self.text(name)[offsets[i]:offsets[i + 1]]).decode("utf-8")
-                    row[name] = raw if kind == "string" else (json.loads(raw) if raw else None)
-            out.append(row)
+            out.append({name: self._value(kind, files, legacy, i)
+                        for name, (kind, files, legacy) in self._layout.items()})
         return out
+
+    def _value(self, kind: str, files: dict, legacy: bool, i: int):
+        if "missing" in files and self.array(files["missing"])[i]:
+            return None
+        if kind in ("number", "bool"):
+            value = self.array(files["values"])[i].item()
+            # The first layout read a NaN as missing; this one keeps NaN a value.
+            return None if legacy and isinstance(value, float) and math.isnan(value) \
+                else value
+        if kind == "vector":
+            return np.array(self.array(files["values"])[i])
+        offsets = self.array(files["offsets"])
+        raw = bytes(self.text(files["text"])[offsets[i]:offsets[i + 1]]).decode("utf-8")
+        return raw if kind == "string" else (json.loads(raw) if raw else None)
+
+
+    def check_files(self) -> list[dict]:
+        """Every file of the entry against its SHA-256, for ``fastdata verify``:
+        problems as ``{"index": None, "key": None, "path", "reason"}``."""
+        from fastdata.errors import FastDataError
+
+        problems = []
+        for file in self.entry["sha256"]:
+            try:
+                self._checked(file)
+            except FastDataError as exc:
+                problems.append({"index": None, "key": None, "path": exc.path or self.folder,
+                                 "reason": exc.message})
+            except OSError as exc:
+                problems.append({"index": None, "key": None, "path": f"{self.folder}/{file}",
+                                 "reason": f"joined column file {file} cannot be read "
+                                           f"({exc.strerror or exc}); join the table again"})
+        return problems
+
+
+def _plain_name(name) -> bool:
+    """A file name with no folder in it: no "/", "\\", not "." or "..", not
+    absolute, not empty."""
+    return isinstance(name, str) and name not in ("", ".", "..") and \
+        not any(c in name for c in "/\\\0") and not os.path.isabs(name)

@@ -14,7 +14,10 @@ the decoded bytes:
 What grows with the dataset, per process: 16 bytes per run for ``ranges``;
 for ``bitmap`` one bit per parent record plus 8 bytes per 4,096 records (the
 counts of set bits before each block), about 0.13 bytes per parent record,
-and up to 256 blocks decoded (4 MB at most).
+and up to 256 blocks decoded (4 MB at most). A stored selection is refused
+before it is inflated past the most its encoding takes for the parent (a
+bitmap's bytes; 16 bytes per run, half the parent's records at most), and
+a bitmap with a bit set past the parent's last record is refused.
 """
 
 from __future__ import annotations
@@ -72,9 +75,15 @@ class Selection:
 
     @classmethod
     def from_ranges(cls, parent_count: int, ranges) -> Selection:
-        """The records of ``ranges`` (``(start, stop)`` pairs, ascending, apart)."""
+        """The records of ``ranges`` (``(start, stop)`` pairs, ascending, apart;
+        runs that touch are joined into one)."""
         pairs = np.asarray(list(ranges), dtype=np.int64).reshape(-1, 2)
-        return cls(parent_count, starts=pairs[:, 0], stops=pairs[:, 1])
+        starts, stops = pairs[:, 0], pairs[:, 1]
+        if len(pairs) > 1:
+            joined = starts[1:] == stops[:-1]
+            starts = starts[np.concatenate([[True], ~joined])]
+            stops = stops[np.concatenate([~joined, [True]])]
+        return cls(parent_count, starts=starts, stops=stops)
 
     @classmethod
     def from_mask_chunks(cls, parent_count: int, chunks) -> Selection:
@@ -207,21 +216,25 @@ class Selection:
     def decode(cls, stored: dict, parent_count: int) -> Selection:
         """A selection from its stored form, checked (digest, bounds, count).
 
+        Its size is checked before it is inflated: the base64 text against
+        what the largest selection of ``parent_count`` records compresses
+        to at worst, the inflated bytes against that largest selection
+        (:func:`largest_raw`), inflating no further.
+
         Raises:
             SelectionError: what is wrong with it.
         """
         if not isinstance(stored, dict) or stored.get("encoding") not in ENCODINGS:
             raise SelectionError(f"the selection's encoding is not one of {ENCODINGS}")
-        try:
-            raw = zlib.decompress(base64.b64decode(stored.get("data", ""), validate=True))
-        except (ValueError, zlib.error) as exc:
-            raise SelectionError(f"the selection's data cannot be decoded ({exc})") from None
+        raw = _inflate(stored.get("data", ""), largest_raw(stored["encoding"], parent_count),
+                       stored["encoding"], parent_count)
         if hashlib.sha256(raw).hexdigest() != stored.get("sha256"):
             raise SelectionError("the selection fails its SHA-256 check")
         if stored["encoding"] == "bitmap":
             if len(raw) != -(-parent_count // 8):
                 raise SelectionError(f"the bitmap has {len(raw) * 8} bits for "
                                      f"{parent_count} records")
+            _check_padding(raw, parent_count)
             made = cls(parent_count, bits=np.frombuffer(raw, np.uint8).copy())
         else:
             if len(raw) % 16:
@@ -237,3 +250,61 @@ class Selection:
             raise SelectionError(f"the selection holds {made.count} records, not the "
                                  f"{stored.get('records')} it says")
         return made
+
+
+def largest_raw(encoding: str, parent_count: int) -> int:
+    """The most bytes a selection of a parent of ``parent_count`` records
+    takes decoded: a bitmap one bit per record; ranges 16 bytes per run, and
+    at most ceil(parent_count / 2) runs, since runs are not empty and a
+    record left out lies between two of them (runs that touch are one run:
+    :meth:`Selection.from_ranges` joins them, :meth:`Selection.from_mask_chunks`
+    never makes them)."""
+    if encoding == "bitmap":
+        return -(-parent_count // 8)
+    return 16 * -(-parent_count // 2)
+
+
+def _compressed_bound(size: int) -> int:
+    """The most bytes zlib's compress() gives for ``size`` bytes (zlib's
+    compressBound, its stream header and checksum, and some room)."""
+    return size + (size >> 12) + (size >> 14) + (size >> 25) + 13 + 6 + 64
+
+
+def _inflate(text, limit: int, encoding: str, parent_count: int) -> bytes:
+    """The bytes the base64 text of a compressed selection holds, refused
+    past ``limit`` bytes (the text's length checked first, then at most
+    ``limit + 1`` bytes inflated)."""
+    if not isinstance(text, str):
+        raise SelectionError("the selection's data is not base64 text")
+    most = 4 * -(-_compressed_bound(limit) // 3)
+    if len(text) > most:
+        raise SelectionError(
+            f"the selection's data is {len(text):,} characters of base64; a {encoding} of "
+            f"{parent_count:,} records takes at most {most:,}: the view file is damaged "
+            f"or not fastdata's; make the view again")
+    try:
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(base64.b64decode(text, validate=True), limit + 1)
+    except (ValueError, zlib.error) as exc:
+        raise SelectionError(f"the selection's data cannot be decoded ({exc})") from None
+    if len(raw) > limit:
+        raise SelectionError(
+            f"the selection's data inflates to more than {limit:,} bytes, the most a "
+            f"{encoding} of {parent_count:,} records takes: the view file is damaged or "
+            f"not fastdata's; make the view again")
+    if not inflater.eof or inflater.unused_data:
+        raise SelectionError("the selection's data cannot be decoded (the compressed "
+                             "stream is cut short or followed by other bytes)")
+    return raw
+
+
+def _check_padding(raw: bytes, parent_count: int) -> None:
+    """Refuse a bitmap with a bit set past the parent's last record (the
+    padding of its last byte): it would count a record that is not there."""
+    used = parent_count % 8
+    if used and raw[-1] >> used:
+        first = next(b for b in range(used, 8) if raw[-1] >> b & 1)
+        raise SelectionError(
+            f"the bitmap has a bit set in its padding past the parent's {parent_count} "
+            f"records (record {parent_count - used + first}, which is not there): the "
+            f"view file is damaged; make the view again")

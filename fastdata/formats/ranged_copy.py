@@ -4,17 +4,24 @@ The copy (``<cache>/<hash>-<name>.ranges``, made by
 :meth:`fastdata.storage.ShardCache.sparse`) is a file of the object's size
 followed by one mark byte per :data:`BLOCK` bytes of it. A read looks at the
 marks of the blocks it needs, fetches the missing ones (runs at most
-:data:`GAP_BLOCKS` apart as one request, the requests at once), writes
-them, and only then sets their marks: a process killed in between leaves
-them unmarked, fetched again later.
+:data:`GAP_BLOCKS` apart as one request, the requests at once), checks that
+every answer holds all the bytes asked for, writes them, and only then sets
+their marks: a process killed in between, or a short answer, leaves them
+unmarked, fetched again later.
 Every process of the machine (ranks, DataLoader workers) shares the copy, so a
 block is fetched about once per machine: two processes asking at the same
 moment may both fetch it and write the same bytes. No lock is taken per read.
 
+The copy is named by the object's URL, its size and its identity where the
+reader knows one (:meth:`RangedCopy.keyed`: the dataset index's is a digest
+of its pieces' checksums, which the manifest's SHA-256 vouches for): the same
+URL packed again is another copy, never old blocks read as new ones.
+
 What grows with the object: the copy on disk (counted in the cache whole,
 though only the blocks read take space) and one mark byte per 4 KiB in it.
 Nothing grows in memory. Readers check what they read (the dataset index's
-pieces have CRC-32s); a block that fails is fetched again with ``fresh``.
+header and its pieces' CRC-32s); a block that fails is fetched again once
+with ``fresh`` before the reader gives up, so a damaged copy mends itself.
 """
 
 from __future__ import annotations
@@ -33,10 +40,14 @@ GAP_BLOCKS = 8
 
 class RangedCopy:
     """Ranges of the ``size``-byte object at ``url``, through the machine's
-    sparse copy in ``cache`` (default: this process's shard cache)."""
+    sparse copy in ``cache`` (default: this process's shard cache);
+    ``identity`` (a checksum, an ETag) tells this object from another one
+    of the same size at the same URL."""
 
-    def __init__(self, url: str, size: int, *, cache=None, storage_options=None) -> None:
+    def __init__(self, url: str, size: int, *, identity: str | None = None, cache=None,
+                 storage_options=None) -> None:
         self.url, self.size = url, int(size)
+        self.identity = identity
         self.blocks = -(-self.size // BLOCK)
         self._cache = cache
         self._options = storage_options
@@ -46,6 +57,11 @@ class RangedCopy:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_path": None, "_pid": None, "_remote": None}
+
+    def keyed(self, identity: str) -> RangedCopy:
+        """The same object known by ``identity`` too: its own copy."""
+        return RangedCopy(self.url, self.size, identity=identity, cache=self._cache,
+                          storage_options=self._options)
 
     def read(self, ranges: list[tuple[int, int]], *, fresh: bool = False) -> list[bytes]:
         """The bytes of each (start, length) range, fetched into the copy
@@ -71,7 +87,8 @@ class RangedCopy:
             if self._pid != os.getpid():  # a client never crosses fork
                 self._remote = None
             cache = self._cache or process_cache()
-            self._path = cache.sparse(self.url, self.size, self.blocks, self._options)
+            self._path = cache.sparse(self.url, self.size, self.blocks, self._options,
+                                      identity=self.identity)
             self._pid = os.getpid()
         return self._path
 
@@ -84,7 +101,8 @@ class RangedCopy:
             missing = wanted
         else:
             lo, hi = wanted[0], wanted[-1] + 1
-            marks = os.pread(fd, hi - lo, self.size + lo)
+            # A copy cut short (a full disk) lacks marks: those blocks are missing.
+            marks = os.pread(fd, hi - lo, self.size + lo).ljust(hi - lo, b"\0")
             missing = [b for b in wanted if marks[b - lo] == 0]
         if not missing:
             return
@@ -101,14 +119,25 @@ class RangedCopy:
         # 1 MiB apart would fetch megabytes of index for a shuffled batch.
         fetch = lambda span: self._remote.read_range(*span)  # noqa: E731
         bodies = list(_threads().map(fetch, spans)) if len(spans) > 1 else [fetch(spans[0])]
-        for (start, length), body in zip(spans, bodies):
+        for (start, length), body in zip(spans, bodies):  # all checked before any is kept
             if len(body) != length:
                 raise StorageError(f"the server sent {len(body)} bytes for range "
                                    f"{start}+{length}; the object is shorter than its "
                                    f"{self.size} bytes", path=self.url, offset=start)
-            os.pwrite(fd, body, start)
+        for (start, _), body in zip(spans, bodies):
+            _write_all(fd, body, start)
         for a, z in runs:  # after the bytes: a mark is never ahead of its block
-            os.pwrite(fd, b"\x01" * (z - a), self.size + a)
+            _write_all(fd, b"\x01" * (z - a), self.size + a)
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``pwrite`` may write less)."""
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        if done <= 0:
+            raise OSError(f"nothing written to the ranged copy at byte {offset}")
+        view, offset = view[done:], offset + done
 
 
 def _threads():

@@ -45,33 +45,6 @@ def open_lock() -> threading.Lock:
     return _OPEN_LOCK
 
 
-#: Files that open as their own kind of dataset, tried in order before a
-#: format's files: a view (fastdata.views) and a version record
-#: (fastdata.versions). Each is a "module:function" taking ``(path,
-#: verify=, allow_outside=, settings=)`` and giving a reader or None,
-#: resolved where it is used, as the registry's readers are: the layers
-#: above are named here, and this module imports none of them.
-COMPOSITE_OPENERS = ["fastdata.dataset.view_reader:open_if_view",
-                     "fastdata.dataset.version_reader:open_if_version"]
-#: Given a format's reader just opened, the reader of the dataset's current
-#: version when it has changed since its pack, else None.
-CURRENT_VERSION = "fastdata.dataset.version_reader:open_current"
-
-
-def _open_composite(path, **options):
-    """The reader of a view, a version record or a changed dataset at
-    ``path``; None for the files of one packed dataset."""
-    if isinstance(path, (list, tuple)):
-        return None
-    from fastdata.lazy import load
-
-    for target in COMPOSITE_OPENERS:
-        opened = load(target)(path, **options)
-        if opened is not None:
-            return opened
-    return None
-
-
 class Reader(RecordMetadata):
     """Base class of format readers.
 
@@ -88,6 +61,12 @@ class Reader(RecordMetadata):
     """
 
     format_name = ""
+    #: The dataset is shard files (the shard methods of
+    #: ``fastdata.formats.sharded.reader.ShardedReader`` apply).
+    sharded = False
+    #: What a resume state records of the dataset beyond its order (a
+    #: version's number and digest); None for a pack.
+    identity: dict | None = None
     #: Whole-file walks (``fastdata verify``, the RAM cache fill) run in a child
     #: process, for formats whose C library aborts or faults on some damaged
     #: files instead of returning an error (see fastdata.formats.isolate).
@@ -106,39 +85,23 @@ class Reader(RecordMetadata):
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = True,
-             allow_outside: bool = False, settings: Mapping[str, Any] | None = None,
-             versions: bool = True):
-        """Open ``path`` with this reader; ``settings``: its own settings by
-        name (:meth:`settings`). A view file opens as the view
-        (fastdata.views), a version record as that version, and a dataset
-        that has changed since its pack as its current version
-        (fastdata.versions), unless ``versions`` is False: then the files at
-        ``path`` are read as they were packed (a version's first part).
+             allow_outside: bool = False, settings: Mapping[str, Any] | None = None):
+        """Open the files of the packed dataset at ``path`` with this reader;
+        ``settings``: its own settings by name (:meth:`settings`). A dataset
+        that changed since its pack opens as packed here: its versions and
+        views are read through ``fastdata.open_reader``.
 
         Raises:
             TypeError: a setting this format's reader does not have, naming
                 those it has.
         """
-        opened = _open_composite(path, verify=verify, allow_outside=allow_outside,
-                                 settings=settings)
-        if opened is not None:
-            return opened
         settings = dict(settings or {})
         unknown = sorted(set(settings) - set(cls.settings()))
         if unknown:
             have = ", ".join(cls.settings()) or "none"
             raise TypeError(f"the {cls.format_name or cls.__name__} reader has no setting "
                             f"{', '.join(map(repr, unknown))} (its settings: {have})")
-        reader = cls(path, verify=verify, allow_outside=allow_outside, **settings)
-        if versions and not isinstance(path, (list, tuple)):
-            from fastdata.lazy import load
-
-            current = load(CURRENT_VERSION)(reader, verify=verify,
-                                            allow_outside=allow_outside, settings=settings)
-            if current is not None:
-                reader.close()
-                return current
-        return reader
+        return cls(path, verify=verify, allow_outside=allow_outside, **settings)
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True,
                  allow_outside: bool = False) -> None:
@@ -272,7 +235,7 @@ class Reader(RecordMetadata):
     @property
     def dataset_path(self) -> str:
         """The dataset's own name (its URL, for one opened at a URL): where
-        its versions are kept (fastdata.versions)."""
+        its versions are kept (``NAME.versions/``)."""
         return self.url or self.path
 
     @property

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdata.errors import FastDataError, ManifestError, UnknownFormatError
-from fastdata.formats.remote_files import as_local, is_remote, manifest_bytes
+from fastdata.formats.remote_files import as_local, is_remote, manifest_bytes, peek_manifest
 from fastdata.lazy import load
 
 #: Suffix of the manifest sidecar of sharded datasets (``NAME.fastdata.json``, NAME the
@@ -270,11 +270,6 @@ def detect_format(path: str | os.PathLike | list | tuple) -> FormatSpec:
     check_local(path)  # an unsupported scheme (ftp://...) is not a folder name either
     if path.rstrip("/\\").lower().endswith(MANIFEST_SUFFIX):
         return _format_from_manifest(path)
-    if path.lower().endswith(".json"):
-        from fastdata.dataset.history import is_version_file
-
-        if is_version_file(path):  # NAME.versions/vNNNNNN.json names its format
-            return _format_from_manifest(path)
     spec = _by_extension(path)
     if spec is not None:
         return spec
@@ -309,7 +304,7 @@ _FORMAT_FIRST = re.compile(
 
 def _format_from_manifest(path: str) -> FormatSpec:
     try:
-        raw = manifest_bytes(path)
+        raw = peek_manifest(path)  # at a URL: the bytes a look a moment ago fetched
         first = _FORMAT_FIRST.match(raw[:256])
         name = first.group(1).decode() if first else json.loads(raw).get("format", "")
     except (OSError, ValueError, AttributeError) as exc:
@@ -321,51 +316,17 @@ def _format_from_manifest(path: str) -> FormatSpec:
 
 
 def open_reader(path, *, verify: bool = True, allow_outside: bool = False,
-                settings: Mapping[str, Any] | None = None, version: int | None = None,
-                versions: bool = True):
-    """Open the packed dataset at ``path`` with the reader of its format
-    (``settings``: that reader's own, by name; see ``Reader.open``): its
-    current version, or version ``version`` (``fastdata info --history``
-    lists them); ``versions=False`` reads the files at ``path`` as packed."""
-    path = version_path(path, version)
+                settings: Mapping[str, Any] | None = None):
+    """Open the files of the packed dataset at ``path`` with the reader of its
+    format (``settings``: that reader's own, by name; see ``Reader.open``),
+    as they were packed. ``fastdata.open_reader`` reads a dataset as it is
+    now: its current version, a view, or a version of your choice."""
     return detect_format(path).load_reader().open(path, verify=verify,
-                                                  allow_outside=allow_outside, settings=settings,
-                                                  versions=versions)
-
-
-def version_path(path, version: int | None):
-    """Where version ``version`` of the dataset at ``path`` is recorded
-    (``path`` itself for None).
-
-    Raises:
-        FastDataError: the dataset has no such version.
-    """
-    if version is None:
-        return path
-    from fastdata.dataset.history import head_number, record_path
-
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise FastDataError(f"version must be a version number (1, 2, ...), not {version!r}",
-                            path=os.fspath(path))
-    path = dataset_path(path)
-    head = head_number(path)
-    if version == 1 and head is None:
-        return path  # never changed: the pack is version 1
-    if head is None or version > head:
-        raise FastDataError(f"the dataset has no version {version} (it has 1 to {head or 1}; "
-                            f"fastdata info --history lists them)", path=os.fspath(path))
-    return record_path(path, version)
-
-
-def dataset_path(path, *, allow_outside: bool = False) -> str:
-    """The name a dataset's versions are kept under, whatever names it: a
-    shard pattern, a shard of the set, the manifest, a version record
-    (``Reader.dataset_path``)."""
-    with open_reader(path, allow_outside=allow_outside, versions=False) as reader:
-        return reader.dataset_path
+                                                  allow_outside=allow_outside, settings=settings)
 
 
 def read_manifest(path, *, allow_outside: bool = False):
-    """The manifest of the packed dataset at ``path``."""
+    """The manifest of the packed dataset at ``path``, as packed
+    (``fastdata.read_manifest``: the dataset's current version's)."""
     with open_reader(path, allow_outside=allow_outside) as reader:
         return reader.manifest

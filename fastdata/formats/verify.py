@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from fastdata.decoding.strict import StrictDecoder
 from fastdata.errors import CorruptDataError, DamagedImageError, exception_text
-from fastdata.formats import open_reader, salvage
+from fastdata.formats import salvage
 from fastdata.progress import progress_bar
 
 #: Unreadable records in a row after which the rest of a file is not tried
@@ -43,7 +43,7 @@ MAX_UNREADABLE_RUN = 64
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Outcome of ``verify_dataset``: how many records were checked and what failed.
+    """Outcome of ``verify_reader``: how many records were checked and what failed.
 
     ``problems`` holds dicts ``{"index", "key", "path", "reason"}``: ``index``
     is the record, or None for a problem with a whole file (a shard failing
@@ -70,29 +70,22 @@ class VerifyResult:
         return dict(asdict(self), ok=self.ok, damaged=self.damaged)
 
 
-def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
-                   progress: bool | None = None, allow_outside: bool = False) -> VerifyResult:
-    """Check every record of ``path`` and every file its manifest covers.
+def verify_reader(reader, *, decode: bool = False, progress: bool | None = None
+                  ) -> VerifyResult:
+    """Check every record of the dataset ``reader`` reads, and every file its
+    manifest covers (``fastdata.ops.verify.verify_dataset`` opens a path and calls
+    this). Open the reader with ``verify=True``: formats with checks of their
+    own framing (TFRecord's CRC32C of every record) run them too; the
+    payload CRC32 is checked here. The reader is closed when done.
 
     Args:
-        path: a packed dataset.
         decode: also decode every image (JPEGs strictly: a JPEG that decodes
             only with libjpeg's corrupt-data warning is reported as damaged).
         progress: show a progress bar (None: only on a terminal).
-        allow_outside: follow links that lead out of the dataset's folder (see
-            :class:`fastdata.formats.reader.Reader`).
 
     Returns:
         The result; damaged records and files are listed, not raised.
-
-    Raises:
-        CorruptDataError: the dataset cannot be opened (a per-record array
-            fails its SHA-256, a label is not a class index, a file is
-            truncated).
     """
-    # verify=True: formats with checks of their own framing (TFRecord's CRC32C
-    # of every record) run them too; the payload CRC32 is checked here.
-    reader = open_reader(path, verify=True, allow_outside=allow_outside)
     problems: list[dict] = []
     bar = progress_bar(len(reader), "verify", enabled=progress)
     try:

@@ -105,9 +105,9 @@ class PackedDataset(SamplePipeline, Dataset):
         if cache == "decoded" and decode is not None and decode.crop is not None:
             raise ValueError("cache='decoded' stores one fixed size per record and crop= "
                              "draws a new crop each epoch; use cache='ram' with crop=")
-        reader_class = self.reader_class or detect_format(path).load_reader()
-        self._init_samples(reader_class.open(path, verify=verify, allow_outside=allow_outside,
-                                             settings=reader_settings), decode,
+        self._init_samples(open_pinned(path, self.reader_class, verify=verify,
+                                       allow_outside=allow_outside, settings=reader_settings),
+                           decode,
                            transform=transform, target_transform=target_transform,
                            on_error=on_error, with_metadata=with_metadata)
         #: The order batches are read in (:class:`fastdata.Order`).
@@ -124,7 +124,7 @@ class PackedDataset(SamplePipeline, Dataset):
         self._decoders = DecodePool(decode_threads)
         # Shards at a URL: reads run ahead of the batches fastdata's sampler gives.
         self._sampler_reads = None
-        if cache is None and self.reader.url is not None and hasattr(self.reader, "shard_sizes"):
+        if cache is None and self.reader.url is not None and self.reader.sharded:
             from fastdata.loaders.sampler_reads import SamplerReads
 
             self._sampler_reads = SamplerReads(self.reader, self.order)
@@ -304,6 +304,25 @@ class PackedDataset(SamplePipeline, Dataset):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def open_pinned(path, reader_class, **options):
+    """The dataset at ``path`` (a path, URL or ``fastdata.DatasetRef``) opened
+    through the resolver (its current version, a view, a version record);
+    refused when ``reader_class`` pins another format.
+
+    Raises:
+        FastDataError: the dataset is of another format than the pinned one.
+    """
+    from fastdata.dataset.resolve import open_reader
+
+    reader = open_reader(path, **options)
+    if reader_class is not None and reader.format_name != reader_class.format_name:
+        reader.close()
+        raise FastDataError(f"this is a {reader.format_name} dataset, not "
+                            f"{reader_class.format_name}; open it with fastdata.open_dataset, "
+                            f"which picks the class", path=reader.path)
+    return reader
 
 
 class _LazyReaderClass:

@@ -151,13 +151,16 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         reader_settings: Mapping[str, Any] | None = None,
     ) -> None:
         check_read_values(decode, order)
-        spec = detect_format(path)
+        from fastdata.dataset.resolve import format_of, open_reader
+
+        spec = format_of(path)
         if not spec.sharded:
+            where = getattr(path, "path", path)
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "
-                                f"a map-style Dataset", path=os.fspath(path) if not
-                                isinstance(path, (list, tuple)) else None)
-        self._init_samples(spec.load_reader().open(path, verify=verify, allow_outside=allow_outside,
-                                                   settings=reader_settings), decode,
+                                f"a map-style Dataset", path=os.fspath(where) if not
+                                isinstance(where, (list, tuple)) else None)
+        self._init_samples(open_reader(path, verify=verify, allow_outside=allow_outside,
+                                       settings=reader_settings), decode,
                            transform=transform, target_transform=target_transform,
                            on_error=on_error, with_metadata=with_metadata)
         #: The order the stream is read in (:class:`fastdata.Order`).
@@ -192,7 +195,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         (:func:`fastdata.order.state.order_description`)."""
         return order_description(self.shuffle_mode, epoch, shaping=self.shaping(),
                                  starts=shard_starts(self.shuffle_mode, self.reader),
-                                 dataset=getattr(self.reader, "identity", None))
+                                 dataset=self.reader.identity)
 
     # The order's fields, read where the stream's code and its users look for them.
     shuffle = property(lambda self: self.order.shuffle)

@@ -20,7 +20,8 @@ from torch.utils.data import Dataset
 
 from fastdata.decoding.options import Decode
 from fastdata.errors import FastDataError
-from fastdata.formats import detect_format
+from fastdata.dataset.ref import DatasetRef
+from fastdata.dataset.resolve import format_of
 from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.buffers import batch_tensor
 from fastdata.loaders.datasets import dataset_class
@@ -113,22 +114,29 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
                          "{'path': ..., 'weight': ...} (or 'count': ...)")
     opened, specs = {}, []
     for name, spec in sources.items():
-        spec = {"path": spec} if isinstance(spec, (str, os.PathLike)) else dict(spec)
+        spec = {"path": spec} if isinstance(spec, (str, os.PathLike, DatasetRef)) \
+            else dict(spec)
         path = spec.pop("path", None)
         weight, count = spec.pop("weight", None), spec.pop("count", None)
+        per_file = {k: spec.pop(k) for k in ("version", "verify", "allow_outside",
+                                             "reader_settings") if k in spec}
         if spec:
             raise ValueError(f"mixture source {name!r}: unknown keys {sorted(spec)}; "
-                             f"a source takes path, and weight or count")
+                             f"a source takes path (a path or a fastdata.DatasetRef), "
+                             f"version, verify, allow_outside, reader_settings, and weight "
+                             f"or count")
         if path is None:
             raise ValueError(f"mixture source {name!r} has no path")
+        if per_file or isinstance(path, DatasetRef):
+            path = DatasetRef.of(path, **per_file)
         if weight is None and count is None and schedule is not None:
             weight = 1.0  # the schedule gives the weights
-        if isinstance(path, (list, tuple)):
+        if isinstance(getattr(path, "path", path), (list, tuple)):
             raise ValueError(f"mixture source {name!r}: a source is one dataset (its manifest), "
                              f"not a list of shard files")
         try:
             # Map-style, each in the format's Dataset class, as open_dataset opens it.
-            ds = dataset_class(detect_format(path))(
+            ds = dataset_class(format_of(path))(
                 path, decode=decode, order=Order(seed=order.seed), on_error=on_error,
                 verify=verify, with_metadata=with_metadata)
         except FastDataError as exc:
@@ -173,6 +181,15 @@ class MixedDataset(Dataset):
         self._classes, self._relabel = self._combine_classes(classes)
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._entries: int | None = None  # the epoch the sources were last told
+
+    @property
+    def sources_identity(self) -> dict | None:
+        """What a resume state records of the sources read: each one's version
+        (or view) where it has one; None when none has."""
+        found = {name: ds.reader.identity for name, ds in self.sources.items()}
+        if not any(found.values()):
+            return None
+        return {"sources": {name: value or {"version": 1} for name, value in found.items()}}
 
     # -- classes ------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastdata.decoding.options import Decode
-from fastdata.formats import detect_format
 from fastdata.keywords import explain_keywords
 from fastdata.loaders.datasets import Cache, dataset_class
 from fastdata.loaders.read_ahead import RemoteRead
@@ -106,10 +105,11 @@ def open_dataset(
         from fastdata.loaders.mixed import mix
 
         return mix(path, **common, **mixed)
-    if version is not None:
-        from fastdata.formats.registry import version_path
+    from fastdata.dataset.ref import DatasetRef
+    from fastdata.dataset.resolve import format_of
 
-        path = version_path(path, version)
+    if version is not None or isinstance(path, DatasetRef):
+        path = DatasetRef.of(path, version=version)
     if streaming:
         _refuse("a stream (streaming=True)", **mapped, **mixed)
         from fastdata.loaders.iterable import ShardedIterableDataset
@@ -118,10 +118,10 @@ def open_dataset(
                                       reader_settings=reader_settings,
                                       **{k: v for k, v in streamed.items() if v is not None})
     _refuse("a map-style dataset (streaming=False)", **streamed, **mixed)
-    if isinstance(path, (list, tuple)):
+    if isinstance(getattr(path, "path", path), (list, tuple)):
         raise ValueError("a list of shard files is read as a stream: pass streaming=True, "
                          "or open the set's manifest")
-    return dataset_class(detect_format(path))(path, **common, **mapped,
+    return dataset_class(format_of(path))(path, **common, **mapped,
                                               allow_outside=allow_outside,
                                               reader_settings=reader_settings)
 

@@ -120,9 +120,11 @@ class EpochBatches(Sampler[list[int]]):
         crop (:func:`fastdata.order.state.order_description`)."""
         shaping = getattr(self.dataset, "shaping", None)
         reader = getattr(self.dataset, "reader", None)
+        identity = reader.identity if reader is not None else \
+            getattr(self.dataset, "sources_identity", None)
         return order_description(self.shuffle_mode, epoch, starts=self._starts,
                                  shaping=shaping() if shaping is not None else None,
-                                 dataset=getattr(reader, "identity", None))
+                                 dataset=identity)
 
     def state_dict(self) -> dict:
         """The point the job has reached: this epoch and the samples of its

@@ -2,20 +2,26 @@
 version, without rewriting what exists (no torch).
 
 The new records are packed, as a complete dataset of the same format, into
-``NAME.versions/parts/``; the version lists the earlier parts and this one,
-so the dataset reads like one pack of both sources: the same records,
-labels, keys and checksums, classes new to the dataset appended to its list.
-A key the dataset already holds is refused (or, with ``skip_existing``,
-passed over and counted). What grows with the dataset in this process: its
-keys, held as a set while the source's keys are checked against them.
+``NAME.versions/parts/ID/`` (ID: fresh, so writers at once never share a
+name); then :func:`fastdata.dataset.commit.commit` records a version that
+reads the earlier parts and this one: the same records, labels, keys and
+checksums as one pack of both sources, classes new to the dataset
+appended to its list. A key the dataset already holds is refused (or, with
+``skip_existing``, passed over and counted); an append that lands after
+another one rebases onto it without packing again, unless their keys
+collide. What grows with the dataset in this process: its keys, held as a
+set while the source's keys are checked against them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdata.dataset.commit import Conflict
+from fastdata.dataset.record import DatasetRecord, Part
 from fastdata.errors import FastDataError
 from fastdata.packers.options import PackOptions
 
@@ -33,11 +39,10 @@ class _AppendSource:
         self._labels = [classes.index(c) for c in source.classes]
         clashes = [e.key for e in source if e.key in existing]
         if clashes and not skip:
-            shown = ", ".join(clashes[:SHOWN]) + (" ..." if len(clashes) > SHOWN else "")
             raise FastDataError(
-                f"{len(clashes):,} key(s) of the source are in the dataset already ({shown}); "
-                f"append only new images, or pass skip_existing=True (CLI: --skip-existing) "
-                f"to pass over them")
+                f"{len(clashes):,} key(s) of the source are in the dataset already "
+                f"({_shown(clashes)}); append only new images, or pass skip_existing=True "
+                f"(CLI: --skip-existing) to pass over them")
         self.existing = set(clashes)
         self._count = len(source) - len(self.existing)
 
@@ -45,8 +50,6 @@ class _AppendSource:
         return self._count
 
     def __iter__(self):
-        import dataclasses
-
         for entry in self.source:
             if entry.key in self.existing:
                 continue
@@ -58,6 +61,11 @@ class _AppendSource:
 
     def warnings(self) -> list[str]:
         return self.source.warnings()
+
+
+def _shown(keys) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:SHOWN]) + (" ..." if len(keys) > SHOWN else "")
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ class AppendResult:
             (passed over with ``skip_existing``); ``skipped_keys`` the first ones.
         part: the part written (its manifest or file).
         summary: the pack's summary of the part.
+        rebased: versions other writers committed meanwhile, which this
+            append was recorded after.
     """
 
     dataset: str
@@ -85,11 +95,70 @@ class AppendResult:
     skipped_keys: list[str] = field(default_factory=list)
     part: str = ""
     summary: Any = None
+    rebased: int = 0
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "summary"}
         out["pack"] = self.summary.to_dict() if self.summary is not None else None
         return out
+
+
+@dataclass
+class AddPart:
+    """The change an append commits: one more part.
+
+    ``reader_of(part)`` opens a part of the dataset (to read its keys when
+    another append landed meanwhile)."""
+
+    part: Part
+    part_path: str
+    classes: list[str]
+    class_counts: list[int]
+    keys: Any
+    reader_of: Any
+    kind: str = "append"
+    rebased: int = 0
+
+    def apply(self, head: DatasetRecord, read: DatasetRecord) -> DatasetRecord:
+        ids = [p.id for p in read.parts]
+        if [p.id for p in head.parts[:len(ids)]] != ids or \
+                [p.selection for p in head.parts[:len(ids)]] != [p.selection for p in read.parts]:
+            raise Conflict(f"version {head.number} ({head.change}) changed the parts this "
+                           f"append was made on; append again")
+        landed = head.parts[len(ids):]
+        if landed:
+            self.rebased = head.number - read.number
+            mine = set(self.keys)
+            for part in landed:
+                with self.reader_of(part) as other:
+                    shared = mine.intersection(other.keys)
+                if shared:
+                    raise Conflict(f"{len(shared):,} of the new key(s) ({_shown(shared)}) were "
+                                   f"appended meanwhile by another writer (now version "
+                                   f"{head.number}); append again, with --skip-existing "
+                                   f"(skip_existing=True) to pass over them")
+        new = [c for c in self.classes if c not in head.classes]
+        classes = list(head.classes) + new
+        counts = list(head.class_counts) + [0] * len(new)
+        for name, count in zip(self.classes, self.class_counts):
+            counts[classes.index(name)] += count
+        what = f"appended {self.part.records:,} records" + (
+            f" ({len(new)} new class(es): {', '.join(new[:5])})" if new else "")
+        return dataclasses.replace(
+            head, records=head.records + self.part.records, classes=classes,
+            class_counts=counts, parts=list(head.parts) + [self.part], summary=what)
+
+    def check_files(self) -> None:
+        from fastdata.formats.remote_files import is_remote
+        from fastdata.storage import list_tree
+        from fastdata.storage.urls import dirname
+
+        there = list_tree(dirname(self.part_path)) if is_remote(self.part_path) else \
+            os.path.exists(self.part_path)
+        if not there:
+            raise FastDataError("the appended part was removed before it was recorded (by "
+                                "fastdata gc with a grace period shorter than this append "
+                                "took); append again", path=self.part_path)
 
 
 def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = None,
@@ -99,10 +168,10 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
     packed dataset ``dataset`` (local or at a URL) as a new version.
 
     Args:
-        options: the pack options of the new records (``fastdata.PackOptions``);
-            give those of the first pack (encoding, resize, shard size), since
-            a part stored another way is refused. ``options.resume``
-            continues an interrupted append.
+        options: the pack options of the new records (``fastdata.PackOptions``).
+            Their preprocessing (resize, crop, encoding, quality) is the
+            dataset's own unless given; other preprocessing is refused.
+            ``options.resume`` continues an interrupted append.
         skip_existing: pass over the source's images whose key the dataset
             holds, instead of refusing them all.
 
@@ -111,17 +180,20 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
 
     Raises:
         FastDataError: keys already in the dataset (without ``skip_existing``),
-            nothing new to add, a part stored unlike the dataset, or another
-            process changed the dataset meanwhile.
+            nothing new to add, preprocessing unlike the dataset's, a part
+            stored unlike the dataset, or (``Conflict``) another writer's
+            change that this one cannot be recorded after.
     """
-    import dataclasses
-
-    from fastdata.formats import open_reader
-    from fastdata.formats.registry import detect_format
+    from fastdata.dataset.commit import commit, step
+    from fastdata.dataset.history import dataset_folder, history_dir, relative_name
+    from fastdata.dataset.record import manifest_digest, new_id
+    from fastdata.dataset.resolve import open_reader
+    from fastdata.formats import open_reader as open_files
+    from fastdata.formats.registry import get_format
     from fastdata.packers.pack import pack
     from fastdata.packers.source import Source
     from fastdata.packers.sources.dispatch import open_source
-    from fastdata.dataset import history
+    from fastdata.storage.urls import join
 
     dataset = os.fspath(dataset)
     options = options or PackOptions()
@@ -129,81 +201,105 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
         if getattr(reader, "is_view", False):
             raise FastDataError("a view cannot be appended to; append to its dataset, then "
                                 "make the view again", path=dataset)
-        current = reader.version if getattr(reader, "is_version", False) else None
-        base = reader.dataset_path  # whatever named it: a pattern, a shard, the manifest
+        name, read = _read_version(reader)
         classes = list(reader.classes)
         existing = set(reader.keys)
-        base_manifest = reader.manifest
-        first_part = None if current is not None else history.Part(
-            _part_name(base, base), len(reader), _digest(reader.manifest))
-        records, counts = len(reader), list(reader.manifest.class_counts)
+        first = reader.parts[0].manifest if hasattr(reader, "parts") else reader.manifest
+        spec = get_format(reader.format_name)
+    options = _same_preprocess(options, first, dataset)
     if not isinstance(source, Source):
         source = open_source(source, extensions=options.extensions,
                              allow_outside=allow_outside)
     new_classes = [c for c in source.classes if c not in classes]
     wrapped = _AppendSource(source, classes + new_classes, existing, skip_existing)
+    del existing
     if len(wrapped) == 0:
         raise FastDataError(f"nothing to append: every one of the source's {len(source):,} "
                             f"images is in the dataset already", path=dataset)
-    number = (current.number if current is not None else 1) + 1
-    spec = detect_format(dataset)
-    part = history.history_dir(base) + _sep(base) + f"parts{_sep(base)}" \
-        f"{number:06d}{spec.extensions[0]}"
-    summary = pack(wrapped, part, options=dataclasses.replace(options, format=spec.name),
+    folder = join(history_dir(name), "parts", _resumed_id(name, options) or new_id())
+    target = join(folder, "part" + spec.extensions[0])
+    summary = pack(wrapped, target, options=dataclasses.replace(options, format=spec.name),
                    progress=progress, on_event=on_event)
-    part_path = part + (".fastdata.json" if spec.sharded else "")
-    with open_reader(part_path, allow_outside=allow_outside, versions=False) as packed:
+    part_path = target + (".fastdata.json" if spec.sharded else "")
+    step("after-part")
+    with open_files(part_path, allow_outside=allow_outside) as packed:
         try:
-            _check_alike(base_manifest, packed.manifest, part_path)
+            _check_alike(first, packed.manifest, part_path)
         except FastDataError:
             packed.close()
-            _remove_part(base, number)  # no version names it: it goes now
+            _remove(folder)  # no version names it: it goes now
             raise
-        added = history.Part(_part_name(base, part_path), len(packed),
-                             _digest(packed.manifest))
-        part_counts = list(packed.manifest.class_counts)
-    parts = list(current.parts) if current is not None else [first_part]
-    counts = counts + [0] * len(new_classes)
-    counts = [a + b for a, b in zip(counts, part_counts)]
-    if current is None:  # the first change: the pack becomes version 1
-        current = history.write_version(base, history.Version(
-            number=1, format=spec.name, change="pack", summary="packed",
-            records=records, classes=classes, class_counts=list(base_manifest.class_counts),
-            parts=parts, created_at=base_manifest.created_at))
-    what = f"appended {added.records:,} records" + (
-        f" ({len(new_classes)} new class(es): {', '.join(new_classes[:5])})"
-        if new_classes else "")
-    version = history.write_version(base, history.Version(
-        number=number, format=spec.name, change="append", summary=what,
-        records=current.records + added.records, classes=classes + new_classes,
-        class_counts=counts, parts=parts + [added], parent=current.number,
-        parent_sha256=current.sha256, columns=list(current.columns),
-        labels=current.labels))
-    return AppendResult(dataset, version.number, added.records, version.records, new_classes,
+        part = Part(folder.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1],
+                    relative_name(dataset_folder(name), part_path), len(packed),
+                    manifest_digest(packed.manifest))
+        change = AddPart(part, part_path, list(packed.classes),
+                         list(packed.manifest.class_counts), list(packed.keys),
+                         _part_opener(name, allow_outside))
+    try:
+        version = commit(name, change, read)
+    except Conflict:
+        _remove(folder)
+        raise
+    return AppendResult(dataset, version.number, part.records, version.records,
+                        [c for c in version.classes if c not in classes],
                         len(wrapped.existing), sorted(wrapped.existing)[:SHOWN], part_path,
-                        summary)
+                        summary, change.rebased)
 
 
-def _sep(dataset: str) -> str:
-    return "/" if "://" in dataset else os.sep
+def _read_version(reader) -> tuple[str, DatasetRecord]:
+    """The dataset's name and the version ``reader`` reads, as a record."""
+    from fastdata.dataset.commit import pack_record
+
+    record = getattr(reader, "record", None)
+    if record is not None:
+        return reader.dataset_path, record
+    return reader.dataset_path, pack_record(reader, reader.dataset_path)
 
 
-def _digest(manifest) -> str:
-    from fastdata.dataset.view_file import manifest_digest
+def _part_opener(name: str, allow_outside: bool):
+    def open_part(part: Part):
+        from fastdata.dataset.history import dataset_folder
+        from fastdata.formats import open_reader as open_files
+        from fastdata.storage.urls import join
 
-    return manifest_digest(manifest)
+        return open_files(join(dataset_folder(name), part.path), allow_outside=allow_outside)
+
+    return open_part
 
 
-def _part_name(dataset: str, path: str) -> str:
-    """``path`` relative to the dataset's folder, "/"-separated."""
-    from fastdata.formats.remote_files import absolute
-    from fastdata.dataset.history import dataset_folder
+def _same_preprocess(options: PackOptions, manifest, where: str) -> PackOptions:
+    """``options`` with the dataset's preprocessing where none was given;
+    refused when another was."""
+    from fastdata.packers.preprocess import Preprocess
 
-    folder = dataset_folder(dataset)
-    text = absolute(path)
-    if "://" in text:
-        return text[len(folder.rstrip("/")) + 1:]
-    return os.path.relpath(text, folder).replace(os.sep, "/")
+    stored = (manifest.pack_options or {}).get("preprocess")
+    if not isinstance(stored, dict):
+        return options
+    given = options.preprocess.to_dict()
+    if options.preprocess == Preprocess() and given != stored:
+        try:
+            return dataclasses.replace(options, preprocess=Preprocess(**{
+                k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}))
+        except (TypeError, FastDataError):
+            return options
+    differ = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k, v) != v and
+              not (isinstance(v, tuple) and list(v) == stored.get(k))}
+    if differ:
+        shown = ", ".join(f"{k} {a!r} (given {b!r})" for k, (a, b) in differ.items())
+        raise FastDataError(f"the dataset was packed with {shown}; append with its own "
+                            f"preprocessing (give none, and it is used)", path=where)
+    return options
+
+
+def _resumed_id(name: str, options: PackOptions) -> str | None:
+    """With ``resume``: the id of the part an interrupted append left (the
+    newest part no version names yet), so its pack continues."""
+    if not options.resume:
+        return None
+    from fastdata.ops.gc import unrecorded_parts
+
+    found = unrecorded_parts(name)
+    return found[-1] if found else None
 
 
 def _check_alike(base, part, where: str) -> None:
@@ -217,9 +313,7 @@ def _check_alike(base, part, where: str) -> None:
             f"with the options of the first pack", path=where)
 
 
-def _remove_part(base: str, number: int) -> None:
-    """Remove part ``number``'s files, which no version names."""
-    from fastdata.ops.gc import part_files, remove
+def _remove(folder: str) -> None:
+    from fastdata.ops.gc import remove_tree
 
-    for path in part_files(base, number):
-        remove(path)
+    remove_tree(folder)

@@ -37,6 +37,8 @@ class SubsetResult:
             hold (the first 20), and ``missing_count`` how many in all.
         excluded_by_content: records dropped because an ``exclude`` dataset
             holds the same bytes.
+        registered: the view is noted in its dataset's history, so ``fastdata
+            gc`` keeps what it reads (not at a read-only URL).
     """
 
     path: str
@@ -46,6 +48,7 @@ class SubsetResult:
     missing_keys: list[str] = field(default_factory=list)
     missing_count: int = 0
     excluded_by_content: int = 0
+    registered: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -102,17 +105,12 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
             a fraction outside (0, 1], a view outside the parent's folder, or
             nothing selected.
     """
-    from fastdata.formats import open_reader
-    from fastdata.progress import progress_bar
+    from fastdata.dataset.across_parts import split_selection, stored
+    from fastdata.dataset.resolve import open_reader
     from fastdata.dataset.selection import Selection
-    from fastdata.dataset.view_file import (
-        ViewFile,
-        manifest_digest,
-        now,
-        parent_name,
-        write_view_file,
-    )
+    from fastdata.dataset.views import register_view, write_view
     from fastdata.ops.where import compile_where
+    from fastdata.progress import progress_bar
 
     if fraction is not None and not 0 < float(fraction) <= 1:
         raise FastDataError(f"fraction must be in (0, 1], not {fraction}")
@@ -122,18 +120,11 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
     out = os.fspath(out)
     if not out.lower().endswith(".fastdata.json"):
         raise FastDataError("a view file's name ends in .fastdata.json", path=out)
+    out = out if "://" in out else os.path.abspath(out)
     given = open_reader(dataset, allow_outside=allow_outside)
+    root = None
     try:
-        root = given.parent if getattr(given, "is_view", False) else given
-        base = given.selection if root is not given else None
-        # A version is named as such (its record), so the view keeps reading it.
-        root_path = root.path if getattr(root, "is_version", False) else root.url or root.path
-        if root is not given:  # the view's parent, as the view names it
-            from fastdata.storage.urls import join
-
-            root_path = join(os.path.dirname(given.path), given.view.parent) \
-                if given.url else os.path.join(os.path.dirname(given.path), given.view.parent)
-        name = parent_name(out if "://" in out else os.path.abspath(out), root_path)
+        root, base, record, name = _base_of(given, allow_outside)
         n = len(root)
         names = list(root.classes)
         wanted = None
@@ -142,7 +133,8 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
             if unknown:
                 raise FastDataError(f"no class {', '.join(map(repr, unknown))} in the dataset; "
                                     f"its classes: {', '.join(names[:20])}"
-                                    f"{' ...' if len(names) > 20 else ''}", path=root_path)
+                                    f"{' ...' if len(names) > 20 else ''}",
+                                    path=os.fspath(dataset))
             wanted = np.asarray([names.index(c) for c in classes], np.int64)
         keep_keys = set(keys) if keys is not None else None
         drop_keys = set(exclude_keys) if exclude_keys is not None else None
@@ -154,7 +146,7 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
             if len(drop) and (drop[0] < 0 or drop[-1] >= len(given)):
                 raise FastDataError(f"exclude_indices holds an index outside the "
                                     f"{len(given)} records", path=os.fspath(dataset))
-            drop = base.parents(drop) if base is not None else drop
+            drop = np.sort(given.base_of(drop)) if root is not given else drop
         excluded = 0
         flags, labels_kept = [], []
         with progress_bar(n, "selecting", enabled=progress) as bar:
@@ -204,19 +196,104 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
             stratify=stratify or None,
             exclude=[os.fspath(p) for p in exclude] or None,
             exclude_indices=len(drop) if drop is not None else None).items() if v is not None}
-        from fastdata import __version__
-
-        view = ViewFile(path=out, format=root.format_name, parent=name, parent_records=n,
-                        parent_digest=manifest_digest(root.manifest), records=selection.count,
-                        class_counts=counts, selection=selection.encode(),
-                        payload_bytes=_payload_bytes(root, selection),
-                        selected_by=asked, created_at=now(), fastdata_version=__version__)
-        write_view_file(view, overwrite=overwrite)
+        pieces = split_selection(selection, [p.records for p in record.parts])
+        view = _view_record(record, given, out, name, pieces, counts, asked,
+                            _payload_bytes(root, selection), stored)
+        view = write_view(view, overwrite=overwrite)
+        registered = register_view(name, view) if name else False
     finally:
+        if root is not None and root is not given:
+            root.parts = []  # the parts are given's, closed with it
         given.close()
     listed = (keep_keys or set()) | (drop_keys or set())
     missing = sorted(listed - seen_keys)
-    return SubsetResult(out, name, selection.count, n, missing[:20], len(missing), excluded)
+    return SubsetResult(out, (view.of or {}).get("path") or name or os.fspath(dataset),
+                        selection.count, n, missing[:20], len(missing), excluded, registered)
+
+
+def _base_of(given, allow_outside: bool):
+    """``(root, base, record, dataset)``: a reader of the base records
+    (every part's records, unselected), the selection ``given`` makes of
+    them (None: all), its record, and the dataset's name."""
+    import dataclasses
+
+    from fastdata.dataset.across_parts import combined_chunks
+    from fastdata.dataset.commit import pack_record
+    from fastdata.dataset.reader import DatasetReader
+    from fastdata.dataset.selection import Selection
+
+    record = getattr(given, "record", None)
+    if record is None:  # a pack never changed
+        name = given.dataset_path
+        return given, None, pack_record(given, name), name
+    name = _dataset_of(given)
+    whole = dataclasses.replace(
+        record, records=record.base_records, class_counts=[0] * len(record.classes),
+        parts=[dataclasses.replace(p, selection=None) for p in record.parts], sha256="")
+    if all(p.selection is None for p in record.parts):
+        return given, None, record, name
+    from fastdata.formats.remote_files import absolute
+
+    opened = {absolute(given._inside(p.path, "parts")): r
+              for p, r in zip(record.parts, given.parts)}
+    for reader in given.parts:
+        if reader.sharded:
+            reader.coalesce = None
+    root = DatasetReader(given.path, record=whole, opened=opened, **given.child_options())
+    counts = [p.records for p in record.parts]
+    base = Selection.from_mask_chunks(record.base_records,
+                                      combined_chunks(given._selections, counts))
+    return root, base, record, name
+
+
+def _dataset_of(given) -> str | None:
+    """The dataset a version or a view reads (None: unknown)."""
+    record = given.record
+    if record.kind == "version":
+        return given.dataset_path
+    of = (record.of or {}).get("path")
+    if not isinstance(of, str):
+        return None
+    from fastdata.storage.urls import dirname, join
+
+    where = join(dirname(given.path), of)
+    return where if "://" in where else os.path.normpath(where)
+
+
+def _view_record(record, given, out: str, name, pieces, counts, asked, payload, stored):
+    """The view to write at ``out``: ``record``'s parts with the new
+    selections, every name re-rooted at the view's folder."""
+    import dataclasses
+
+    from fastdata.dataset.views import name_in
+    from fastdata.storage.urls import join
+
+    root = given.root if getattr(given, "record", None) is not None else _pack_folder(given)
+
+    def moved(rel: str) -> str:
+        whole = join(root, rel)
+        return name_in(out, whole if "://" in whole else os.path.normpath(whole))
+
+    parts = [dataclasses.replace(p, path=moved(p.path), selection=stored(s, p.records))
+             for p, s in zip(record.parts, pieces)]
+    columns = [{**c, "path": moved(c["path"])} for c in record.columns]
+    labels = record.labels and {**record.labels, "path": moved(record.labels["path"])}
+    of = {"path": name_in(out, name) if name else None,
+          "version": record.number if record.kind == "version" else (record.of or {}).get(
+              "version"),
+          "sha256": record.sha256 if record.kind == "version" else (record.of or {}).get(
+              "sha256")}
+    return dataclasses.replace(
+        record, kind="view", records=sum(p.selected for p in parts), class_counts=counts,
+        parts=parts, columns=columns, labels=labels, number=None, parent=None,
+        parent_sha256=None, change="", summary="", of=of, selected_by=asked,
+        payload_bytes=payload, created_at="", path=out, sha256="")
+
+
+def _pack_folder(reader) -> str:
+    from fastdata.dataset.history import dataset_folder
+
+    return dataset_folder(reader.dataset_path)
 
 
 def _base_mask(base, lo: int, hi: int) -> np.ndarray:
@@ -311,7 +388,7 @@ def _payload_bytes(root, selection) -> int | None:
     """The selected records' stored bytes, where the parent's index gives
     sizes (sharded formats); None otherwise (a reader then reserves the
     parent's total)."""
-    if not hasattr(root, "placement"):
+    if not root.sharded:
         return None
     total = 0
     for start, stop in selection.runs():

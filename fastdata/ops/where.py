@@ -9,9 +9,21 @@ Names are the record's metadata fields, and ``key``, ``label`` (the class
 index) and ``class`` (its name). Allowed: numbers, strings, ``True``,
 ``False``, ``None``, lists of them; ``== != < <= > >= in not in``;
 ``and or not``; ``+ - * / %``; ``a.b`` for a field inside a field. Anything
-else (calls, attributes of objects, comprehensions) is refused when the
-expression is read. A field a record lacks is ``None``, and a comparison
-whose sides cannot be compared (a missing field with a number) is false.
+else (calls, attributes of objects, comprehensions, ``**``) is refused when
+the expression is read. A field a record lacks is ``None``, and a comparison
+whose sides cannot be compared (a missing field with a number, a string
+with ``%``, arithmetic past a float's range) is false.
+
+An expression is bounded before it runs: its text (:data:`MAX_TEXT`), its
+parts (:data:`MAX_NODES`) and its nesting (:data:`MAX_DEPTH`, well inside
+Python's recursion limit, which the parser and the evaluator both use).
+What it builds is bounded as it runs: a string or list made by ``*`` or
+``+`` holds at most :data:`MAX_SEQUENCE` characters or items (the items of
+lists inside counted too), and a whole number made by arithmetic at most
+:data:`MAX_INT_BITS` bits. Each refusal is a FastDataError naming its limit;
+the parts made of constants alone are tried when the expression is read.
+So a record costs at most the parts times what one part may build, whatever
+the dataset.
 """
 
 from __future__ import annotations
@@ -26,9 +38,18 @@ from fastdata.errors import FastDataError
 _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
             ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
             ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
-_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-          ast.Div: operator.truediv, ast.Mod: operator.mod}
 _MISSING = None
+
+#: The longest expression text read (a list of a few thousand keys fits).
+MAX_TEXT = 65_536
+#: The most parts (names, constants, operators' results) an expression has.
+MAX_NODES = 10_000
+#: The deepest nesting of parts (``not not x`` is 3; ordinary ones are below 10).
+MAX_DEPTH = 50
+#: The most characters or items a string or list built by ``*`` or ``+`` holds.
+MAX_SEQUENCE = 1 << 20
+#: The most bits of a whole number built by arithmetic.
+MAX_INT_BITS = 1 << 16
 
 
 class _Incomparable(Exception):
@@ -40,14 +61,22 @@ def compile_where(text: str) -> Callable[[dict], bool]:
     record's metadata with ``key``, ``label`` and ``class`` added.
 
     Raises:
-        FastDataError: the text is not an expression of the language, naming
-            the part refused.
+        FastDataError: the text is not an expression of the language (naming
+            the part refused), or is larger or deeper than the limits (naming
+            the limit); the test raises it for a record whose values would
+            build more than the limits allow.
     """
+    if len(text) > MAX_TEXT:
+        raise FastDataError(f"--where is {len(text):,} characters long; an expression takes "
+                            f"at most {MAX_TEXT:,} characters")
     try:
         tree = ast.parse(_keywords_as_names(text.strip()), mode="eval")
     except SyntaxError as exc:
-        raise FastDataError(f"--where {text!r} is not an expression ({exc.msg} at column "
-                            f"{exc.offset})") from None
+        raise FastDataError(f"--where {_short(text)} is not an expression ({exc.msg} at "
+                            f"column {exc.offset})") from None
+    except (RecursionError, MemoryError):  # the parser's own nesting limit
+        raise _too_deep(text) from None
+    _check_shape(tree.body, text)
     node = _build(tree.body, text)
 
     def test(fields: dict) -> bool:
@@ -56,7 +85,35 @@ def compile_where(text: str) -> Callable[[dict], bool]:
         except _Incomparable:
             return False
 
+    test({})  # the constant parts' limits show now, not at the first record
     return test
+
+
+def _short(text: str) -> str:
+    """``text`` quoted for a message, cut to a readable length."""
+    return repr(text) if len(text) <= 200 else repr(text[:200]) + "..."
+
+
+def _too_deep(text: str) -> FastDataError:
+    return FastDataError(f"--where {_short(text)} nests its parts more than {MAX_DEPTH} "
+                         f"levels deep; write it flatter (e.g. x in [...] for many ==)")
+
+
+def _check_shape(root: ast.AST, text: str) -> None:
+    """Refuse an expression of more than MAX_NODES parts or MAX_DEPTH levels
+    (walked without recursion: the tree may be deeper than Python's stack)."""
+    count = 0
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep(text)
+        count += 1
+        if count > MAX_NODES:
+            raise FastDataError(f"--where {_short(text)} has more than {MAX_NODES:,} parts; "
+                                f"select with fewer names and constants")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node)
+                     if isinstance(child, ast.expr))
 
 
 #: Field names that are Python keywords, read as names of the same length
@@ -85,9 +142,9 @@ def _keywords_as_names(text: str) -> str:
 
 def _refuse(node: ast.AST, text: str) -> FastDataError:
     part = ast.get_source_segment(text.strip(), node) or type(node).__name__
-    return FastDataError(f"--where {text!r}: {part!r} is not allowed; use field names, "
-                         f"constants, comparisons (== != < <= > >= in), and/or/not and "
-                         f"+ - * / %")
+    return FastDataError(f"--where {_short(text)}: {_short(part)} is not allowed; use field "
+                         f"names, constants, comparisons (== != < <= > >= in), and/or/not "
+                         f"and + - * / %")
 
 
 def _build(node: ast.AST, text: str) -> Callable[[dict], Any]:
@@ -142,5 +199,67 @@ def _truth(part, fields) -> bool:
 def _apply(op, *values):
     try:
         return op(*values)
-    except (TypeError, ZeroDivisionError, ValueError):
+    except (TypeError, ZeroDivisionError, ValueError, OverflowError, RecursionError):
         raise _Incomparable() from None
+
+
+def _weight(value) -> int:
+    """What ``value`` holds: a string's characters, a list's items and the
+    weight of each item (lists inside lists), 1 for anything else; counted
+    without recursion, stopping once past MAX_SEQUENCE."""
+    total, stack = 0, [value]
+    while stack and total <= MAX_SEQUENCE:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, list):
+            total += len(v)
+            stack.extend(v)
+        else:
+            total += 1
+    return total
+
+
+def _too_large(what: str) -> FastDataError:
+    return FastDataError(f"--where builds {what}; an expression builds at most "
+                         f"{MAX_SEQUENCE:,} characters or items")
+
+
+def _mul(a, b):
+    """``a * b``, a repetition refused before it is built when it would hold
+    more than MAX_SEQUENCE, a product of more than MAX_INT_BITS bits after."""
+    seq, times = (a, b) if isinstance(a, (str, list)) else (b, a)
+    if isinstance(seq, (str, list)) and isinstance(times, int):
+        if times > 0 and _weight(seq) * times > MAX_SEQUENCE:
+            raise _too_large(f"a {type(seq).__name__} repeated {times:,} times")
+        return seq * times
+    return _whole(a * b)
+
+
+def _add(a, b):
+    """``a + b``, a joined string or list refused when past MAX_SEQUENCE."""
+    if isinstance(a, (str, list)) and isinstance(b, type(a)):
+        if _weight(a) + _weight(b) > MAX_SEQUENCE:
+            raise _too_large(f"a {type(a).__name__} of more than {MAX_SEQUENCE:,} "
+                             f"characters or items by +")
+        return a + b
+    return _whole(a + b)
+
+
+def _mod(a, b):
+    """The remainder of numbers (on a string, ``%`` would format one)."""
+    if isinstance(a, (str, bytes)):
+        raise TypeError("% formats strings; here it is the remainder of numbers")
+    return _whole(a % b)
+
+
+def _whole(value):
+    """``value``, unless a whole number of more than MAX_INT_BITS bits."""
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise FastDataError(f"--where builds a whole number of {value.bit_length():,} bits; "
+                            f"arithmetic here makes at most {MAX_INT_BITS:,} bits")
+    return value
+
+
+_ARITH = {ast.Add: _add, ast.Sub: lambda a, b: _whole(a - b), ast.Mult: _mul,
+          ast.Div: operator.truediv, ast.Mod: _mod}

@@ -221,9 +221,8 @@ def shard_starts(shuffle: Shuffle, reader) -> np.ndarray | None:
     """
     if shuffle.block != "shard":
         return None
-    ranges = getattr(reader, "shard_ranges", None)
-    if ranges is None:
+    if not getattr(reader, "sharded", False):
         raise ValueError(f"Order(block='shard') shuffles whole shards, and "
                          f"{getattr(reader, 'path', 'this dataset')} is not sharded (LMDB and "
                          f"HDF5 are one file): give block= a record count")
-    return np.asarray([first for first, _ in ranges()], dtype=np.int64)
+    return np.asarray([first for first, _ in reader.shard_ranges()], dtype=np.int64)

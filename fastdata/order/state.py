@@ -263,6 +263,7 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict],
     saved, now = (json.loads(json.dumps(d)) for d in (entry.order, described))
     # The version was compared above; a digest tells two datasets at one number apart.
     mine, theirs = saved.pop(DATASET, {}), now.pop(DATASET, {})
+    _check_sources(mine.get("sources") or {}, theirs.get("sources") or {})
     if any(mine.get(k) and theirs.get(k) and mine[k] != theirs[k] for k in ("sha256", "view")):
         raise ValueError("this state was saved reading another dataset (or another view) at "
                          "this version number; resume it on the dataset it was saved with")
@@ -273,6 +274,22 @@ def _check_dataset(entry, records: int, describe: Callable[[int], dict],
                          for name, a, b in _differences(saved, now))
         raise ValueError(f"this state was saved with another order ({diff}): the rest of the "
                          f"epoch would not be the samples not yet read; use the same options")
+
+
+def _check_sources(saved: dict, now: dict) -> None:
+    """Refuse a mixture's state saved on another version of a source."""
+    for name in [*now, *(n for n in saved if n not in now)]:
+        a, b = saved.get(name) or {}, now.get(name) or {}
+        if (a.get("version") or 1) != (b.get("version") or 1):
+            raise ValueError(
+                f"mixture source {name!r}: this state was saved reading version "
+                f"{a.get('version') or 1} of it; this reads version {b.get('version') or 1}. "
+                f"Give that source fastdata.DatasetRef(path, version="
+                f"{a.get('version') or 1}) to resume exactly, or start the epoch afresh")
+        if any(a.get(k) and b.get(k) and a[k] != b[k] for k in ("sha256", "view")):
+            raise ValueError(f"mixture source {name!r}: this state was saved reading another "
+                             f"dataset (or view) at this version number; resume it on the "
+                             f"one it was saved with")
 
 
 _ABSENT = object()

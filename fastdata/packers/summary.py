@@ -11,6 +11,7 @@ from typing import Any
 from fastdata.formats import MANIFEST_SUFFIX
 from fastdata.packers.prepare import SkippedFile
 from fastdata.records import RenamedKey
+from fastdata.storage.partial import replace_file
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,5 @@ def write_report(output: str, skipped: list[SkippedFile], warnings_: list[str],
     data = {"output": os.path.basename(output), "skipped": [asdict(s) for s in skipped],
             "warnings": warnings_,
             "renamed": [asdict(r) for r in renamed]}
-    tmp = f"{path}.partial"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(data, indent=2, ensure_ascii=False))
     return path

@@ -9,9 +9,11 @@ from fastdata.errors import StorageError
 from fastdata.storage.cache import ShardCache
 from fastdata.storage.objects import (
     RemoteObject,
+    create_bytes,
     delete,
     exists,
     list_names,
+    list_tree,
     open_remote,
     upload_bytes,
     upload_file,
@@ -19,6 +21,7 @@ from fastdata.storage.objects import (
 from fastdata.storage.urls import basename, dirname, is_url, join, local_path
 
 __all__ = [
-    "RemoteObject", "ShardCache", "StorageError", "basename", "delete", "dirname", "exists",
-    "is_url", "join", "list_names", "local_path", "open_remote", "upload_bytes", "upload_file",
+    "RemoteObject", "ShardCache", "StorageError", "basename", "create_bytes", "delete",
+    "dirname", "exists", "is_url", "join", "list_names", "list_tree", "local_path",
+    "open_remote", "upload_bytes", "upload_file",
 ]

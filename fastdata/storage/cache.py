@@ -22,8 +22,12 @@ Each object lives in ``<cache_dir>/<hash>-<basename>`` beside a lock file
   downloads under way) and the most ever held are kept in ``.account.lock``
   (see :class:`CacheUsage`), whose lock serialises the events that change them.
 
-Objects are taken as immutable (shards are written once): a changed remote
-object keeps its cached copy until evicted or the cache folder is removed.
+A copy is named by the object's URL and endpoint, and by its identity where
+the caller knows one (``identity``: a checksum or ETag, as a manifest gives
+it; a sparse copy's size always): an object packed again at the same URL is
+then another copy, never old bytes taken for new. Without one an object is
+taken as immutable (shards are written once): a changed remote object keeps
+its cached copy until evicted or the cache folder is removed.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from fastdata.storage.cache_account import (
     unlock,
 )
 from fastdata.storage.endpoints import endpoint_of
-from fastdata.storage.objects import open_remote, partial_name
+from fastdata.storage.objects import open_remote
+from fastdata.storage.partial import partial_file
 from fastdata.storage.urls import basename, local_path, parse_url
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -117,16 +122,22 @@ class ShardCache:
         self._pid = os.getpid()
         os.makedirs(self.cache_dir, exist_ok=True)
 
-    def path_for(self, url: str, storage_options: dict | None = None) -> str:
+    def path_for(self, url: str, storage_options: dict | None = None, *,
+                 identity: str | None = None) -> str:
         """Where ``url`` is cached: a hash of the URL and its endpoint (the same
-        bucket name on two servers is two objects), then its name for readability."""
-        identity = f"{url}\n{endpoint_of(parse_url(url), storage_options)}"
-        digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
+        bucket name on two servers is two objects) and of the object's
+        ``identity`` when given (new bytes at the URL: another copy), then
+        its name for readability."""
+        key = f"{url}\n{endpoint_of(parse_url(url), storage_options)}"
+        if identity is not None:
+            key += f"\n{identity}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
         name = re.sub(r"[^A-Za-z0-9._-]", "_", basename(url))[-80:]
         return os.path.join(self.cache_dir, f"{digest}-{name}")
 
     def local(self, url: str, storage_options: dict | None = None, *,
-              limit: int | None = None, size: int | None = None) -> str:
+              limit: int | None = None, size: int | None = None,
+              identity: str | None = None) -> str:
         """The local path of ``url``'s object, downloaded on first use.
 
         Args:
@@ -137,22 +148,27 @@ class ShardCache:
             size: the object's size when known exactly (a shard's, from its
                 manifest): reserved in the cache before the download starts,
                 room made for it first, and the most bytes copied.
+            identity: what tells this object from another one at the same URL
+                (the SHA-256 its manifest records): part of the copy's name.
         """
         own = local_path(url)
         if own is not None:
             return own
-        path = self.path_for(url, storage_options)
+        path = self.path_for(url, storage_options, identity=identity)
         return self._obtain(path, lambda fd: self._download(url, storage_options, path, fd,
                                                             limit=limit, size=size))
 
-    def sparse(self, url: str, size: int, tail: int, storage_options: dict | None = None
-               ) -> str:
+    def sparse(self, url: str, size: int, tail: int, storage_options: dict | None = None,
+               *, identity: str | None = None) -> str:
         """The local path of a sparse file for ``url``'s object of ``size``
         bytes, followed by ``tail`` bytes of zeros (a reader's own record of
         which parts it filled: see :class:`fastdata.formats.ranged_copy.RangedCopy`).
         Made empty on first use (no byte downloaded), counted and evicted like a
-        copy of its whole size, and held like one."""
-        path = self.path_for(url, storage_options) + ".ranges"
+        copy of its whole size, and held like one. Named by the size and the
+        ``identity`` too: an object of another size or identity at the same
+        URL (packed again) has a copy of its own."""
+        version = f"{size} bytes" if identity is None else f"{size} bytes, {identity}"
+        path = self.path_for(url, storage_options, identity=version) + ".ranges"
         return self._obtain(path, lambda fd: self._make_sparse(path, fd, size + tail))
 
     def _obtain(self, path: str, make) -> str:
@@ -214,10 +230,16 @@ class ShardCache:
             folder = survey(self.cache_dir)
             ledger.saw(folder.held)
             held = self._evict(folder, folder.held + size, keep=path)
-            tmp = partial_name(path)
-            with open(tmp, "wb") as f:
-                f.truncate(size)
-            os.replace(tmp, path)
+            out, tmp = partial_file(path, 0o600)
+            try:
+                try:
+                    os.ftruncate(out, size)
+                finally:
+                    os.close(out)
+                os.replace(tmp, path)
+            except BaseException:
+                unlink(tmp)
+                raise
             ledger.store(held)
 
     def _hold(self, path: str, fd: int) -> None:

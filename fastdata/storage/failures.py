@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 
-from fastdata.errors import StorageError
+from fastdata.errors import AccessDeniedError, MissingObjectError, StorageError
 from fastdata.redaction import redact as redact_urls
 from fastdata.storage.endpoints import ENDPOINT_OPTION_NAMES, endpoint_of
 from fastdata.storage.urls import parse_url
@@ -69,13 +69,15 @@ def storage_error(exc: BaseException, url: str, storage_options: dict | None = N
 
     parsed = parse_url(url)
     debug = str(exc)
+    kind = StorageError
     if isinstance(exc, (NotFoundError, FileNotFoundError)):
         if "NoSuchBucket" in debug:
             message = f"no such bucket {parsed.bucket!r} at {endpoint_of(parsed, storage_options)}"
         else:
-            message = "no such object"
+            message, kind = "no such object", MissingObjectError
     elif isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or " 403 " in debug:
         message = f"access denied ({_CREDENTIAL_HINTS[parsed.scheme]})"
+        kind = AccessDeniedError
     elif " 416 " in debug or "Range" in _first_line(exc) and "not satisf" in debug.lower():
         message = "byte range outside the object"
     else:
@@ -85,7 +87,7 @@ def storage_error(exc: BaseException, url: str, storage_options: dict | None = N
             message = f"cannot reach the endpoint {endpoint} ({problem}, after retries)"
         else:
             message = f"request failed: {_first_line(exc)}"
-    return StorageError(redact(message, storage_options), path=redact(url, storage_options))
+    return kind(redact(message, storage_options), path=redact(url, storage_options))
 
 
 @contextlib.contextmanager

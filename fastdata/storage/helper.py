@@ -23,6 +23,9 @@ OPS = {
     "upload_file": lambda url, opts, local: objects.upload_file(local, url, opts),
     "upload_bytes": lambda url, opts, data: objects.upload_bytes(data, url, opts),
     "delete": lambda url, opts: objects.delete(url, opts),
+    "first_bytes": lambda url, opts, size: objects.RemoteObject(url, opts).first_bytes(size),
+    "create_bytes": lambda url, opts, data: objects.create_bytes(data, url, opts),
+    "list_tree": lambda url, opts: objects.list_tree(url, opts),
 }
 
 

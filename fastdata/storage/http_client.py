@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
-from fastdata.errors import StorageError
+from fastdata.errors import AccessDeniedError, MissingObjectError, StorageError
 from fastdata.redaction import redact
 from fastdata.storage.stores import DEFAULT_CLIENT, DEFAULT_RETRIES
 
@@ -284,9 +284,9 @@ def refused(answer: _Answer, url: str) -> StorageError:
     answer.close()
     status = answer.status
     if status == 404 or status == 410:
-        return StorageError("no such object", path=url)
+        return MissingObjectError("no such object", path=url)
     if status in (401, 403):
-        return StorageError(f"access denied (the server refused the request: {status})",
+        return AccessDeniedError(f"access denied (the server refused the request: {status})",
                             path=url)
     if status == 416:
         return StorageError("byte range outside the object", path=url)

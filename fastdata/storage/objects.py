@@ -6,13 +6,13 @@ the filesystem)."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
-from fastdata.errors import StorageError
+from fastdata.errors import AccessDeniedError, MissingObjectError, StorageError
 from fastdata.storage import http
 from fastdata.storage.failures import translated
 from fastdata.storage.forked import forked, via_helper
+from fastdata.storage.partial import partial_name, replace_file
 from fastdata.storage.stores import get_store
 from fastdata.storage.urls import is_http, local_path, parse_url
 
@@ -32,16 +32,6 @@ def check_ranges(ranges, size: int, url: str) -> None:
         if start < 0 or length < 0 or start + length > size:
             raise StorageError(f"byte range {start}+{length} is outside the object "
                                f"({size} bytes)", path=url, offset=start)
-
-
-def partial_name(dest: str) -> str:
-    """A fresh temporary file beside ``dest`` (same filesystem, so os.replace is
-    atomic), named ``dest.partial-XXXX``."""
-    folder = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dest) + ".partial-", dir=folder)
-    os.close(fd)
-    return tmp
 
 
 class RemoteObject:
@@ -93,6 +83,12 @@ class RemoteObject:
                                f"the dataset is damaged or not what it claims", path=self.url)
         return data
 
+    def first_bytes(self, size: int) -> bytes:
+        """At most the object's first ``size`` bytes (the rest is not read)."""
+        if self._local is None and not self._http and forked():
+            return via_helper("first_bytes", self.url, self.storage_options, size)
+        return b"".join(self._chunks(size))
+
     def read_range(self, start: int, length: int) -> bytes:
         return self.read_ranges([(start, length)])[0]
 
@@ -139,8 +135,7 @@ class RemoteObject:
         tmp = partial_name(dest)
         try:
             with open(tmp, "wb") as out:
-                for chunk in self._chunks(limit):
-                    out.write(chunk)
+                out.writelines(self._chunks(limit))
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):
@@ -196,9 +191,9 @@ def _local_call(url, fn, *args):
     try:
         return fn(*args)
     except FileNotFoundError:
-        raise StorageError("no such file", path=url) from None
+        raise MissingObjectError("no such file", path=url) from None
     except PermissionError:
-        raise StorageError("permission denied", path=url) from None
+        raise AccessDeniedError("permission denied", path=url) from None
 
 
 def open_remote(url: str, storage_options: dict | None = None, *,
@@ -272,9 +267,7 @@ def upload_bytes(data: bytes, url: str, storage_options: dict | None = None) -> 
     """Write ``data`` as the object at ``url``."""
     path = local_path(url)
     if path is not None:
-        tmp = partial_name(path)
-        Path(tmp).write_bytes(data)
-        os.replace(tmp, path)
+        replace_file(path, bytes(data))
         return
     if is_http(url):
         raise _read_only(url)
@@ -312,3 +305,110 @@ def delete(url: str, storage_options: dict | None = None) -> None:
     store, key = _store_and_key(url, storage_options)
     with translated(url, storage_options):
         obstore.delete(store, key)
+
+
+def create_bytes(data: bytes, url: str, storage_options: dict | None = None) -> bool:
+    """Write ``data`` as the object at ``url`` only if none is there: True when
+    this call created it, False when one existed (its bytes untouched). The
+    object appears whole or not at all.
+
+    Locally the bytes go to a fresh temporary file, then are linked to the
+    name (``link`` fails on any existing entry, a link included, and never
+    follows one). At object stores it is a conditional write (S3 and Azure
+    ``If-None-Match: *``, GCS ``ifGenerationMatch=0``)."""
+    path = local_path(url)
+    if path is not None:
+        return _create_local(bytes(data), path)
+    if is_http(url):
+        raise _read_only(url)
+    if forked():
+        return via_helper("create_bytes", url, storage_options, bytes(data))
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+    store, key = _store_and_key(url, storage_options)
+    with translated(url, storage_options):
+        try:
+            obstore.put(store, key, bytes(data), mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            return False
+    return True
+
+
+def _create_local(data: bytes, path: str) -> bool:
+    from fastdata.storage.partial import partial_file
+
+    fd, tmp = partial_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        _sync_folder(os.path.dirname(os.path.abspath(path)))
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def _sync_folder(folder: str) -> None:
+    """Make a new name in ``folder`` durable (where the platform allows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a folder; the name is written anyway
+    finally:
+        os.close(fd)
+
+
+def list_tree(url_prefix_dir: str, storage_options: dict | None = None
+              ) -> list[tuple[str, int, float, bool]]:
+    """Every file under a "folder" URL or local folder, at any depth: ``(name
+    relative to it with "/" separators, size, modified time as seconds since
+    the epoch, is a link)``, sorted. Locally, links are listed, never
+    followed; an absent folder lists nothing."""
+    path = local_path(url_prefix_dir)
+    if path is not None:
+        return _local_tree(path)
+    parsed = parse_url(url_prefix_dir)
+    if parsed.scheme in ("http", "https"):
+        raise StorageError("cannot list over HTTP", path=url_prefix_dir)
+    if forked():
+        return via_helper("list_tree", url_prefix_dir, storage_options)
+    import obstore
+    store = get_store(parsed, storage_options)
+    prefix = parsed.key.rstrip("/")
+    out = []
+    with translated(url_prefix_dir, storage_options):
+        for batch in obstore.list(store, prefix + "/" if prefix else None):
+            for obj in batch:
+                name = obj["path"][len(prefix) + 1:] if prefix else obj["path"]
+                out.append((name, int(obj["size"]), obj["last_modified"].timestamp(), False))
+    return sorted(out)
+
+
+def _local_tree(root: str) -> list[tuple[str, int, float, bool]]:
+    import stat
+
+    out = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel) if rel else root))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                stack.append(name)
+            else:
+                out.append((name, info.st_size, info.st_mtime, stat.S_ISLNK(info.st_mode)))
+    return sorted(out)

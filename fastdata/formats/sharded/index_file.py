@@ -91,16 +91,18 @@ def load_index(path: str, count: int) -> np.ndarray:
 def rows_start(path, count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
     """Where the ``count`` rows (of ``dtype``) of the ``.npy`` file at ``path``
     begin, after its header is checked; ``path`` may be a
-    :class:`fastdata.formats.ranged_copy.RangedCopy` (its first bytes read).
+    :class:`fastdata.formats.ranged_copy.RangedCopy` (its first bytes read;
+    a header that fails is fetched again once, since the machine's copy of
+    it may be what is damaged).
 
     Raises:
         CorruptDataError: as :func:`load_index`.
     """
     if not isinstance(path, str):  # a remote index read by ranges
-        f = io.BytesIO(path.read([(0, min(path.size, 4096))])[0])  # the header, and more
-        shape, found = _read_header(f, path.url)
-        _check_header(shape, found, count, path.size - f.tell(), path.url, dtype)
-        return f.tell()
+        try:
+            return _ranged_rows_start(path, count, dtype, fresh=False)
+        except CorruptDataError:
+            return _ranged_rows_start(path, count, dtype, fresh=True)
     try:
         with open(path, "rb") as f:
             shape, found = _read_header(f, path)
@@ -111,6 +113,22 @@ def rows_start(path, count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
     except OSError as exc:
         raise CorruptDataError(f"cannot read the dataset index ({exc.strerror or exc}); "
                                f"{ADVICE}", path=path) from None
+
+
+def _ranged_rows_start(copy, count: int, dtype: np.dtype, *, fresh: bool) -> int:
+    """:func:`rows_start` of a ranged copy, the header's block fetched again
+    when ``fresh``. Its rows end where the object does: a remote index's
+    size is :func:`npy_size`'s, so a header that says otherwise is damaged."""
+    head = copy.read([(0, min(copy.size, 4096))], fresh=fresh)[0]  # the header, and more
+    f = io.BytesIO(head)
+    shape, found = _read_header(f, copy.url)
+    start = f.tell()
+    _check_header(shape, found, count, copy.size - start, copy.url, dtype)
+    if start + count * dtype.itemsize != copy.size:
+        raise CorruptDataError(f"dataset index header ends at byte {start}: its {count} rows "
+                               f"would end at byte {start + count * dtype.itemsize}, not at "
+                               f"the file's end ({copy.size} bytes); {ADVICE}", path=copy.url)
+    return start
 
 
 def npy_size(count: int, dtype: np.dtype = INDEX_DTYPE) -> int:
@@ -230,11 +248,15 @@ def load_pieces(manifest, pieces: dict, path: str, count: int) -> tuple[np.ndarr
     Raises:
         CorruptDataError: the file is missing, damaged or of another size.
     """
-    from fastdata.formats.integrity import check_file_sha256
-    from fastdata.formats.remote_files import local_copy
+    from fastdata.formats.integrity import check_file_sha256, expected_sha256
+    from fastdata.formats.remote_files import is_remote, process_cache
 
     rows = piece_rows_of(pieces, path)
     n = -(-count // rows)
-    local = local_copy(path, limit=n * PIECE_DTYPE.itemsize + 4096)
+    local = path
+    if is_remote(path):  # its copy named by its SHA-256 too: a re-pack is another copy
+        digest = expected_sha256(manifest, pieces["file"], path=path)
+        local = process_cache().local(path, limit=n * PIECE_DTYPE.itemsize + 4096,
+                                      identity=None if digest is None else f"sha256 {digest}")
     check_file_sha256(manifest, pieces["file"], local, what="the index's piece checksums")
     return load_array(local, n, PIECE_DTYPE), rows

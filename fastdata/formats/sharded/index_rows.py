@@ -18,6 +18,7 @@ What grows with the dataset, per process: the pieces' CRC-32s (4 bytes per
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import zlib
@@ -52,6 +53,14 @@ def piece_checksums(index: np.ndarray, rows: int | None = None) -> np.ndarray:
 
 #: Pieces kept in memory per index (8 MiB of rows).
 PIECES_KEPT = 2048
+
+
+def pieces_identity(crcs: np.ndarray, rows: int) -> str:
+    """What names an index by its content: a digest of its pieces' CRC-32s
+    and rows per piece (with its size, the bytes it must hold)."""
+    digest = hashlib.blake2b(np.ascontiguousarray(crcs, dtype=PIECE_DTYPE).tobytes(),
+                             digest_size=16)
+    return f"pieces {rows} {digest.hexdigest()}"
 
 
 class IndexRows:
@@ -112,10 +121,17 @@ class IndexRows:
         (:func:`~fastdata.formats.sharded.index_file.index_source`); errors
         name ``path`` (the dataset's name of it).
 
+        At a URL the copy is keyed by a digest of the pieces' checksums
+        (``options["pieces"]``): the index they describe, whatever the URL
+        held before (one hash over 4 bytes per piece, once per open).
+
         Raises:
             CorruptDataError: the file is missing, or its header is damaged
                 or does not describe ``count`` rows.
         """
+        pieces = options.get("pieces")
+        if not isinstance(local, str) and pieces is not None:
+            local = local.keyed(pieces_identity(*pieces))
         start = rows_start(local, count)
         return cls(None, local=local, start=start, count=count, path=path or local, **options)
 
@@ -208,13 +224,14 @@ class IndexRows:
         return self._read(lo, hi)
 
     def check_all(self) -> None:
-        """Check every piece (without keeping them)."""
+        """Check every piece (without keeping them); at a URL a piece that
+        fails is fetched again once, as when it is read."""
         step = self.piece_rows * 1024
         for lo in range(0, self._count, step):
             rows = self.unchecked(lo, min(self._count, lo + step))
             for k in range(0, len(rows), self.piece_rows):
-                self._check(lo // self.piece_rows + k // self.piece_rows,
-                            rows[k:k + self.piece_rows])
+                self._checked(lo // self.piece_rows + k // self.piece_rows,
+                              rows[k:k + self.piece_rows])
 
     def _range(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo..hi`` (contiguous), their pieces checked."""

@@ -65,6 +65,7 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
     and may override ``_extract`` (turn the indexed bytes into the payload).
     """
 
+    sharded = True
     #: Extensions of the format, first one preferred.
     extensions: tuple[str, ...] = ()
     total_in_name = False

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from fastdata.errors import FastDataError, OutputExistsError
 from fastdata.formats.output import OutputLock, fsync_dir, lock_path
+from fastdata.storage.partial import replace_file
 
 #: The file timm looks for first (then ``info.json``) at the dataset's root.
 INFO_NAME = "_info.json"
@@ -109,18 +110,8 @@ def update_info(directory: str, split: str, shards: list[tuple[str, int]], *,
                          "filenames": [name for name, _ in shards],
                          "shard_lengths": [n for _, n in shards]}
         info = {**info, "splits": splits}
-        # One name, under the lock: what a killed update left is replaced by the next.
-        temp = os.path.join(directory, f".{INFO_NAME}.fastdata-tmp")
-        try:
-            with open(temp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(info, indent=2, ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            if os.path.lexists(temp):
-                os.remove(temp)
-            raise
+        _remove_leftovers(directory)
+        replace_file(path, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
         fsync_dir(directory)
     return path
 
@@ -148,6 +139,20 @@ def stage_remote_info(folder: str, staging: str) -> Callable[[], None] | None:
             os.remove(path)
 
     return drop_unchanged
+
+
+def _remove_leftovers(directory: str) -> None:
+    """Remove the temporary files of updates killed half-way (called under the
+    folder's lock, so none is an update under way): the names of
+    :func:`~fastdata.storage.partial.partial_file`, and the one fixed name
+    earlier versions used. Links among them are removed, never followed."""
+    old = f".{INFO_NAME}.fastdata-tmp"
+    for entry in os.scandir(directory):
+        if entry.name == old or entry.name.startswith(f"{INFO_NAME}.partial-"):
+            try:
+                os.remove(entry.path)
+            except FileNotFoundError:
+                pass
 
 
 def _only_ours(entry: object, owns: Callable[[str], bool]) -> bool:

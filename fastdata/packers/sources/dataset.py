@@ -59,7 +59,7 @@ class DatasetSource:
 
     def __init__(self, path, *, verify: bool = True, allow_outside: bool = False,
                  reader_settings: Mapping[str, Any] | None = None) -> None:
-        from fastdata.formats.registry import open_reader
+        from fastdata.dataset.resolve import open_reader
 
         self.path = path if isinstance(path, (list, tuple)) else os.fspath(path)
         first = self.path[0] if isinstance(self.path, (list, tuple)) and self.path else self.path
@@ -106,6 +106,10 @@ class DatasetSource:
         reader = self.reader
         if not reader.has_metadata:
             return [None] * len(indices)
+        record = getattr(reader, "record", None)
+        if record is not None and record.columns:  # a join's values go along
+            return [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in found.items()}
+                    or None for found in reader.metadata_many(indices)]
         stored = reader.metadata_bytes_many(indices, check=reader.verify)
         return [None if data is None else reader.parse_metadata(i, data)
                 for i, data in zip(indices, stored)]
@@ -129,7 +133,8 @@ class DatasetSource:
     def files(self) -> list[str]:
         """The files and folders that hold the records (shards; the LMDB
         folder; the HDF5 file)."""
-        return list(getattr(self.reader, "shard_paths", None) or [self.reader.path])
+        readers = getattr(self.reader, "parts", None) or [self.reader]
+        return [f for r in readers for f in (r.shard_paths if r.sharded else [r.path])]
 
 
 def writes_over(source: DatasetSource, spec, output: str) -> bool:
