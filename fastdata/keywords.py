@@ -1,6 +1,6 @@
 """Python's TypeError for an unknown keyword, with one more line where the
-keyword names a read option that lives elsewhere (a :class:`fastdata.Decode`
-or :class:`fastdata.Order` field, ``run_ahead``).
+keyword names a read option that lives elsewhere (a :class:`fastdata.Decode`,
+:class:`fastdata.Order` or :class:`fastdata.DatasetRef` field, ``run_ahead``).
 
 Only the error grows a line: no keyword outside a callable's signature is
 ever taken. No torch here.
@@ -27,6 +27,8 @@ READ_OPTION_HOMES: dict[str, str] = {
     **{name: f"decode=fastdata.Decode({name}=...)" for name in DECODE_NAMES},
     **{name: f"order=fastdata.Order({field}=...)" for name, field in _ORDER_SPELLINGS.items()},
     "background": "run_ahead=", "prefetch": "run_ahead=",
+    **{name: f"path=fastdata.DatasetRef(path, {name}=...)"
+       for name in ("version", "verify", "allow_outside", "reader_settings")},
 }
 
 

@@ -588,3 +588,26 @@ def test_a_version_at_s3_asks_for_each_file_once(pool, tmp_path, s3_env, monkeyp
     manifests = [k for k in gets if k.endswith(".fastdata.json")]
     assert len(manifests) == 3  # the pack's and each appended part's
     assert max(gets.values()) == 1, gets  # every file asked for once
+
+
+# -- 7. the conditional create at Azure (Azurite) -----------------------------------------
+
+
+def test_appends_at_azure_take_each_number_once(pool, tmp_path, azure_env, monkeypatch):
+    from fastdata.storage import create_bytes, open_remote
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    container = azure_env.make_container("commit")
+    url = f"{container}/once.json"
+    assert create_bytes(b"first", url) is True
+    assert create_bytes(b"second", url) is False  # If-None-Match: *
+    assert open_remote(url).read() == b"first"
+    dataset = fastdata.pack(tree(pool, tmp_path / "base", BASE),
+                            f"{container}/d/{FORMATS['tar'][0]}", options=options("tar"),
+                            progress=False).output
+    sources = [tree(pool, tmp_path / f"w{k}", writer_spec(k)) for k in range(3)]
+    outs = [tmp_path / f"out{k}.json" for k in range(3)]
+    results = finish([start("append", s, dataset, o) for s, o in zip(sources, outs)], outs)
+    assert sorted(r["version"] for r in results) == [2, 3, 4], results
+    want = union(pool, tmp_path, "tar", [BASE] + [writer_spec(k) for k in range(3)])
+    assert records(dataset) == want

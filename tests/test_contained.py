@@ -142,10 +142,11 @@ def test_links_out_are_read_when_asked_for(world, tmp_path):
     path, original = _linked(world, tmp_path, tmp_path / "other-disk")
     with pytest.raises(UnsafeNameError, match="allow_outside=True"):
         fastdata.open_dataset(path)
-    with fastdata.open_dataset(path, decode=BYTES, allow_outside=True) as ds, \
+    with fastdata.open_dataset(fastdata.DatasetRef(path, allow_outside=True), decode=BYTES) as ds, \
             fastdata.open_dataset(original, decode=BYTES) as same:
         assert [ds[i] for i in range(len(ds))] == [same[i] for i in range(len(same))]
-    stream = fastdata.ShardedIterableDataset(path, decode=BYTES, allow_outside=True)
+    stream = fastdata.ShardedIterableDataset(fastdata.DatasetRef(path, allow_outside=True),
+                                            decode=BYTES)
     assert len(list(stream)) == len(same)
     assert verify_dataset(path, allow_outside=True).ok
     for command in (["info"], ["verify"]):
@@ -167,7 +168,8 @@ def test_another_tools_shards_found_by_a_pattern_stay_inside_too(tmp_path):
     with pytest.raises(UnsafeNameError, match="shard 'wds-000001.tar' leads through a "
                                               "symbolic link"):
         fastdata.open_dataset(pattern)
-    with fastdata.open_dataset(pattern, decode=BYTES, allow_outside=True) as ds:
+    with fastdata.open_dataset(fastdata.DatasetRef(pattern, allow_outside=True),
+                               decode=BYTES) as ds:
         assert [ds[i][0] for i in range(len(ds))] == [data for _, data, _ in samples]
 
 

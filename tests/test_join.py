@@ -445,7 +445,8 @@ def test_a_join_is_a_version_and_leaves_the_dataset_alone(images, tmp_path, fmt)
     assert re.search(r"^\s*v2\s.*\bjoin: joined caption, emb from a\.jsonl", lines[2]), shown
     assert [(v.number, v.change) for v in history.versions(ds)] == [(1, "pack"), (2, "join")]
 
-    old = fastdata.open_dataset(ds, version=1, with_metadata=True, decode=BYTES)
+    old = fastdata.open_dataset(fastdata.DatasetRef(ds, version=1), with_metadata=True,
+                                decode=BYTES)
     assert [old[i][2] for i in range(N)] == [own(i) for i in range(N)]
     with open_reader(ds, version=1) as r:
         assert [r.metadata(i) for i in range(N)] == [own(i) for i in range(N)]
@@ -477,7 +478,8 @@ def test_a_join_is_a_version_and_leaves_the_dataset_alone(images, tmp_path, fmt)
         meta = r.metadata(3)
         assert set(meta) == {"own", "caption", "emb"}
         assert meta["caption"] == first[keys[3]]["caption"]
-    v1 = fastdata.open_dataset(ds, version=1, with_metadata=True, decode=BYTES)
+    v1 = fastdata.open_dataset(fastdata.DatasetRef(ds, version=1), with_metadata=True,
+                                decode=BYTES)
     assert [v1[i][2] for i in range(N)] == [own(i) for i in range(N)]
 
 

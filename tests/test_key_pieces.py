@@ -63,7 +63,8 @@ def test_every_key_read_alone_is_the_key(packed):
 
 def test_a_damaged_record_is_named_without_loading_the_keys(packed):
     src, manifest = packed
-    ds = fastdata.open_dataset(manifest, decode=Decode(output="bytes"), verify=True)
+    ds = fastdata.open_dataset(fastdata.DatasetRef(manifest, verify=True),
+                               decode=Decode(output="bytes"))
     index = json.loads(manifest.read_text())["extra"]["index"]
     import numpy as np
 

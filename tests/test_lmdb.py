@@ -406,7 +406,7 @@ def test_corrupted_record_fails_crc(packed, image_tree):
         CorruptDataError, err.key, err.record, err.offset, str(err))
 
     # Without verification the damaged bytes come through unchecked.
-    raw = LMDBDataset(out, decode=Decode(output="bytes"), verify=False)
+    raw = LMDBDataset(fastdata.DatasetRef(out, verify=False), decode=Decode(output="bytes"))
     assert raw[bad][0] == bytes(value)
     # read_many(check=) overrides the reader's own setting, either way.
     assert ds.reader.read_many([bad], check=False) == [bytes(value)]

@@ -99,14 +99,17 @@ def test_a_keyword_nobody_ever_took_is_pythons_plain_type_error(lmdb_path):
 
 
 def test_reader_settings_go_to_the_formats_reader_by_name(lmdb_path, tar_manifest):
-    ds = fastdata.open_dataset(lmdb_path, reader_settings={"readahead": True})
+    ds = fastdata.open_dataset(fastdata.DatasetRef(lmdb_path,
+                                                   reader_settings={"readahead": True}))
     assert ds.reader.readahead is True
     with pytest.raises(TypeError, match=r"the lmdb reader has no setting 'chunk_size' "
                                         r"\(its settings: readahead\)"):
-        fastdata.open_dataset(lmdb_path, reader_settings={"chunk_size": 1})
+        fastdata.open_dataset(fastdata.DatasetRef(lmdb_path, reader_settings={"chunk_size": 1}))
     with pytest.raises(TypeError, match=r"the tar reader has no setting 'readahead' "
                                         r"\(its settings: none\)"):
-        fastdata.open_dataset(tar_manifest, streaming=True, reader_settings={"readahead": True})
+        fastdata.open_dataset(fastdata.DatasetRef(tar_manifest,
+                                                  reader_settings={"readahead": True}),
+                              streaming=True)
 
 
 @pytest.mark.parametrize("streaming,option,value", [

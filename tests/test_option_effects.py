@@ -110,7 +110,8 @@ def test_stream_transform_target_transform_and_verify_off(tiny, tmp_path):
     raw = fastdata.Decode(output="bytes")
     with pytest.raises(fastdata.CorruptDataError):
         list(fastdata.ShardedIterableDataset(manifest, decode=raw))
-    unchecked = list(fastdata.ShardedIterableDataset(manifest, decode=raw, verify=False))
+    unchecked = list(fastdata.ShardedIterableDataset(fastdata.DatasetRef(manifest, verify=False),
+                                                     decode=raw))
     assert len(unchecked) == 24
     start, stop = int(first["offset"]), int(first["offset"]) + int(first["size"])
     assert bytes(data[start:stop]) in {bytes(b) for b, _ in unchecked}

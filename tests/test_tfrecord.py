@@ -243,10 +243,10 @@ def test_other_feature_names_need_feature_keys(tmp_path, tree):
     reader = TFRecordReader(path, feature_keys=keys)
     assert reader.read_many(range(18)) == tree.payloads
     assert reader.labels.tolist() == tree.labels
-    ds = fastdata.TFRecordDataset(path, decode=BYTES, reader_settings={"feature_keys": keys})
+    ref = fastdata.DatasetRef(path, reader_settings={"feature_keys": keys})
+    ds = fastdata.TFRecordDataset(ref, decode=BYTES)
     assert ds[3] == (tree.payloads[3], tree.labels[3])
-    stream = fastdata.ShardedIterableDataset(path, decode=BYTES,
-                                             reader_settings={"feature_keys": keys})
+    stream = fastdata.ShardedIterableDataset(ref, decode=BYTES)
     assert list(stream) == list(zip(tree.payloads, tree.labels))
 
     with pytest.raises(ManifestError, match="'image/class/label'"):

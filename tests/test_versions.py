@@ -248,7 +248,7 @@ def test_old_reader_keeps_reading_while_another_process_appends(sources, tmp_pat
     fresh = fastdata.open_dataset(ds, decode=bytes_only)
     assert len(fresh) == 26
     assert history.head_number(ds) == 3
-    first = fastdata.open_dataset(ds, decode=bytes_only, version=1)
+    first = fastdata.open_dataset(fastdata.DatasetRef(ds, version=1), decode=bytes_only)
     assert len(first) == 12
     assert records(ds, version=1) == records(pack(sources["A"], tmp_path / "a", fmt))
     assert records(ds, version=2) == records(pack(sources["AB"], tmp_path / "ab", fmt))
@@ -343,7 +343,7 @@ def test_info_history_and_version(sources, tmp_path):
 
 
 def _stream(ds, version=None):
-    return fastdata.open_dataset(ds, streaming=True, version=version,
+    return fastdata.open_dataset(fastdata.DatasetRef(ds, version=version), streaming=True,
                                  decode=fastdata.Decode(output="bytes"),
                                  order=fastdata.Order(shuffle=True, seed=1, batch_size=4))
 
@@ -380,10 +380,12 @@ def test_map_style_resume_is_refused_on_another_version(sources, tmp_path):
     state = json.loads(json.dumps(sampler.state_dict()))
     assert state["consumed"] == 8
 
-    other = fastdata.EpochBatches(fastdata.open_dataset(ds, version=1), order=order)
+    other = fastdata.EpochBatches(fastdata.open_dataset(fastdata.DatasetRef(ds, version=1)),
+                                  order=order)
     with pytest.raises(ValueError, match="version 2"):
         other.load_state_dict(state)
-    same = fastdata.EpochBatches(fastdata.open_dataset(ds, version=2), order=order)
+    same = fastdata.EpochBatches(fastdata.open_dataset(fastdata.DatasetRef(ds, version=2)),
+                                 order=order)
     same.load_state_dict(state)
     assert list(same) == full[2:]
 

@@ -13,11 +13,11 @@ It checks fastdata's CRC32s, which DALI's own readers do not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 
+from fastdata.dataset.ref import DatasetRef
 from fastdata.encodings import sniff_encoding
 from fastdata.order.epochs import Shuffle, epoch_order
 from fastdata.order.options import Order
@@ -61,14 +61,11 @@ class ExternalBatches:
         transcode: with "encoded", turn payloads that DALI cannot decode (GIF)
             into PPM (decoded by fastdata's decoders; PPM costs no compression
             and DALI reads it), so the batch stays one of encoded images.
-        verify: check each record's checksum as it is read.
-        reader_settings: the format reader's own settings, by name.
         reader: an already open reader of ``path`` to use in this process.
     """
 
-    def __init__(self, path: str | list[str], *, order: Order | None = None,
+    def __init__(self, path: str | list[str] | DatasetRef, *, order: Order | None = None,
                  mode: Literal["encoded", "raw"] = "encoded", transcode: bool = False,
-                 verify: bool = True, reader_settings: Mapping[str, Any] | None = None,
                  reader: Any = None) -> None:
         from fastdata.keywords import check_read_values
 
@@ -85,8 +82,6 @@ class ExternalBatches:
         self.drop_last = order.drop_last
         self.mode = mode
         self.transcode = bool(transcode)
-        self.verify = bool(verify)
-        self.reader_settings = dict(reader_settings or {})
         # An open reader may be handed over: LMDB refuses a second open of one path.
         self._reader = reader
         self.count = len(self.reader)
@@ -99,8 +94,7 @@ class ExternalBatches:
         if self._reader is None:
             from fastdata.dataset.resolve import open_reader
 
-            self._reader = open_reader(self.path, verify=self.verify,
-                                       settings=self.reader_settings)
+            self._reader = open_reader(self.path)
         return self._reader
 
     def _slice(self) -> Slice:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastdata.dali.device import import_dali
 from fastdata.dali.options import DALIReader, Device, Layout, StartMethod, options_from
 from fastdata.dali.pipeline import plan_and_build
 from fastdata.dali.readers import READER_NAME
+from fastdata.dataset.ref import DatasetRef
 from fastdata.decoding.options import Decode
 from fastdata.errors import FastDataError
 from fastdata.keywords import explain_keywords
@@ -37,15 +38,14 @@ class DALILoader:
     """
 
     @explain_keywords()
-    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *,
+    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike] | DatasetRef, *,
                  decode: Decode | None = None, order: Order | None = None,
                  run_ahead: int = 2, device: Device = "auto", device_id: int | None = None,
                  num_threads: int = 2, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, layout: Layout = "CHW",
                  reader: DALIReader = "auto", py_workers: int = 0,
                  py_start_method: StartMethod | None = None,
-                 index_dir: str | os.PathLike | None = None, verify: bool = True,
-                 reader_settings: Mapping[str, Any] | None = None) -> None:
+                 index_dir: str | os.PathLike | None = None) -> None:
         import_dali()  # before the options: without DALI, say how to install it first
         opts = options_from(locals())
         drop_last = opts.order.drop_last

@@ -46,8 +46,6 @@ class DALIOptions:
             that suits the device.
         run_ahead: batches DALI prepares ahead (its prefetch queue depth).
         index_dir: where generated DALI index files go (None: the user's cache).
-        verify: check each record's checksum where fastdata's reader reads it.
-        reader_settings: the format reader's own settings, by name.
 
     Raises:
         ValueError: an option is out of range, or one DALI does not have.
@@ -66,8 +64,6 @@ class DALIOptions:
     py_start_method: StartMethod | None = None
     run_ahead: int = 2
     index_dir: str | os.PathLike | None = None
-    verify: bool = True
-    reader_settings: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         from fastdata.keywords import check_read_values
@@ -91,8 +87,7 @@ class DALIOptions:
             raise ValueError(f"run_ahead must be at least 1 for DALI, not {self.run_ahead}")
         # Normalised once, so the pipeline code reads plain tuples.
         for name, value in {"mean": _channels(self.mean, "mean"),
-                            "std": _channels(self.std, "std"),
-                            "reader_settings": dict(self.reader_settings or {})}.items():
+                            "std": _channels(self.std, "std")}.items():
             object.__setattr__(self, name, value)
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastdata.dali.device import import_dali
@@ -29,6 +29,7 @@ from fastdata.dali.options import (
     options_from,
 )
 from fastdata.dali.plan import PipelinePlan, absolute, make_plan, place
+from fastdata.dataset.ref import DatasetRef
 from fastdata.decoding.options import Decode
 from fastdata.decoding.random_crop import TRIES
 from fastdata.keywords import explain_keywords
@@ -36,21 +37,23 @@ from fastdata.order.options import Order
 
 
 @explain_keywords()
-def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
+def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike] | DatasetRef, *,
                    decode: Decode | None = None, order: Order | None = None,
                    run_ahead: int = 2, device: Device = "auto", device_id: int | None = None,
                    num_threads: int = 2, mean: Sequence[float] | None = None,
                    std: Sequence[float] | None = None, layout: Layout = "CHW",
                    reader: DALIReader = "auto", py_workers: int = 0,
                    py_start_method: StartMethod | None = None,
-                   index_dir: str | os.PathLike | None = None, verify: bool = True,
-                   reader_settings: Mapping[str, Any] | None = None) -> Any:
+                   index_dir: str | os.PathLike | None = None) -> Any:
     """Build a DALI pipeline that yields ``(images, labels)`` batches of a packed dataset.
 
     Args:
-        path: a packed dataset (any format), as ``fastdata.formats.open_reader`` takes
-            it: also a shard pattern or a list of shards from another tool, or
-            a URL (s3://, gs://, az://, http(s)://). DALI's own readers read
+        path: a packed dataset (any format), as ``fastdata.open_reader`` takes
+            it: also a view, a version record, a shard pattern or a list of
+            shards from another tool, or a URL (s3://, gs://, az://,
+            http(s)://); or a :class:`fastdata.DatasetRef` (the version read,
+            whether fastdata's reader checks each record, links followed, the
+            format reader's settings). DALI's own readers read
             a remote dataset from local copies: all its shards are downloaded
             into the shared cache first (see fastdata.dali.downloads).
         decode: a :class:`fastdata.Decode`, the same value the torch Datasets
@@ -102,10 +105,6 @@ def build_pipeline(path: str | os.PathLike | Sequence[str | os.PathLike], *,
             TFRecord shards without ``.idx``); default
             ``$FASTDATA_CACHE_DIR`` or ``~/.cache/fastdata``, under
             ``dali-index/``.
-        verify: check each record's checksum where fastdata's reader reads it
-            (the external source).
-        reader_settings: the format reader's own settings, by name (see
-            :class:`fastdata.PackedDataset`).
 
     Returns:
         The ``nvidia.dali.Pipeline``, outputs ``(images, labels)``: images
@@ -139,8 +138,10 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
     from fastdata.dataset.resolve import open_reader
 
     where = place(options)
-    path = absolute(path)
-    reader = open_reader(path, verify=options.verify, settings=options.reader_settings)
+    ref = DatasetRef.of(path)
+    ref = dataclasses.replace(ref, path=absolute(ref.path))
+    path = ref.path
+    reader = open_reader(ref)
     try:
         plan, native = make_plan(path, reader, options, where)
         start_method = options.py_start_method
@@ -156,7 +157,7 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
             if native is not None:
                 encoded, labels = native.build(fn, types)
             else:
-                encoded, labels = _external(fn, types, plan, options, reader)
+                encoded, labels = _external(fn, types, plan, options, reader, ref)
             images = _process(fn, types, _decode(fn, types, encoded, plan, options), options)
             if plan.device == "gpu":
                 labels = labels.gpu()
@@ -168,10 +169,11 @@ def plan_and_build(path: str | os.PathLike | Sequence[str | os.PathLike],
 
 
 def _external(fn: Any, types: Any, plan: PipelinePlan, options: DALIOptions,
-              reader: Any) -> tuple[Any, Any]:
+              reader: Any, ref: DatasetRef) -> tuple[Any, Any]:
     order = dataclasses.replace(options.order, rank=plan.shard_id, world_size=plan.num_shards)
-    source = ExternalBatches(plan.path, order=order, mode=plan.mode, transcode=plan.transcode,
-                             verify=options.verify, reader_settings=options.reader_settings,
+    # The plan's path: a version's or a view's record, so every worker reads it.
+    source = ExternalBatches(dataclasses.replace(ref, path=plan.path, version=None),
+                             order=order, mode=plan.mode, transcode=plan.transcode,
                              reader=reader)
     return external_node(fn, types, source, py_workers=options.py_workers,
                          run_ahead=options.run_ahead)

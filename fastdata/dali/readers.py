@@ -135,7 +135,10 @@ def tfrecord_reader(reader: Any, request: NativeRequest) -> NativeReader:
         NativeUnavailable: the records are not images DALI decodes, or the
             dataset is remote and larger than the cache limit.
     """
-    from fastdata.formats.tfrecord.schema import DEFAULT_FEATURE_KEYS, SHARD_INDEX_SUFFIX
+    from fastdata.formats.tfrecord.schema import (
+        DEFAULT_FEATURE_KEYS,
+        SHARD_INDEX_SUFFIX,
+    )
 
     _require_decodable("tfrecord", request)
     keys = dict(getattr(reader, "feature_keys", DEFAULT_FEATURE_KEYS))

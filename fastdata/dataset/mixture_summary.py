@@ -26,7 +26,8 @@ def mixture_summary(path: str, *, allow_outside: bool = False) -> dict:
     manifests = {}
     for name, spec in described.sources.items():
         try:
-            manifests[name] = read_manifest(spec["path"], allow_outside=allow_outside)
+            manifests[name] = read_manifest(spec["path"], version=spec.get("version"),
+                                            allow_outside=allow_outside)
         except FastDataError as exc:
             raise FastDataError(f"mixture source {name!r}: {exc}", path=path) from exc
     mixture = Mixture([MixSource(name, m.count, weight=described.sources[name].get("weight"),

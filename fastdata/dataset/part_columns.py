@@ -8,6 +8,18 @@ import numpy as np
 from fastdata.formats.column import LazyColumn, positions
 
 
+def one(where, n: int) -> int:
+    """An int index (negative ones from the end) as a position in ``0..n``.
+
+    Raises:
+        IndexError: it is outside the ``n`` records.
+    """
+    i = int(where) + (n if where < 0 else 0)
+    if not 0 <= i < n:
+        raise IndexError(f"record {where} is outside the {n} records")
+    return i
+
+
 class PartColumn(LazyColumn):
     """One column per part (CRCs, labels), read at a record's positions."""
 
@@ -22,10 +34,7 @@ class PartColumn(LazyColumn):
     def __getitem__(self, where):
         n = len(self)
         if isinstance(where, (int, np.integer)):
-            i = int(where) + (n if where < 0 else 0)
-            if not 0 <= i < n:
-                raise IndexError(f"record {where} is outside the {n} records")
-            return self[np.asarray([i])][0].item()
+            return self[np.asarray([one(where, n)])][0].item()
         at = positions(where, n)
         part, local = self.reader.locate(at.reshape(-1))
         out = np.empty(len(part), dtype=self.dtype)
@@ -71,10 +80,7 @@ class RecordKeys(LazyColumn):
     def __getitem__(self, where):
         n = len(self)
         if isinstance(where, (int, np.integer)):
-            i = int(where) + (n if where < 0 else 0)
-            if not 0 <= i < n:
-                raise IndexError(f"record {where} is outside the {n} records")
-            part, local = self.reader.locate([i])
+            part, local = self.reader.locate([one(where, n)])
             return self.reader.parts[int(part[0])].keys[int(local[0])]
         part, local = self.reader.locate(positions(where, n).reshape(-1))
         return [self.reader.parts[p].keys[i] for p, i in zip(part.tolist(), local.tolist())]

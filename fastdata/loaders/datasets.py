@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Sequence
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from fastdata.decoding.options import Decode
 from fastdata.errors import CorruptDataError, FastDataError
-from fastdata.formats import FORMATS, detect_format
+from fastdata.formats import FORMATS
 from fastdata.formats.reader import Reader
 from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.buffers import batch_tensor
@@ -40,7 +40,10 @@ class PackedDataset(SamplePipeline, Dataset):
     ``reader_class``. :func:`open_dataset` picks the class from the file.
 
     Args:
-        path: the packed dataset.
+        path: the packed dataset (a view or a version record too), or a
+            :class:`fastdata.DatasetRef`: the version read, whether each
+            record's CRC32 is checked (``verify``), links followed
+            (``allow_outside``) and the format reader's settings.
         decode: how records are decoded (:class:`fastdata.Decode`: ``size``,
             ``crop``, ``decoder``, ``keep_gray``, ``max_pixels``, ``output``);
             None: each image whole, as a uint8 CHW tensor.
@@ -53,7 +56,6 @@ class PackedDataset(SamplePipeline, Dataset):
             naming the file, index and key; "skip" leaves it out of the batch
             (``__getitem__`` moves on to the next record) and counts it in
             ``skipped``.
-        verify: check each record's CRC32 when read.
         cache: None; "ram": copy every stored payload once, up front, into
             shared memory used by all DataLoader workers (one copy in total;
             refused with a clear message when memory is short); "decoded":
@@ -66,12 +68,6 @@ class PackedDataset(SamplePipeline, Dataset):
             Batch them with ``fastdata.collate``, which keeps the dicts as a list.
         decode_threads: threads decoding a batch in ``__getitems__``; None uses
             the usable cores divided by the DataLoader workers.
-        allow_outside: follow links and sidecar names that lead outside the
-            dataset's folder (see :mod:`fastdata.contained`).
-        reader_settings: settings of the format's reader, by name (LMDB ``readahead``;
-            HDF5 ``rdcc_nbytes``, ``merge_gap``, ``block_bytes``; TFRecord
-            ``feature_keys``, ``chunk_size``); a name the format's reader
-            does not have is refused.
 
     A random crop's box of record i is drawn from ``(seed, epoch, i)``: the
     same in any worker and after a restart; the epoch follows the
@@ -91,13 +87,10 @@ class PackedDataset(SamplePipeline, Dataset):
         transform: Callable | None = None,
         target_transform: Callable | None = None,
         on_error: OnError = "raise",
-        verify: bool = True,
         cache: Cache | None = None,
         progress: bool | None = None,
         with_metadata: bool = False,
         decode_threads: int | None = None,
-        allow_outside: bool = False,
-        reader_settings: Mapping[str, Any] | None = None,
     ) -> None:
         check_read_values(decode, order)
         if cache is not None and cache not in get_args(Cache):
@@ -105,9 +98,7 @@ class PackedDataset(SamplePipeline, Dataset):
         if cache == "decoded" and decode is not None and decode.crop is not None:
             raise ValueError("cache='decoded' stores one fixed size per record and crop= "
                              "draws a new crop each epoch; use cache='ram' with crop=")
-        self._init_samples(open_pinned(path, self.reader_class, verify=verify,
-                                       allow_outside=allow_outside, settings=reader_settings),
-                           decode,
+        self._init_samples(open_pinned(path, self.reader_class), decode,
                            transform=transform, target_transform=target_transform,
                            on_error=on_error, with_metadata=with_metadata)
         #: The order batches are read in (:class:`fastdata.Order`).
@@ -306,7 +297,7 @@ class PackedDataset(SamplePipeline, Dataset):
         return False
 
 
-def open_pinned(path, reader_class, **options):
+def open_pinned(path, reader_class):
     """The dataset at ``path`` (a path, URL or ``fastdata.DatasetRef``) opened
     through the resolver (its current version, a view, a version record);
     refused when ``reader_class`` pins another format.
@@ -316,7 +307,7 @@ def open_pinned(path, reader_class, **options):
     """
     from fastdata.dataset.resolve import open_reader
 
-    reader = open_reader(path, **options)
+    reader = open_reader(path)
     if reader_class is not None and reader.format_name != reader_class.format_name:
         reader.close()
         raise FastDataError(f"this is a {reader.format_name} dataset, not "
@@ -339,8 +330,8 @@ class _LazyReaderClass:
 class LMDBDataset(PackedDataset):
     """Map-style Dataset over a fastdata LMDB folder.
 
-    Reader setting: ``reader_settings={"readahead": True}`` suits sequential reads
-    (the default, False, suits shuffled ones).
+    Reader setting: ``DatasetRef(path, reader_settings={"readahead": True})``
+    suits sequential reads (the default, False, suits shuffled ones).
     """
 
     reader_class = _LazyReaderClass("lmdb")

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.decoding.options import Decode
 from fastdata.errors import CorruptDataError, FastDataError
-from fastdata.formats import detect_format, salvage
+from fastdata.formats import salvage
 from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.decode_pool import DecodePool
 from fastdata.loaders.read_ahead import REMOTE_READS, Chunks, ReadAhead, RemoteRead
@@ -86,8 +86,11 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
     pickled). ``skipped`` counts in the process that iterates.
 
     Args:
-        path (str | os.PathLike | list): the dataset's manifest, a shard, a shard
-            pattern, or a list of shard files.
+        path (str | os.PathLike | list | DatasetRef): the dataset's manifest, a
+            shard, a shard pattern, a list of shard files, a view or a version
+            record; or a :class:`fastdata.DatasetRef` (the version read, whether
+            payload checksums are checked, links followed, the format reader's
+            settings).
         decode: how records are decoded (:class:`fastdata.Decode`), as for
             map-style datasets.
         order: :class:`fastdata.Order`: ``shuffle``, ``seed`` (the epoch is
@@ -106,7 +109,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         target_transform: applied to each label.
         on_error: "raise" or "skip": a record that cannot be read is left out and
             counted in ``skipped`` (a skipped record shortens its rank's epoch).
-        verify: check payload checksums.
         with_metadata: samples are ``(image, label, metadata)``, metadata the
             record's dict (``{}`` when it has none); batch them with
             ``fastdata.collate``, which keeps the dicts as a list.
@@ -124,10 +126,6 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             to 8 GiB), shared among a rank's workers. "ranges" reads every
             record by range (the least disk); "shards" downloads every shard
             whole that fits.
-        allow_outside: follow links and sidecar names leading outside the
-            dataset's folder (see :mod:`fastdata.contained`).
-        reader_settings: settings of the format's own reader, by name (TFRecord:
-            ``feature_keys``, ``chunk_size``); a name it does not have is refused.
 
     A random crop's box of record i is drawn from ``(seed, epoch, i)``, so it
     does not depend on the ranks, workers or a resume.
@@ -143,12 +141,9 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         transform: Callable | None = None,
         target_transform: Callable | None = None,
         on_error: OnError = "raise",
-        verify: bool = True,
         with_metadata: bool = False,
         read_ahead: int = 4,
         remote_read: RemoteRead = "auto",
-        allow_outside: bool = False,
-        reader_settings: Mapping[str, Any] | None = None,
     ) -> None:
         check_read_values(decode, order)
         from fastdata.dataset.resolve import format_of, open_reader
@@ -159,8 +154,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             raise FastDataError(f"{spec.name} is not a sharded format; use open_dataset() for "
                                 f"a map-style Dataset", path=os.fspath(where) if not
                                 isinstance(where, (list, tuple)) else None)
-        self._init_samples(open_reader(path, verify=verify, allow_outside=allow_outside,
-                                       settings=reader_settings), decode,
+        self._init_samples(open_reader(path), decode,
                            transform=transform, target_transform=target_transform,
                            on_error=on_error, with_metadata=with_metadata)
         #: The order the stream is read in (:class:`fastdata.Order`).

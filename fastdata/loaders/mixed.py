@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastdata.decoding.options import Decode
-from fastdata.errors import FastDataError
 from fastdata.dataset.ref import DatasetRef
 from fastdata.dataset.resolve import format_of
+from fastdata.decoding.options import Decode
+from fastdata.errors import FastDataError
 from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.buffers import batch_tensor
-from fastdata.loaders.datasets import dataset_class
 from fastdata.loaders.collate import Batch
+from fastdata.loaders.datasets import dataset_class
 from fastdata.loaders.samples import OnError
 from fastdata.mixture_file import ClassMode, combine_classes, read_mixture_file
 from fastdata.order.mixture import MixOrder, MixSource, Mixture
@@ -48,7 +48,7 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
         samples_per_epoch: int | None = None, decode: Decode | None = None,
         order: Order | None = None, classes: ClassMode | Sequence[str] | None = None,
         schedule: Callable | None = None,
-        with_metadata: bool = False, on_error: OnError = "raise", verify: bool = True,
+        with_metadata: bool = False, on_error: OnError = "raise",
         transform: Callable | None = None, target_transform: Callable | None = None,
         ) -> MixedDataset:
     """Mix several packed datasets into one map-style Dataset.
@@ -84,7 +84,6 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
             holding the record's own plus ``"source"`` (the source's name)
             and ``"index"`` (the record within it).
         on_error: as for ``open_dataset``.
-        verify: as for ``open_dataset``.
         transform: as for ``open_dataset``.
         target_transform: as for ``open_dataset``.
 
@@ -138,7 +137,7 @@ def mix(sources: Mapping[str, Any] | str | os.PathLike, *,
             # Map-style, each in the format's Dataset class, as open_dataset opens it.
             ds = dataset_class(format_of(path))(
                 path, decode=decode, order=Order(seed=order.seed), on_error=on_error,
-                verify=verify, with_metadata=with_metadata)
+                with_metadata=with_metadata)
         except FastDataError as exc:
             raise FastDataError(f"mixture source {name!r}: {exc}") from exc
         opened[name] = ds

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fastdata.dataset.ref import DatasetRef
 from fastdata.decoding.options import Decode
 from fastdata.keywords import explain_keywords
 from fastdata.loaders.datasets import Cache, dataset_class
@@ -18,7 +19,7 @@ from fastdata.order.options import Order
 
 @explain_keywords()
 def open_dataset(
-    path: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
+    path: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetRef,
     *,
     streaming: bool = False,
     decode: Decode | None = None,
@@ -26,27 +27,26 @@ def open_dataset(
     transform: Callable | None = None,
     target_transform: Callable | None = None,
     on_error: OnError = "raise",
-    verify: bool = True,
     with_metadata: bool = False,
     cache: Cache | None = None,
     decode_threads: int | None = None,
     progress: bool | None = None,
     read_ahead: int | None = None,
     remote_read: RemoteRead | None = None,
-    allow_outside: bool = False,
-    reader_settings: Mapping[str, Any] | None = None,
     samples_per_epoch: int | None = None,
     classes: ClassMode | Sequence[str] | None = None,
     schedule: Callable | None = None,
-    version: int | None = None,
 ):
     """Open a packed dataset for training, map-style or as a stream.
 
     Args:
         path: a packed dataset: an ``.lmdb`` folder, an ``.h5`` file, a tar or
-            TFRecord manifest (or shard pattern), a local path or a URL. Or
-            several, mixed (:func:`fastdata.mix`): a mapping of source name ->
-            ``{"path": ..., "weight": ...}``, or a mixture file.
+            TFRecord manifest (or shard pattern), a view or a version record,
+            a local path or a URL; or a :class:`fastdata.DatasetRef`, which
+            also says the version read, whether records are checked, links
+            followed, and the format reader's settings. Or several, mixed
+            (:func:`fastdata.mix`): a mapping of source name -> ``{"path":
+            ..., "weight": ...}``, or a mixture file.
         streaming: False (default): a map-style Dataset (the Dataset class its
             format calls for: ``ds[i]``, random access, ``fastdata.EpochBatches``
             for the order); True: a :class:`fastdata.ShardedIterableDataset`
@@ -63,7 +63,6 @@ def open_dataset(
         target_transform: applied to each label.
         on_error: "raise" (default) or "skip" (a record that cannot be read
             or decoded is left out and counted in ``skipped``).
-        verify: check each record's checksum as it is read.
         with_metadata: samples are ``(image, label, metadata)``.
         cache: map-style only: None, "ram" or "decoded" (see :class:`PackedDataset`).
         decode_threads: map-style only: threads decoding a batch (see
@@ -72,15 +71,9 @@ def open_dataset(
         read_ahead: a stream only (see :class:`ShardedIterableDataset`); None: 4.
         remote_read: a stream only: "auto" (None), "ranges" or "shards" (see
             :class:`ShardedIterableDataset`).
-        allow_outside: follow links and sidecar names leading outside the
-            dataset's folder (see :mod:`fastdata.contained`).
-        reader_settings: settings of the format's own reader, by name (see
-            :class:`PackedDataset`).
         samples_per_epoch: a mixture only (see :func:`fastdata.mix`).
         classes: a mixture only (see :func:`fastdata.mix`).
         schedule: a mixture only (see :func:`fastdata.mix`).
-        version: read this version of a dataset that has changed since its
-            pack (``fastdata info --history`` lists them); None: the current.
 
     Returns:
         (PackedDataset | ShardedIterableDataset | MixedDataset): A map-style
@@ -92,38 +85,30 @@ def open_dataset(
             stream, ``read_ahead=`` for a map-style dataset, ...), naming it.
     """
     common = {"decode": decode, "order": order, "transform": transform,
-              "target_transform": target_transform, "on_error": on_error, "verify": verify,
+              "target_transform": target_transform, "on_error": on_error,
               "with_metadata": with_metadata}
     mapped = {"cache": cache, "decode_threads": decode_threads, "progress": progress}
     streamed = {"read_ahead": read_ahead, "remote_read": remote_read}
     mixed = {"samples_per_epoch": samples_per_epoch, "classes": classes, "schedule": schedule}
-    per_file = {"allow_outside": allow_outside or None, "reader_settings": reader_settings,
-                "version": version}
     if isinstance(path, Mapping) or is_mixture_file(path):
         _refuse("a mixture (read map-style, by random access into each source)",
-                streaming=streaming or None, **mapped, **streamed, **per_file)
+                streaming=streaming or None, **mapped, **streamed)
         from fastdata.loaders.mixed import mix
 
         return mix(path, **common, **mixed)
-    from fastdata.dataset.ref import DatasetRef
     from fastdata.dataset.resolve import format_of
 
-    if version is not None or isinstance(path, DatasetRef):
-        path = DatasetRef.of(path, version=version)
     if streaming:
         _refuse("a stream (streaming=True)", **mapped, **mixed)
         from fastdata.loaders.iterable import ShardedIterableDataset
 
-        return ShardedIterableDataset(path, **common, allow_outside=allow_outside,
-                                      reader_settings=reader_settings,
+        return ShardedIterableDataset(path, **common,
                                       **{k: v for k, v in streamed.items() if v is not None})
     _refuse("a map-style dataset (streaming=False)", **streamed, **mixed)
     if isinstance(getattr(path, "path", path), (list, tuple)):
         raise ValueError("a list of shard files is read as a stream: pass streaming=True, "
                          "or open the set's manifest")
-    return dataset_class(format_of(path))(path, **common, **mapped,
-                                              allow_outside=allow_outside,
-                                              reader_settings=reader_settings)
+    return dataset_class(format_of(path))(path, **common, **mapped)
 
 
 def _refuse(what: str, **given) -> None:

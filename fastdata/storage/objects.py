@@ -335,14 +335,10 @@ def create_bytes(data: bytes, url: str, storage_options: dict | None = None) -> 
 
 
 def _create_local(data: bytes, path: str) -> bool:
-    from fastdata.storage.partial import partial_file
+    from fastdata.storage.partial import written_file
 
-    fd, tmp = partial_file(path)
+    tmp = written_file(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:

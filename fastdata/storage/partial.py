@@ -48,23 +48,39 @@ def partial_name(dest: str) -> str:
     return tmp
 
 
-def replace_file(dest: str, data: bytes | str) -> None:
-    """Make ``data`` (text as UTF-8) the local file ``dest``, whole or not at
-    all: written into a new temporary file beside it (:func:`partial_file`),
-    flushed to disk, then renamed over ``dest`` (which replaces a link
-    there, never writes through it). A failed write leaves no temporary file."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
+def written_file(dest: str, data: bytes) -> str:
+    """A new temporary file beside ``dest`` (:func:`partial_file`) holding
+    ``data``, flushed to disk: its name (the caller renames or links it into
+    place, then removes it). A failed write leaves no temporary file."""
     fd, tmp = partial_file(dest)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        _remove(tmp)
+        raise
+    return tmp
+
+
+def replace_file(dest: str, data: bytes | str) -> None:
+    """Make ``data`` (text as UTF-8) the local file ``dest``, whole or not at
+    all: written into a new temporary file beside it (:func:`written_file`),
+    then renamed over ``dest`` (which replaces a link there, never writes
+    through it). A failed write leaves no temporary file."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    tmp = written_file(dest, data)
+    try:
         os.replace(tmp, dest)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _remove(tmp)
         raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
