@@ -253,8 +253,12 @@ class PackedDataset(SamplePipeline, Dataset):
         """(image, label) pairs with the transforms applied (and the metadata
         after them when ``metas`` is given); a decode failure raises a
         DecodeError naming the record, or is skipped and counted."""
-        labels = self.reader.labels
-        samples = [self._sample(i, image, int(labels[i])) for i, image in zip(indices, images)]
+        # One look-up for the batch: a version's or a view's labels map
+        # positions through their parts, once per call.
+        labels = np.asarray(self.reader.labels[np.asarray(indices, dtype=np.int64)]).tolist() \
+            if indices else []
+        samples = [self._sample(i, image, label)
+                   for i, image, label in zip(indices, images, labels)]
         if metas is not None:
             samples = [None if s is None else (*s, m) for s, m in zip(samples, metas)]
         return [s for s in samples if s is not None]
