@@ -135,8 +135,13 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
     """
     from fastdata.errors import FastDataError
 
-    if (threshold is not None or flip) and not near:
-        raise FastDataError("threshold= and flip= apply to near=True (CLI: --near)")
+    given = [name for name, value in (("threshold", threshold is not None), ("flip", flip))
+             if value]
+    if given and not near:
+        raise FastDataError(
+            f"{' and '.join(f'{name}=' for name in given)} appl{'y' if len(given) > 1 else 'ies'}"
+            " to the near-duplicate search only: pass near=True (CLI: --near) too, or leave "
+            f"{'them' if len(given) > 1 else 'it'} out")
     paths = [os.fspath(path)] + [os.fspath(p) for p in against]
     digests, hashes, mirrored, counts, readers = [], [], [], [], []
     try:

@@ -1,7 +1,8 @@
 """The ``fastdata`` command line: ``main``, the command group (``group``: with the
 error handling and output every command shares), and one module per command
 (pack, convert, inspect: info and verify, mixture_info: info on a mixture file,
-demo: synth, bench, dedup, subset, versions: gc, join; packing: what pack and convert share). Importing it stays
+demo: synth, bench, dedup, subset, versions: gc, join; packing: what pack and
+convert share; sections: a --help in titled sections). Importing it stays
 light: each command imports what it needs when it runs."""
 
 from __future__ import annotations

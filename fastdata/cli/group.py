@@ -15,7 +15,9 @@ from fastdata.errors import FastDataError
 from fastdata.redaction import redact
 
 # Library errors name options as the Python API spells them ("overwrite=True",
-# "resize="); on the command line the same option is a flag.
+# "resize="); on the command line the same option is a flag. A message may give
+# both, "near=True (CLI: --near)": the command line shows the flag alone.
+_BOTH = re.compile(r"\b\w+=\S*? \(CLI: ([^()]+)\)")
 _FLAG_PHRASES = (
     ("overwrite=True", "--overwrite"),
     ("strict=True", "--strict"),
@@ -24,17 +26,25 @@ _FLAG_PHRASES = (
     ("resize=N", "--resize N"),
     ("encoding='raw'", "--encoding raw"),
     ("max_pixels=None", "--max-pixels 0"),
+    ("skip_existing=True", "--skip-existing"),
+    ("allow_outside=True", "--allow-outside"),
+    ("near=True", "--near"),
+    ("path with version=", "path with --at-version N"),
 )
 _FLAG_NAMES = re.compile(
     r"\b(shard_size|max_size|max_pixels|center_crop|quality|workers|resize|format|extensions"
-    r"|shuffle|path_column|label_column)=\s?")
+    r"|shuffle|path_column|label_column|scheduler|threshold|flip|fraction)=\s?")
+# A flag followed by itself in brackets, once the API spelling became the flag.
+_REPEATED = re.compile(r"(--[\w-]+) \(\1\)")
 
 
 def cli_terms(message: str) -> str:
     """A library message with its Python option names turned into CLI flags."""
+    message = _BOTH.sub(r"\1", message)
     for api, flag in _FLAG_PHRASES:
         message = message.replace(api, flag)
-    return _FLAG_NAMES.sub(lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
+    message = _FLAG_NAMES.sub(lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
+    return _REPEATED.sub(r"\1", message)
 
 
 def echo(text: str = "", *, err: bool = False) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 import click
@@ -10,22 +12,48 @@ from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option
 from fastdata.machine import human_bytes
 
 
-@main.command(short_help="Show what a dataset holds, or why it cannot be read.")
+_VERSION_WORDS = ("--at-version N names a version of the dataset (fastdata info PATH "
+                  "--at-version 2); fastdata's own version: fastdata --version, before "
+                  "the command")
+
+
+class _InfoCommand(click.Command):
+    """``info``, whose ``--at-version N`` is also spelled ``--version N`` (after
+    the command; before it, ``--version`` is fastdata's own): a ``--version``
+    without its number says which is which."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadOptionUsage as exc:
+            if exc.option_name not in ("--at-version", "--version"):
+                raise
+            raise click.BadOptionUsage(exc.option_name, f"{exc.option_name} needs a "
+                                       f"number: {_VERSION_WORDS}", ctx=ctx) from None
+
+
+@main.command(cls=_InfoCommand,
+              short_help="Show what a dataset holds, or why it cannot be read.")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @click.option("--history", is_flag=True,
               help="List the dataset's versions (each append or join makes one): number, "
                    "when, what changed, records and digest.")
-@click.option("--version", "version", type=click.IntRange(1), default=None, metavar="N",
-              help="Show version N of a dataset that has changed since its pack.")
+@click.option("--at-version", "--version", "version", type=click.IntRange(1), default=None,
+              metavar="N",
+              help="Show version N of a dataset that has changed since its pack (1: the "
+                   "pack; --history lists them). --version N after the command is the "
+                   "same; fastdata's own version is fastdata --version, before the command.")
 @allow_outside_option
 @_handle_errors
 def info(path, as_json, history, version, allow_outside):
     """Show the manifest of the packed dataset PATH, or what the mixture file
     PATH (a JSON or YAML file of sources and weights) mixes, with each epoch's
-    shares. The last line lists the decoders offered on this machine and why
-    any other is not (--json prints the manifest alone)."""
-    from fastdata.dataset.resolve import read_manifest
+    shares. Images the pack skipped are listed with their reasons, from its
+    report file (NAME.report.json beside the dataset). The last line lists the
+    decoders offered on this machine and why any other is not (--json prints
+    the manifest alone)."""
+    from fastdata.dataset.resolve import open_reader
     from fastdata.mixture_file import is_mixture_file
 
     if history:
@@ -37,7 +65,8 @@ def info(path, as_json, history, version, allow_outside):
         print_mixture(path, as_json=as_json, allow_outside=allow_outside)
         return
 
-    m = read_manifest(path, allow_outside=allow_outside, version=version)
+    with open_reader(path, allow_outside=allow_outside, version=version) as reader:
+        m, where = reader.manifest, reader.dataset_path
     if as_json:
         _print_json(m.to_dict())
         return
@@ -47,7 +76,10 @@ def info(path, as_json, history, version, allow_outside):
     from fastdata.decoding.decode import decoder_status, decoder_status_line
 
     echo(redact(absolute(path)))
-    for name, value in _manifest_rows(m):
+    rows = _manifest_rows(m)
+    after = next(i + 1 for i, (name, _) in enumerate(rows) if name == "source")
+    rows[after:after] = _skipped_rows(m, where)  # under the source's skipped count
+    for name, value in rows:
         echo(f"  {name:<10} {value}")
     # This machine's, not the manifest's: which decoders can read it here, and
     # why the others are not offered (not installed, or a failed trial decode).
@@ -91,6 +123,55 @@ def _manifest_rows(m) -> list[tuple[str, str]]:
     rows += [("", f"{k}: {_plain(v)}") for k, v in (m.pack_options or {}).items()
              if isinstance(v, dict)]
     return rows
+
+
+#: Skipped images that info lists with their reasons (the report lists all).
+SKIPPED_SHOWN = 5
+
+
+def _skipped_rows(m, where: str) -> list[tuple[str, str]]:
+    """The images the pack skipped, with their reasons, from its report file
+    (``NAME.report.json`` beside the dataset); where that is not there, its name.
+    Nothing for a view: the skips are its dataset's."""
+    skipped = (m.source or {}).get("skipped")
+    if not isinstance(skipped, int) or skipped <= 0 or \
+            (isinstance(m.extra, dict) and m.extra.get("view")):
+        return []
+    from fastdata.formats.remote_files import absolute, is_remote
+    from fastdata.packers.summary import report_path
+
+    shard_of = m.extra.get("shard_of") if isinstance(m.extra, dict) else None
+    if shard_of:  # one shard of a set: the set's report
+        where = os.path.join(os.path.dirname(where), str(shard_of))
+    report = absolute(report_path(where))
+    how = f"{report} (JSON: its \"skipped\" list)"
+    listed, why = None, "not found beside the dataset: it stays where the pack wrote it"
+    if is_remote(report):
+        why = "download it to read it (fastdata info reads it beside a local dataset)"
+    elif os.path.isfile(report):
+        listed, why = _read_skipped(report)
+    if listed is None:
+        return [("skipped", f"{skipped:,} image(s), each with its reason in the pack's "
+                            f"report {how}; {why}")]
+    rows = [("", f"{item.get('key')}: {item.get('reason')}") for item in listed[:SKIPPED_SHOWN]]
+    rows[0] = ("skipped", rows[0][1])
+    more = f"... {len(listed) - SKIPPED_SHOWN:,} more; " if len(listed) > SKIPPED_SHOWN else ""
+    rows.append(("", f"{more}all {len(listed):,} with their reasons in {how}"))
+    return rows
+
+
+def _read_skipped(report: str) -> tuple[list[dict] | None, str]:
+    """The report's skipped images ({key, reason}), or None and why not."""
+    try:
+        with open(report, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        return None, f"it cannot be read ({exc}); pack again to write it anew"
+    listed = data.get("skipped") if isinstance(data, dict) else None
+    if not isinstance(listed, list) or not listed or \
+            not all(isinstance(item, dict) for item in listed):
+        return None, "it lists no skipped images (not the report of this pack?)"
+    return listed, ""
 
 
 def _print_history(path: str, as_json: bool, allow_outside: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import click
 
 from fastdata.cli.group import _handle_errors, _print_json, echo, main

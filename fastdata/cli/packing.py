@@ -10,18 +10,38 @@ import os
 
 import click
 
-from fastdata.cli.group import echo
+from fastdata.cli.group import cli_terms, echo
+from fastdata.cli.sections import SectionedCommand
 from fastdata.errors import FastDataError
 from fastdata.formats import FORMATS, format_for_output, known_extensions, sharded_formats
 from fastdata.formats import writer_options as offered_writer_options
 from fastdata.machine import human_bytes
 
 
-class PackingCommand(click.Command):
+class PackingCommand(SectionedCommand):
     """A command with the shared output options: the registered formats'
     writer options join them after ``--shard-size``. They are read from the
     registry each time the command runs or prints its help, so a format
-    registered after this module was imported has its options too."""
+    registered after this module was imported has its options too. Its
+    --help lists the options in sections (pack's own options among them)."""
+
+    sections = (
+        ("Input", ("extensions", "path_column", "label_column", "allow_outside")),
+        ("Output and format", ("format_", "shard_size", "overwrite", "shuffle",
+                               "keep_source_path")),
+        ("Preprocessing", ("resize", "center_crop", "max_size", "encoding", "quality",
+                           "jpeg_restarts")),
+        ("Checks", ("strict", "verify_decode", "max_pixels")),
+        ("Resume and append", ("resume", "append_", "skip_existing")),
+        ("Performance", ("workers",)),
+        ("Cluster", ("scheduler",)),
+    )
+
+    def help_sections(self, ctx: click.Context) -> tuple:
+        """The sections, with the formats' writer options after --shard-size."""
+        writers = tuple(option.name for option in _writer_click_options())
+        return tuple((title, names[:2] + writers + names[2:]) if "format_" in names
+                     else (title, names) for title, names in self.sections)
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         params = super().get_params(ctx)
@@ -117,8 +137,9 @@ def _options(out: str) -> tuple:
                           "of 1000 images) are checked and kept, the rest is written, and the "
                           "result is the one an uninterrupted run gives. Give the same input "
                           "and options (--workers may differ); a changed input or option is "
-                          "refused. Without --resume, a run starts over and removes what an "
-                          "interrupted one left."),
+                          "refused. The summary says how many records it took from the "
+                          "interrupted run and how many it packed now. Without --resume, a "
+                          "run starts over and removes what an interrupted one left."),
         click.option("--strict", is_flag=True,
                      help="Stop at the first corrupt or unreadable image (default: skip it and "
                           f"list it in the summary and in {out}.report.json, for tar/tfrecord "
@@ -214,7 +235,8 @@ def _given_writer_options(output: str, params: dict) -> dict:
 
 
 def echo_warning(msg: str) -> None:
-    echo(f"warning: {msg}", err=True)
+    """A warning of the pack, with its option names in CLI terms (as errors)."""
+    echo(f"warning: {cli_terms(msg)}", err=True)
 
 
 def echo_summary(summary, options, heading: str) -> None:
@@ -240,6 +262,15 @@ def echo_summary(summary, options, heading: str) -> None:
             echo(f"    ... and {len(summary.skipped) - 10} more")
     if summary.report:
         echo(f"  report: {summary.report}")
+    if summary.resumed is not None:
+        r = summary.resumed
+        echo(f"  resumed: {r.kept_records:,} records ({_pieces(r.kept_pieces)}) taken from "
+             f"the interrupted pack, {r.packed_records:,} records "
+             f"({_pieces(r.packed_pieces)}) packed now")
+
+
+def _pieces(n: int) -> str:
+    return f"{n} piece{'' if n == 1 else 's'}"
 
 
 def images_text(summary) -> str:

@@ -191,8 +191,12 @@ def get_format(name: str) -> FormatSpec:
     try:
         return FORMATS[name.lower()]
     except KeyError:
+        from difflib import get_close_matches
+
+        close = get_close_matches(name.lower(), list(FORMATS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise UnknownFormatError(
-            f"unknown format {name!r}; choose one of: {', '.join(FORMATS)}") from None
+            f"unknown format {name!r}; {hint}choose one of: {', '.join(FORMATS)}") from None
 
 
 def format_for_output(path: str | os.PathLike, override: str | None = None) -> FormatSpec:

@@ -20,6 +20,7 @@ from fastdata.errors import FastDataError
 from fastdata.formats.output import fsync_dir, fsync_file
 from fastdata.formats.output import remove_path
 from fastdata.formats.writer import spool_of
+from fastdata.packers.summary import ResumeCounts
 from fastdata.records import PieceRecord
 
 class PackInterrupted(FastDataError):
@@ -54,13 +55,19 @@ def state_dir(output_stem: str) -> str:
 
 
 class PackJournal:
-    """The state folder of one pack."""
+    """The state folder of one pack; it also counts what a resume kept and
+    what it packed now (:meth:`resume_counts`)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self._journal = None
         #: Set once every piece is written and the output is being published.
         self.finishing = False
+        #: A resume: the pieces of the interrupted pack's plan (None: no resume).
+        self._resumed_plan: int | None = None
+        #: The pieces journaled by this run, and the records they hold.
+        self._packed_now: set[int] = set()
+        self._records_now = 0
 
     def exists(self) -> bool:
         return os.path.isfile(os.path.join(self.folder, PLAN_FILE))
@@ -85,7 +92,9 @@ class PackJournal:
 
         with open(os.path.join(self.folder, PLAN_FILE), encoding="utf-8") as f:
             text = f.read()
-        return PackPlan.from_json(text, self.folder, os.path.join(self.folder, ENTRIES_FILE))
+        plan = PackPlan.from_json(text, self.folder, os.path.join(self.folder, ENTRIES_FILE))
+        self._resumed_plan = len(plan.pieces)
+        return plan
 
     def partial(self) -> str | None:
         """The partial output's path, when it is still there."""
@@ -128,6 +137,20 @@ class PackJournal:
         self._journal.write(line + "\n")
         self._journal.flush()
         os.fsync(self._journal.fileno())
+        self._packed_now.add(number)
+        self._records_now += sum(len(outcome) != 2 for outcome in outcomes)
+
+    def resume_counts(self, records: int) -> ResumeCounts | None:
+        """What this run, a resume that ended with ``records`` records, took
+        from the interrupted pack (every piece it did not journal itself, a
+        piece lost from the partial output being journaled again) and what it
+        packed now; None when it resumed nothing."""
+        if self._resumed_plan is None:
+            return None
+        packed = len(self._packed_now)
+        return ResumeCounts(kept_pieces=self._resumed_plan - packed,
+                            kept_records=records - self._records_now,
+                            packed_pieces=packed, packed_records=self._records_now)
 
     def close(self) -> None:
         if self._journal is not None:

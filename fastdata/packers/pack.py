@@ -198,7 +198,7 @@ def pack(
         ignored=int(manifest.source.get("ignored", 0)), warnings=tally.warnings,
         report=report, encodings=dict(manifest.encoding["formats"]), files=writer.files,
         ignored_extensions=dict(manifest.source.get("ignored_extensions") or {}),
-        renamed=renamed,
+        renamed=renamed, resumed=journal.resume_counts(manifest.count),
     )
 
 

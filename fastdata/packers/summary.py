@@ -15,6 +15,18 @@ from fastdata.storage.partial import replace_file
 
 
 @dataclass(frozen=True)
+class ResumeCounts:
+    """What a resumed pack (``--resume``) took from the interrupted one and what
+    it packed now. A piece of the interrupted pack that is not whole in its
+    partial output counts as packed now."""
+
+    kept_pieces: int
+    kept_records: int
+    packed_pieces: int
+    packed_records: int
+
+
+@dataclass(frozen=True)
 class PackSummary:
     """What a pack did. ``to_dict()`` is what ``fastdata pack --json`` prints."""
 
@@ -37,6 +49,9 @@ class PackSummary:
     #: What the pack put in place: the output file or folder, or for sharded
     #: formats every shard (with its side files), the index, keys and manifest.
     files: list[str] = field(default_factory=list)
+    #: For a resumed pack: what it took from the interrupted one and what it
+    #: packed now; None for a pack that resumed nothing.
+    resumed: ResumeCounts | None = None
 
     @property
     def rate(self) -> float:
