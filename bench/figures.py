@@ -1,15 +1,19 @@
 """The speed figures the README and the docs cite, made from bench/RESULTS.md.
 
-    python bench/figures.py            # rewrite docs/speed/figures.md and the README's table
-    python bench/figures.py --check    # exit 1 when either is not what RESULTS.md gives
+    python bench/figures.py            # rewrite the figures page, README and home page
+    python bench/figures.py --check    # exit 1 when one is not what RESULTS.md gives
+
+Run from a checkout of the repository; it takes about a second.
 
 bench/RESULTS.md is the one record of what was measured: every table there
 was printed by the command above it. This script reads the tables of a few
-of its sections and writes the headline figures as one page
-(docs/speed/figures.md) and as the README's comparison table (between its
-``figures`` markers). Each row names its section, so a figure leads to its
-command, machine and date. Ratios are worked out here from the tables'
-samples/s, best worker count against best worker count.
+of its sections and writes the figures as one page (docs/speed/figures.md),
+as the README's comparison table (between its ``figures`` markers), and as
+one headline sentence that the figures page, the README and the home page
+(docs/index.md) each hold between ``headline`` markers, word for word. Each
+row names its section, so a figure leads to its command, machine and date.
+Ratios are worked out here from the tables' samples/s, best worker count
+against best worker count.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
 PAGE = ROOT / "docs" / "speed" / "figures.md"
 README = ROOT / "README.md"
+HOME = ROOT / "docs" / "index.md"
 BEGIN, END = "<!-- figures:begin (bench/figures.py) -->", "<!-- figures:end -->"
+HEAD_BEGIN, HEAD_END = "<!-- headline:begin (bench/figures.py) -->", "<!-- headline:end -->"
 
 PHOTOS = "ImageNet-like photos, decoded and resized to 224×224"
 TINY = "32×32 PNGs (CIFAR-like)"
@@ -95,6 +101,41 @@ def own_rows(rows: list[dict], names: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def spread(rows: list[dict], names: list[str]) -> str:
+    """The range of ``names``' best rates over the folder's best, as ``1.60–1.67×``."""
+    base = best(rows, "folder (PIL)")
+    got = sorted(best(rows, name) / base for name in names)
+    return f"{got[0]:.2f}–{got[-1]:.2f}×"
+
+
+def headline(parts: dict[str, str]) -> str:
+    """The one sentence of headline figures, without its link."""
+    photos = tables(parts[PHOTOS])[0]
+    kept = spread(photos, ["lmdb", "hdf5", "tfrecord", "tar"])
+    resized = spread(photos, ["lmdb resize256", "tar resize256"])
+    raw = spread(photos, ["lmdb raw (pre-decoded)", "tar raw (pre-decoded)"])
+    return ("Measured by `fastdata bench --demo` on 2 CPU cores, photos decoded and "
+            "resized to 224×224: packed with their original bytes, a dataset reads "
+            f"at {kept} the rate of its image folder read with PIL; packed at "
+            f"`--resize 256`, at {resized}; pre-decoded (`--encoding raw`), at "
+            f"{raw}; each at its best worker count")
+
+
+def headline_block(parts: dict[str, str], figures: str, label: str = "Figures") -> str:
+    """The headline between its markers, its link to the figures at ``figures``."""
+    return "\n".join([HEAD_BEGIN, wrap(f"{headline(parts)} ([{label}]({figures})).", 76),
+                      HEAD_END])
+
+
+def wrap(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width``, never broken inside `code`."""
+    import textwrap
+
+    glued = re.sub(r"`[^`]*`", lambda m: m.group().replace(" ", "\0"), text)
+    lines = textwrap.fill(glued, width, break_long_words=False, break_on_hyphens=False)
+    return lines.replace("\0", " ")
+
+
 def link(section: str) -> str:
     return f"`bench/RESULTS.md`, section \"{section}\""
 
@@ -108,9 +149,15 @@ def page(parts: dict[str, str]) -> str:
         "",
         "Every speed figure the README and these pages give, in one place. Each",
         "table comes from one run in `bench/RESULTS.md`, which has its command,",
-        "machine (2 CPU cores, no GPU) and date; `python bench/figures.py` makes",
-        "this page from it. Ratios are best worker count against best worker count.",
-        "Runs on other days differ by more than the rows within a run do.",
+        "machine (2 CPU cores, no GPU) and date; `python bench/figures.py`, run",
+        "from a checkout of the repository (about a second), makes this page from",
+        "it, and the headline below in the README and on the home page. Ratios",
+        "are best worker count against best worker count. Runs on other days",
+        "differ by more than the rows within a run do.",
+        "",
+        "## Headline",
+        "",
+        headline_block(parts, "#photos-decoded-and-resized-to-224224", "the first table"),
         "",
         "## Photos, decoded and resized to 224×224",
         "",
@@ -165,14 +212,15 @@ def comparison(peers: list[list[dict]]) -> str:
         "| | fastdata | webdataset | LitData | MosaicML Streaming |",
         "|---|---|---|---|---|",
         f"| 224×224 photos, samples/s (folder + PIL: {fmt(base_p)}) "
-        f"| **{fmt(peer_best(photos, 'fastdata tar'))}** (tar); "
-        f"{fmt(peer_best(photos, 'fastdata lmdb `--resize 256`'))} packed at `--resize 256` "
+        f"| **{fmt(peer_best(photos, 'fastdata tar'))}** (tar shards); "
+        f"{fmt(peer_best(photos, 'fastdata lmdb `--resize 256`'))} "
+        "(LMDB packed at `--resize 256`) "
         f"| {fmt(wds)} "
         f"| {fmt(peer_best(photos, 'LitData'))} "
         f"| {fmt(peer_best(photos, 'MosaicML Streaming'))} |",
         f"| 32×32 PNGs, samples/s (folder + PIL: {fmt(base_t)}) "
-        f"| **{fmt(peer_best(tiny, 'fastdata tar'))}** (tar); "
-        f"{fmt(peer_best(tiny, 'fastdata lmdb raw'))} pre-decoded "
+        f"| **{fmt(peer_best(tiny, 'fastdata tar'))}** (tar shards); "
+        f"{fmt(peer_best(tiny, 'fastdata lmdb raw'))} (LMDB, pre-decoded) "
         f"| {fmt(peer_best(tiny, 'webdataset'))} | {fmt(peer_best(tiny, 'LitData'))} "
         f"| {fmt(peer_best(tiny, 'MosaicML Streaming'))} |",
         "| installs with pip alone, beside any torch 2.x | yes | yes "
@@ -183,43 +231,47 @@ def comparison(peers: list[list[dict]]) -> str:
 
 
 def readme_block(parts: dict[str, str]) -> str:
-    peers = tables(parts[PEERS])
-    photos = peers[0]
-    base = peer_best(photos, "folder (PIL)")
-    tar = peer_best(photos, "fastdata tar")
-    resized = peer_best(photos, "fastdata lmdb `--resize 256`")
+    """The README's comparison table with the headline, between the figures markers."""
     return "\n".join([
         BEGIN,
-        comparison(peers),
+        comparison(tables(parts[PEERS])),
         "",
-        f"In this run fastdata's tar shards read photos at {ratio(tar, base)} the",
-        f"folder's rate, and a pack at `--resize 256` at {ratio(resized, base)}. Every",
-        "figure, with its run: [Figures](docs/speed/figures.md).",
+        "Every figure, with its run: [Figures](docs/speed/figures.md).",
         END,
     ])
 
 
-def render() -> tuple[str, str]:
-    """(the figures page, the README with its table) as RESULTS.md gives them."""
+def between(text: str, begin: str, end: str, body: str, where: Path) -> str:
+    """``text`` with what stands from ``begin`` to ``end`` (markers included) replaced by ``body``."""
+    if begin not in text or end not in text:
+        raise SystemExit(f"bench/figures.py: {where.relative_to(ROOT)} lacks the markers "
+                         f"{begin} ... {end}")
+    head, rest = text.split(begin, 1)
+    return head + body + rest.split(end, 1)[1]
+
+
+def render() -> dict[Path, str]:
+    """The figures page, the README and the home page as RESULTS.md gives them."""
     parts = sections(RESULTS.read_text(encoding="utf-8"))
     for title in (PHOTOS, TINY, PEERS, DEFAULTS):
         if title not in parts:
             raise SystemExit(f"bench/figures.py: bench/RESULTS.md has no section {title!r}")
     readme = README.read_text(encoding="utf-8")
-    if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"bench/figures.py: README.md lacks the markers {BEGIN} ... {END}")
-    head, rest = readme.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    return page(parts), head + readme_block(parts) + tail
+    readme = between(readme, BEGIN, END, readme_block(parts), README)
+    readme = between(readme, HEAD_BEGIN, HEAD_END,
+                     headline_block(parts, "docs/speed/figures.md"), README)
+    home = between(HOME.read_text(encoding="utf-8"), HEAD_BEGIN, HEAD_END,
+                   headline_block(parts, "speed/figures.md"), HOME)
+    return {PAGE: page(parts), README: readme, HOME: home}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if the page or the README's table is out of date")
+                        help="exit 1 if the page, the README or the home page is out of date")
     args = parser.parse_args()
-    new_page, new_readme = render()
-    stale = [p for p, text in ((PAGE, new_page), (README, new_readme))
+    new = render()
+    stale = [p for p, text in new.items()
              if not p.exists() or p.read_text(encoding="utf-8") != text]
     if args.check:
         if stale:
@@ -228,9 +280,9 @@ def main() -> None:
             sys.exit(1)
         print("figures are current")
         return
-    PAGE.write_text(new_page, encoding="utf-8")
-    README.write_text(new_readme, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)} and the table in README.md")
+    for path, text in new.items():
+        path.write_text(text, encoding="utf-8")
+    print("wrote " + ", ".join(str(p.relative_to(ROOT)) for p in new))
 
 
 if __name__ == "__main__":

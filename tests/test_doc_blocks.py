@@ -5,10 +5,12 @@ site's order (mkdocs.yml's nav), and run the way a reader would paste them:
 the README's in one working folder, the site's pages in another, in
 reading order, so a page uses only what earlier pages made: ```bash blocks line by line
 in a shell, ```python blocks each in a fresh interpreter. ```text blocks are
-synopses (placeholders such as SOURCE) and are not run. The only things the
-test provides are what a reader brings: a folder of their own images
-(``images/``), a TFRecord written by other software (``theirs.tfrecord``) and
-the checkout's ``examples/``. ``pip install`` lines are not run; the test
+synopses (placeholders such as SOURCE) and are not run. The README's quick
+start blocks run exactly as written, in order, in an empty folder: they make
+their own images (``fastdata synth demo/``). The site's pages start from what
+a reader brings: a TFRecord written by other software (``theirs.tfrecord``)
+and the checkout's ``examples/``; Getting started makes ``demo/``, the image
+folder every later page uses. ``pip install`` lines are not run; the test
 checks that they name extras that exist and that .ci/run runs the README's
 test command as a line of its own. A block that needs a package the test
 environment lacks (DALI, Lightning, Hugging Face datasets) is skipped with the
@@ -91,9 +93,20 @@ def command_lines(code: str) -> list[str]:
             if ln.strip() and not ln.strip().startswith("#")]
 
 
+def section_of(block: Block, text: str) -> str:
+    """The title of the ``## `` section a block of ``text`` stands in ("" before any)."""
+    lines = text.splitlines()[:block.line - 1]
+    titles = [ln[3:].strip() for ln in lines if ln.startswith("## ")]
+    return titles[-1] if titles else ""
+
+
 README_BLOCKS = readme_blocks()
 BLOCKS = all_blocks()
-RUN = [b for b in BLOCKS if b.lang in ("bash", "python")]
+#: The README's quick start: its sections titled "Quick start...", run by
+#: test_readme_quick_start_runs_as_written_in_an_empty_folder, in one folder.
+QUICK_START = [b for b in README_BLOCKS if b.lang in ("bash", "python")
+               and section_of(b, README.read_text(encoding="utf-8")).startswith("Quick start")]
+RUN = [b for b in BLOCKS if b.lang in ("bash", "python") and b not in QUICK_START]
 
 
 def test_every_code_block_says_what_it_is():
@@ -152,22 +165,21 @@ def test_pip_lines_name_extras_that_exist():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """Two folders holding what a reader brings (their images and a foreign
-    TFRecord): the README's blocks run in one, the site's pages in the other,
-    so a page can use only what an earlier page made."""
+    """Two folders: the README's blocks run in one, empty (its quick start
+    makes its own images), the site's pages in the other, which holds what a
+    reader brings (a foreign TFRecord, the checkout's examples/), so a page
+    can use only what an earlier page made."""
     from fastdata.demo import synthesize
 
     base = tmp_path_factory.mktemp("docs")
-    synthesize(str(base / "images"), kind="photos", n=24, classes=3, seed=5)
-    _write_foreign_tfrecord(base / "theirs.tfrecord", base / "images")
-    folders = {}
-    for name in ("readme", "site"):
-        work = folders[name] = base / name
-        work.mkdir()
-        shutil.copytree(base / "images", work / "images")
-        shutil.copy(base / "theirs.tfrecord", work / "theirs.tfrecord")
-        (work / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
-    return folders
+    synthesize(str(base / "theirs"), kind="photos", n=24, classes=3, seed=5)
+    site = base / "site"
+    site.mkdir()
+    _write_foreign_tfrecord(site / "theirs.tfrecord", base / "theirs")
+    (site / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    readme = base / "readme"
+    readme.mkdir()
+    return {"readme": readme, "site": site}
 
 
 def _write_foreign_tfrecord(path: Path, images: Path) -> None:
@@ -250,12 +262,9 @@ def _caches(workdir: Path) -> dict:
             "HF_HOME": str(workdir / ".cache" / "huggingface")}
 
 
-@pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
-def test_block_runs_as_written(block, workdir, request):
-    workdir = workdir["readme" if block.file == "README.md" else "site"]
-    reason = _needs(block)
-    if reason:
-        pytest.skip(reason)
+def _run_block(block: Block, workdir: Path, request, lines: list[str]) -> None:
+    """Run ``block`` in ``workdir``: a python block in a fresh interpreter, a
+    bash block's ``lines`` one by one in a shell; fail naming the line."""
     python = _python(block)
     if block.lang == "python":
         env = {**_env(python), **_caches(workdir), **_s3_for(block, request)}
@@ -265,7 +274,7 @@ def test_block_runs_as_written(block, workdir, request):
             f"{block.where}: python block failed\n{result.stderr[-3000:]}")
         assert "MixedSizeWarning" not in result.stderr, result.stderr[-2000:]
         return
-    for line in map(_runnable, command_lines(block.code)):
+    for line in lines:
         if not line:
             continue
         if shutil.which("fastdata", path=_env(python)["PATH"]) is None \
@@ -278,3 +287,39 @@ def test_block_runs_as_written(block, workdir, request):
         assert result.returncode == 0, (
             f"{block.where}: `{line}` exited {result.returncode}\n"
             f"{result.stdout[-1500:]}\n{result.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
+def test_block_runs_as_written(block, workdir, request):
+    workdir = workdir["readme" if block.file == "README.md" else "site"]
+    reason = _needs(block)
+    if reason:
+        pytest.skip(reason)
+    _run_block(block, workdir, request, [_runnable(ln) for ln in command_lines(block.code)])
+
+
+def test_the_readme_quick_start_makes_its_own_data():
+    """The quick start's first command makes the images the rest reads, and no
+    line of it is left out when run (no install step, no test command)."""
+    assert len(QUICK_START) >= 4, [b.where for b in QUICK_START]
+    first = command_lines(QUICK_START[0].code)
+    assert QUICK_START[0].lang == "bash" and first[0].startswith("fastdata synth demo/"), first
+    for block in QUICK_START:
+        if block.lang == "bash":
+            assert all(_runnable(ln) == ln for ln in command_lines(block.code)), block.where
+
+
+def test_readme_quick_start_runs_as_written_in_an_empty_folder(tmp_path, request):
+    """README.md's quick start blocks, as a reader on a fresh machine pastes
+    them: in order, in one empty folder, every line as written."""
+    folder = tmp_path / "fresh"
+    folder.mkdir()
+    left_out = []
+    for block in QUICK_START:
+        reason = _needs(block)
+        if reason:
+            left_out.append(f"{block.where}: {reason}")
+            continue
+        _run_block(block, folder, request, command_lines(block.code))
+    if left_out:
+        pytest.skip(f"quick start blocks left out: {left_out}")

@@ -5,7 +5,11 @@ opened from disk (file://), at 1280×900 as a reader's window.
 * every page loads without a console error (no request leaves the site:
   fonts are the system's, the search shim is the site's own);
 * search works opened from disk: typing a word lists pages;
-* no code block is wider than its box (nothing scrolls sideways).
+* no code block is wider than its box (nothing scrolls sideways);
+* the Concepts page's diagrams (inline SVG, nothing fetched) are drawn: each
+  has a size, boxes and text that the browser laid out;
+* the pages split from longer ones (packing, bad input, pack options; reading
+  and writing at a URL) load whole, from disk, with nothing fetched.
 """
 
 from __future__ import annotations
@@ -108,3 +112,51 @@ def test_search_works_opened_from_disk(site, browser):
         time.sleep(0.2)
     assert titles, ("search listed nothing for 'resume' on the site opened from disk; "
                     f"console: {browser.get_log('browser')}")
+
+
+#: What the browser fetched that is not a file of the site (the offline rule).
+_FETCHED_OUTSIDE = ("return performance.getEntriesByType('resource').map(e => e.name)"
+                    ".filter(n => !n.startsWith('file:') && !n.startsWith('data:'))")
+
+
+def test_the_concepts_diagrams_render_offline(site, browser):
+    page = site / "concepts.html"
+    browser.get(page.as_uri())
+    drawn = browser.execute_script("""
+        return [...document.querySelectorAll('.md-content svg.concept-diagram')].map(svg => {
+            const box = svg.getBoundingClientRect();
+            const texts = [...svg.querySelectorAll('text')];
+            return {width: box.width, height: box.height,
+                    rects: svg.querySelectorAll('rect').length, texts: texts.length,
+                    blank: texts.filter(t => t.getBBox().width === 0).length,
+                    outside: [...svg.querySelectorAll('image, use, foreignObject')].length};
+        })""")
+    assert len(drawn) >= 2, f"concepts.html has {len(drawn)} inline SVG diagrams"
+    for svg in drawn:
+        assert svg["width"] > 300 and svg["height"] > 150, svg
+        assert svg["rects"] >= 5 and svg["texts"] >= 10 and svg["blank"] == 0, svg
+        assert svg["outside"] == 0, svg   # drawn inline: nothing to fetch
+    assert not browser.execute_script(_FETCHED_OUTSIDE)
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+SPLIT = {"packing/index.html": "Packing a dataset", "packing/options.html": "Pack options",
+         "packing/bad-input.html": "Bad input", "remote/reading.html": "Reading from object storage",
+         "remote/writing.html": "Writing to object storage", "concepts.html": "Concepts"}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT))
+def test_the_split_pages_load_whole_from_disk(site, browser, name):
+    from selenium.webdriver.common.by import By
+
+    browser.get((site / name).as_uri())
+    title = browser.find_element(By.CSS_SELECTOR, ".md-content h1").text
+    assert title.startswith(SPLIT[name]), title
+    assert not browser.execute_script(_FETCHED_OUTSIDE)
+    # The nav shows the page as the current one.
+    active = browser.execute_script(
+        "return [...document.querySelectorAll('.md-nav__link--active')].map(a => a.innerText)")
+    assert active, f"{name} is not marked in the nav"
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, f"{name}: {errors}"

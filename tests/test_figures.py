@@ -1,9 +1,11 @@
 """One source for every speed figure: bench/RESULTS.md.
 
-``bench/figures.py`` makes docs/speed/figures.md and the README's comparison
-table from RESULTS.md's tables; here they are checked to be current, and
-every speed figure in the README and the docs, in prose and tables (a ratio
-such as ``1.67×`` or ``3.75–4.13×``, or a rate in samples/s), to be one
+``bench/figures.py`` makes docs/speed/figures.md, the README's comparison
+table and one headline sentence from RESULTS.md's tables; the figures page,
+the README and the home page (docs/index.md) hold that sentence word for
+word. Here they are checked to be current, and every speed figure in the
+README and the docs, the home page included, in prose and tables (a ratio
+such as ``1.67×`` or ``4.06–4.13×``, or a rate in samples/s), to be one
 RESULTS.md or that page gives.
 """
 
@@ -57,6 +59,27 @@ def test_the_figures_page_and_readme_table_are_current():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "figures.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+HEADLINE = re.compile(r"<!-- headline:begin \(bench/figures.py\) -->\n(.*?)\n<!-- headline:end -->",
+                      re.S)
+
+
+def _headline(path: Path) -> str:
+    """The headline sentence a page holds, its link and line breaks left out."""
+    found = HEADLINE.findall(path.read_text(encoding="utf-8"))
+    assert len(found) == 1, f"{path.relative_to(ROOT)} holds {len(found)} headline blocks"
+    return re.sub(r"\s*\(\[[^\]]*\]\([^)]*\)\)\.$", ".", " ".join(found[0].split()))
+
+
+def test_the_readme_and_home_page_give_the_figures_pages_headline():
+    page = _headline(ROOT / "docs" / "speed" / "figures.md")
+    assert RATIO.search(page), page
+    for other in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        assert _headline(other) == page, f"{other.relative_to(ROOT)}'s headline differs"
+    # The home page gives no other ratio than the headline's.
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert {_norm(m) for m in RATIO.findall(home)} == {_norm(m) for m in RATIO.findall(page)}
 
 
 def test_every_speed_figure_comes_from_the_results():
