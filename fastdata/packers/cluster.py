@@ -196,6 +196,7 @@ class _Cluster:
             if on_event is not None and self._thread_count() == 0:
                 on_event(f"the Dask scheduler at {self.address} has no workers yet; the "
                          "pack starts when they connect")
+            self._check_workers()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -290,6 +291,7 @@ class _Cluster:
                     "): install fastdata, the same version, on the scheduler and on every "
                     "worker") from None
             if isinstance(exc, self._dd.KilledWorker):
+                self._check_workers(f"piece {number}: ")
                 raise FastDataError(
                     f"piece {number}: every Dask worker that ran it died (out of "
                     f"memory?): {exc}") from None
@@ -297,6 +299,34 @@ class _Cluster:
                 raise FastDataError(f"piece {number} failed on a Dask worker: "
                                     f"{exc}") from exc
             raise
+
+    def _check_workers(self, prefix: str = "") -> None:
+        """Refuse workers that cannot import fastdata: they would die
+        unpacking its tasks (a worker that joins later is asked when one dies).
+
+        Raises:
+            FastDataError: naming them and what to install.
+        """
+        lacking = self._workers_without_fastdata()
+        if lacking:
+            raise FastDataError(
+                f"{prefix}the Dask worker(s) at {', '.join(lacking[:3])}"
+                f"{' ...' if len(lacking) > 3 else ''} cannot import fastdata, so they die "
+                f"unpacking its tasks: install fastdata, the same version, on every worker "
+                f"and on the scheduler")
+
+    def _workers_without_fastdata(self) -> list[str]:
+        """The workers where fastdata cannot be imported (asked with a function
+        that needs only the standard library, so it runs where fastdata does
+        not); none when they cannot be asked."""
+        def has_fastdata() -> bool:
+            return __import__("importlib.util").util.find_spec("fastdata") is not None
+
+        try:
+            found = self.client.run(has_fastdata, on_error="ignore")
+        except Exception:  # noqa: BLE001 - only a better message is at stake
+            return []
+        return sorted(w for w, ok in found.items() if ok is False)
 
     def _window(self) -> int:
         """Pieces in flight: bounded, so memory is, and enough to keep every
