@@ -221,7 +221,8 @@ def test_eight_appends_at_once_with_gc_running_throughout(pool, tmp_path):
     dataset = pack(base, tmp_path / "ds", "lmdb")
     with no_hang(300):
         _appends_at_once(pool, tmp_path, dataset, "lmdb", with_gc=True)
-    assert [v.number for v in history.versions(dataset)] == [1 + WRITERS]  # gc kept one
+    gc(dataset, keep=1)  # the loop's last run may have ended before the last commit
+    assert [v.number for v in history.versions(dataset)] == [1 + WRITERS]
     assert len(records(dataset)) == 12 + 2 * WRITERS
 
 

@@ -313,7 +313,7 @@ def _asked(server) -> list[str]:
     (2, {5}),          # block 0's bytes written, block 18's not
     (3, {5}),          # both blocks' bytes written, no mark yet
     (4, {0, 5}),       # block 0 marked, block 18 not
-])
+], ids=["at-bytes-0", "at-bytes-18", "at-mark-0", "at-mark-18"])
 def test_a_read_stopped_at_any_write_never_marks_a_block_before_its_bytes(
         tmp_path, monkeypatch, stop, marks):
     """The writes of one read of blocks 0 and 18 (two requests): block 0's

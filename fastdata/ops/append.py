@@ -118,6 +118,7 @@ class AddPart:
     reader_of: Any
     kind: str = "append"
     rebased: int = 0
+    new_classes: list = field(default_factory=list)
 
     def apply(self, head: DatasetRecord, read: DatasetRecord) -> DatasetRecord:
         ids = [p.id for p in read.parts]
@@ -138,6 +139,7 @@ class AddPart:
                                    f"{head.number}); append again, with --skip-existing "
                                    f"(skip_existing=True) to pass over them")
         new = [c for c in self.classes if c not in head.classes]
+        self.new_classes = new  # the last apply is the one recorded
         classes = list(head.classes) + new
         counts = list(head.class_counts) + [0] * len(new)
         for name, count in zip(self.classes, self.class_counts):
@@ -241,7 +243,7 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
         _remove(folder)
         raise
     return AppendResult(dataset, version.number, part.records, version.records,
-                        [c for c in version.classes if c not in classes],
+                        list(change.new_classes),
                         len(wrapped.existing), sorted(wrapped.existing)[:SHOWN], part_path,
                         summary, change.rebased)
 
