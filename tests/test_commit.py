@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 
 import numpy as np
@@ -161,8 +162,8 @@ class GCLoop:
             try:
                 gc(self.dataset, keep=1)
                 self.runs += 1
-            except Exception as exc:  # reported by the test, never lost
-                self.errors.append(repr(exc))
+            except Exception:  # reported by the test, never lost
+                self.errors.append(traceback.format_exc(limit=-4))
             time.sleep(0.05)
 
     def __enter__(self):

@@ -325,3 +325,40 @@ def test_aws_profile_from_a_credentials_file(s3_server, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     assert storage.open_remote("s3://prof/x").read() == b"via profile"
+
+
+def test_a_local_listing_skips_files_removed_while_it_reads(tmp_path):
+    """Writers' temporary files come and go while gc lists the history folder:
+    a file removed between the folder read and its stat is left out, never an
+    error (a FileNotFoundError here once failed a gc running beside appends)."""
+    import threading
+
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "a.bin").write_bytes(b"x")
+    stop, errors, listings = threading.Event(), [], 0
+
+    def churn():
+        k = 0
+        while not stop.is_set():
+            path = tmp_path / f"t.partial-{k % 50:02d}"
+            path.write_bytes(b"y")
+            path.unlink()
+            k += 1
+
+    writer = threading.Thread(target=churn, daemon=True)
+    writer.start()
+    try:
+        with no_hang(60):
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                try:
+                    names = [n for n, *_ in storage.list_tree(str(tmp_path))]
+                except OSError as exc:
+                    errors.append(repr(exc))
+                    break
+                listings += 1
+                assert "kept/a.bin" in names
+    finally:
+        stop.set()
+        writer.join(10)
+    assert errors == [] and listings > 10

@@ -402,7 +402,10 @@ def _local_tree(root: str) -> list[tuple[str, int, float, bool]]:
             continue
         for entry in entries:
             name = f"{rel}/{entry.name}" if rel else entry.name
-            info = entry.stat(follow_symlinks=False)
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed since the folder was read (a writer's temporary file)
             if stat.S_ISDIR(info.st_mode):
                 stack.append(name)
             else:
