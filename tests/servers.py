@@ -195,6 +195,15 @@ class _Listener(http.server.ThreadingHTTPServer):
         #: How a missing file is answered: 404, 403 (S3 without ListBucket),
         #: or "page" (a 200 HTML page, as a CDN's catch-all route sends).
         self.missing: int | str = 404
+        #: Answer every n-th GET of a file with 503 SlowDown, as a throttling
+        #: object store does (0: never); ``throttled`` counts those answers.
+        self.throttle_every = 0
+        self.throttled = 0
+        self._gets = 0
+        #: Requests being answered now, and the most at once.
+        self.active = self.peak_active = 0
+        #: Seconds each request waits before its answer (a far server's round trip).
+        self.delay = 0.0
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -210,6 +219,40 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         self._send(body=True)
 
     def _send(self, body: bool) -> None:
+        server = self.server
+        if not isinstance(server, _Listener):
+            return self._answer(body)
+        with server.lock:
+            server.active += 1
+            server.peak_active = max(server.peak_active, server.active)
+        try:
+            if server.delay:
+                time.sleep(server.delay)
+            self._answer(body)
+        finally:
+            with server.lock:
+                server.active -= 1
+
+    def _slow_down(self) -> bool:
+        """Whether this request gets a 503 SlowDown (see ``throttle_every``)."""
+        server = self.server
+        with server.lock:
+            if self.command != "GET" or not server.throttle_every:
+                return False
+            server._gets += 1
+            if server._gets % server.throttle_every:
+                return False
+            server.throttled += 1
+        text = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                b"<Message>Please reduce your request rate.</Message></Error>")
+        self.send_response(503)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+        return True
+
+    def _answer(self, body: bool) -> None:
         rel = self.path.split("?", 1)[0].lstrip("/")
         truncate = rel.startswith("truncate/")
         server, hold = self.server, None
@@ -222,6 +265,8 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
                 if body and not self.headers.get("Range"):
                     hold = server.hold.pop(rel, None)
         path = Path(self.directory, rel.removeprefix("truncate/"))
+        if isinstance(server, _Listener) and path.is_file() and self._slow_down():
+            return
         if not path.is_file():
             missing = getattr(server, "missing", 404)
             if missing != "page":
@@ -281,6 +326,20 @@ class HTTPServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    @property
+    def throttled(self) -> int:
+        """503 SlowDown answers sent so far."""
+        return self.server.throttled
+
+    @property
+    def peak_active(self) -> int:
+        """The most requests answered at once."""
+        return self.server.peak_active
+
+    def throttle(self, every: int) -> None:
+        """Answer every ``every``-th GET of a file with 503 SlowDown (0: never)."""
+        self.server.throttle_every = every
 
     @property
     def missing(self) -> int | str:

@@ -98,12 +98,13 @@ def test_default_remote_stream_downloads_each_shard_once_in_order_of_first_use(s
     assert sorted(gets) == sorted(set(gets)), "a shard was downloaded twice"
     # Every shard is needed in a large share over a short stretch: all whole.
     assert len(gets) == 12
-    # In the order the epoch first needs them (two downloads run at once).
+    # Asked for in the order the epoch first needs them; 2 x read_ahead = 4 run
+    # at once, so one may reach the server up to a round of four late.
     records = [int(i) for i in ds.plan().record_indices(
         fastdata.order.epochs.epoch_order(600, ds.shuffle_mode, 0), np.arange(600))]
     first_use = list(dict.fromkeys(ds.reader.shards_of(records)))
     got = [int(p.rsplit("-", 1)[1].split(".")[0]) for p in gets]
-    assert all(abs(got.index(s) - k) < 2 for k, s in enumerate(first_use)), (got, first_use)
+    assert all(abs(got.index(s) - k) < 8 for k, s in enumerate(first_use)), (got, first_use)
     # What a download covers is not also read by range after the first chunks.
     ranged = [p for m, p, r in site.log if r is not None and p.endswith(".tar")]
     assert len(ranged) <= 2 * 12
@@ -222,9 +223,11 @@ def test_a_shard_dropped_while_its_download_runs_is_accounted_back(site, tmp_pat
     keys = f"{site.url}/d.tar.fastdata.keys.json"
     keys_bytes = os.path.getsize(os.path.join(os.path.dirname(site.local), keys.rsplit("/")[-1]))
     # Stored order: shard 0's records are all in chunk 0, which never waits for
-    # a download; its download (the only one: read_ahead=1 downloads one at a
-    # time) is held half-way at the server meanwhile.
+    # a download; its download (one of two: read_ahead=1 downloads two at a
+    # time, shards 0 and 1) is held half-way at the server meanwhile, and so
+    # is shard 1's.
     hold = site.hold["d-000000.tar"] = Hold()
+    hold1 = site.hold["d-000001.tar"] = Hold()
     ds = fastdata.ShardedIterableDataset(site.manifest, order=fastdata.Order(), read_ahead=1)
     got, samples = [], iter(ds)   # kept: a failed check releases the hold before it closes
     try:
@@ -233,17 +236,21 @@ def test_a_shard_dropped_while_its_download_runs_is_accounted_back(site, tmp_pat
                 # Chunk 0 was read by range and let go of shard 0 (its last
                 # use), whose download runs on.
                 assert hold.reached.wait(60), "shard 0 was never downloaded whole"
+                assert hold1.reached.wait(60), "shard 1 was never downloaded whole"
                 assert len([n for n in _cached(tmp_path) if "d-000000.tar.partial-" in n]) == 1
-                assert _usage().held == index + sizes[0]   # reserved whole from its start
-                # Another cache's download meanwhile counts the one under way whole too.
+                # Reserved whole from their start.
+                assert _usage().held == index + sizes[0] + sizes[1]
+                # Another cache's download meanwhile counts those under way whole too.
                 other = ShardCache()
                 copy = other.local(keys)
-                assert other.usage().held == index + sizes[0] + keys_bytes
+                assert other.usage().held == index + sizes[0] + sizes[1] + keys_bytes
                 other.discard(copy)
                 hold.release()
+                hold1.release()
             got.append((int(y), bytes(np.asarray(x).tobytes())))
     finally:
         hold.release()
+        hold1.release()
     assert got == _samples(fastdata.ShardedIterableDataset(site.local, order=fastdata.Order()))
     assert _whole_gets(site).count("d-000000.tar") == 1
     # The copy landed after its last use and was dropped: nothing left, all counted back.

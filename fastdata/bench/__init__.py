@@ -32,7 +32,8 @@ Modules: :mod:`~fastdata.bench.options` (what to run), :mod:`~fastdata.bench.tar
 :mod:`~fastdata.bench.measure` and :mod:`~fastdata.bench.cpu` (timing and CPU
 accounting), :mod:`~fastdata.bench.train` (the ``--train`` rows),
 :mod:`~fastdata.bench.defaults` (the defaults rows: ``fastdata.loader()`` as it
-chooses, beside it at the row's best worker count), :mod:`~fastdata.bench.run`
+chooses, beside it at the row's best worker count), :mod:`~fastdata.bench.network`
+(what the network did for a row read from a URL), :mod:`~fastdata.bench.run`
 (the sweep), :mod:`~fastdata.bench.results`,
 :mod:`~fastdata.bench.report` and :mod:`~fastdata.bench.plot` (the output).
 Importing this package imports torch; ``import fastdata`` does not import it.
@@ -72,6 +73,7 @@ from fastdata.bench.report import (
     format_table,
     machine_info,
     machine_line,
+    network_lines,
     summary_lines,
     write_json,
 )
@@ -93,7 +95,8 @@ __all__ = [
     "batch_length", "check_batch", "child_pids", "children_cpu_seconds", "close_dataset",
     "cpu_seconds", "describe_result", "drop_page_cache", "existing_target", "folder_target",
     "format_table", "loader_factory", "machine_info", "machine_line", "make_dataset",
-    "measure_loader", "pack_targets", "parse_formats", "parse_variants", "parse_workers",
+    "measure_loader", "network_lines", "pack_targets", "parse_formats", "parse_variants",
+    "parse_workers",
     "run_bench", "select_indices", "summary_lines", "write_json", "write_plot",
     "decode_path", "make_crop", "train_lines", "train_summary", "train_targets",
 ]

@@ -17,6 +17,7 @@ import torch
 
 from fastdata.bench.loading import LoaderFactory
 from fastdata.bench.measure import check_batch, error_text, measure_loader
+from fastdata.bench.network import NetworkWatch
 from fastdata.bench.options import BenchOptions
 from fastdata.bench.results import BenchReport, Result
 from fastdata.bench.targets import Target
@@ -78,13 +79,15 @@ def defaults_rows(target: Target, options: BenchOptions, best_workers: int, cach
             ds = _open(target, options)
             factory = _Loader(ds, workers, options)
             batch = min(options.batch_size, len(ds))
+            watch = NetworkWatch(target.path, warmup=options.warmup)
             m = measure_loader(
                 factory, epochs=options.epochs, warmup=options.warmup,
                 payload_bytes=target.payload_bytes, expected_samples=len(ds),
                 check=lambda b: check_batch(b, sample_shape=(3, options.size, options.size),
                                             dtype=torch.float32, batch_size=batch),
-                cold=cache == "cold", on_epoch=on_epoch)
+                cold=cache == "cold", on_epoch=watch.on_epoch(on_epoch))
             chosen = factory.choice
+            network = watch.figures(m, chosen.num_workers)
             rows.append(Result(
                 status="ok", error=None, workers=chosen.num_workers,
                 decode_path=str(chosen), samples_per_s=m.samples_per_s, mb_per_s=m.mb_per_s,
@@ -93,7 +96,7 @@ def defaults_rows(target: Target, options: BenchOptions, best_workers: int, cach
                 epoch_samples_per_s=list(m.epoch_samples_per_s),
                 epoch_seconds=list(m.epoch_seconds),
                 output_shape=list(m.output_shape) if m.output_shape else None,
-                output_dtype=m.output_dtype, **common))
+                output_dtype=m.output_dtype, network=network, **common))
         except Exception as exc:  # a failed row is reported, never a crash of the run
             rows.append(Result(status="failed", error=error_text(exc),
                                workers=-1 if workers is None else workers, **common))

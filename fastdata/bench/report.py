@@ -6,13 +6,15 @@ import importlib
 import json
 import os
 import platform
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from fastdata import __version__
-from fastdata.bench.results import BenchReport
+from fastdata.bench.network import ALL, NOT_COUNTED, RERUN, verdict
+from fastdata.bench.results import BenchReport, Result
 from fastdata.bench.train import train_lines
 from fastdata.decoding.decode import decoder_status, decoder_status_line
 from fastdata.machine import meminfo, usable_cores
@@ -24,6 +26,10 @@ OTHER_CPU_WARN = 0.2
 #: Libraries whose versions are recorded with the results (distribution names).
 _VERSIONED = ("torch", "numpy", "Pillow", "opencv-python-headless", "opencv-python",
               "simplejpeg", "lmdb", "h5py", "tfrecord", "webdataset", "click")
+
+#: The network lines' legend (the first of its two lines).
+NETWORK_LEGEND = ("network: ranged requests of this process, per measured epoch "
+                  "(whole-object downloads")
 
 _COLUMNS = ("row", "workers", "samples/s", "MB/s", "x baseline", "pack s", "size MB",
             "CPU %", "p50 ms", "p99 ms", "cache")
@@ -187,7 +193,8 @@ def summary_lines(report: BenchReport) -> list[str]:
     """Best worker count per row, the fastest row, and notes."""
     from fastdata.bench.defaults import defaults_lines
 
-    out = _best_lines(report) + train_lines(report) + defaults_lines(report)
+    out = (_best_lines(report) + train_lines(report) + defaults_lines(report)
+           + network_lines(report))
     failed = sorted({r.name for r in report.results if not r.ok})
     if failed:
         out.append(f"failed: {', '.join(failed)}")
@@ -202,6 +209,98 @@ def summary_lines(report: BenchReport) -> list[str]:
     out.append("CPU % = process + worker CPU time / wall time (200% = two cores busy); "
                "p50/p99 = time between batches")
     return out
+
+
+def network_lines(report: BenchReport) -> list[str]:
+    """Per row read from a URL, at its best worker count: its requests, bytes
+    and rate per measured epoch, the round trip and one connection's rate,
+    and what limited it (see fastdata.bench.network). A best count with
+    worker processes, whose requests this process did not see, is followed
+    by the row's 0-worker figures when the sweep measured them. The defaults
+    rows are left out (their figures are in ``--json``)."""
+    best = report.best()
+    cores = report.machine.get("usable_cores") or usable_cores()
+    out: list[str] = []
+    for name in report.row_names:
+        r = best.get(name)
+        if r is None or r.network is None or r.pipeline.startswith("defaults"):
+            continue
+        zero = None if r.network.get("counted") == ALL else _counted_row(report, name)
+        out += _network_row(r, cores, "see 0 workers, below" if zero else None)
+        if zero is not None:
+            out += _network_row(zero, cores)
+    if out:
+        out += [NETWORK_LEGEND, "  and worker processes' requests are not counted)"]
+    return out
+
+
+def _counted_row(report: BenchReport, name: str) -> Result | None:
+    """The row ``name`` at 0 workers, where this process saw every request."""
+    return next((r for r in report.results if r.name == name and r.ok and r.network
+                 and r.network.get("counted") == ALL), None)
+
+
+def _network_row(r: Result, cores: int, instead: str | None = None) -> list[str]:
+    """One row's network sentence, wrapped at 100 characters; ``instead``: what
+    to say in place of "rerun with --workers 0"."""
+    net = r.network or {}
+    head = f"network ({r.name} at {r.workers} worker{'s' if r.workers != 1 else ''}): "
+    why = verdict(net, r.cpu, cores)
+    if net.get("counted") != ALL:
+        if why == "decode-bound":
+            why = f"decode-bound (the network is not measured here: {_uncounted(net)})"
+        text = head + (why.replace(RERUN, instead) if instead else why)
+    elif net.get("measured_requests"):
+        text = head + ", ".join(_traffic(net) + _link(net)) + _start_up(r, net) + "; " + why
+    elif net.get("requests"):
+        text = (f"{head}the warm-up made {net['requests']:,} requests, "
+                f"{net['bytes'] / 1e6:.1f} MB; {why}")
+    else:
+        text = head + why
+    return textwrap.wrap(text, 100, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False)
+
+
+def _uncounted(net: dict[str, Any]) -> str:
+    """Why a row's requests are not all counted (its ``counted``)."""
+    return NOT_COUNTED.get(net.get("counted"), "not every request counted")
+
+
+def _traffic(net: dict[str, Any]) -> list[str]:
+    """Requests and bytes per measured epoch, and their rate."""
+    epochs = max(1, net["epochs"] - net["warmup_epochs"])
+    rate = net.get("network_mb_s")
+    return [f"{net['measured_requests'] / epochs:,.0f} requests, "
+            f"{net['bytes_per_epoch'] / 1e6:.1f} MB per epoch"
+            + ("" if rate is None else f" (={_short(rate)} MB/s)")]
+
+
+def _link(net: dict[str, Any]) -> list[str]:
+    """Round trip, one connection's rate, requests at once, throttling (every epoch)."""
+    parts = []
+    if net.get("ttfb_ms") is not None:
+        parts.append(f"first byte {_short(net['ttfb_ms'])} ms (median)")
+    if net.get("connection_mb_s") is not None:
+        parts.append(f"one connection {_short(net['connection_mb_s'])} MB/s")
+    parts.append(f"up to {net.get('peak', 0)} requests at once")
+    throttled = net.get("throttled") or 0
+    parts.append(f"{throttled} throttled answer{'s' if throttled != 1 else ''} (retried)"
+                 if throttled else "no throttled answers")
+    return parts
+
+
+def _start_up(r: Result, net: dict[str, Any]) -> str:
+    """"; first batch after N ms (about K round trips)" when the round trip is known."""
+    ttfb = net.get("ttfb_ms")
+    if not ttfb or r.first_batch_ms is None:
+        return ""
+    return (f"; first batch after {r.first_batch_ms:.0f} ms "
+            f"(about {round(r.first_batch_ms / ttfb)} round trips)")
+
+
+def _short(value: float) -> str:
+    """A figure with a decimal only where it is small (0.4 ms, 61 MB/s)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
 
 
 def write_json(report: BenchReport, path: str) -> None:

@@ -48,6 +48,9 @@ class Result:
     pipeline: str = "eval"
     #: A training row: what its Dataset really ran (fused or whole decode, and why).
     decode_path: str | None = None
+    #: A row read from a URL: what the network did over its epochs (see
+    #: fastdata.bench.network); None for local data.
+    network: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

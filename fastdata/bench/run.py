@@ -16,6 +16,7 @@ from fastdata.bench.defaults import defaults_rows
 from fastdata.bench.defaults import measurable as has_defaults
 from fastdata.bench.loading import LoaderFactory, close_dataset, loader_factory
 from fastdata.bench.measure import check_batch, error_text, measure_loader
+from fastdata.bench.network import NetworkWatch
 from fastdata.bench.options import BenchOptions
 from fastdata.bench.report import machine_info
 from fastdata.bench.results import BenchReport, Result, describe_result
@@ -125,7 +126,7 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
         "payload_bytes": target.payload_bytes or None, "pipeline": target.pipeline}
     if target.error is not None:
         return Result(status="failed", error=target.error, **common)
-    ds = factory = m = None
+    ds = factory = m = network = None
     error: str | None = None
     try:
         ds = loading.make_dataset(target, options)
@@ -139,10 +140,13 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
         factory = loader_factory(ds, batch_size=options.batch_size, workers=workers,
                                  seed=options.seed, timeout=options.timeout,
                                  persistent=options.persistent_workers)
+        # After the dataset is opened: its requests (manifest, index) are not the epochs'.
+        watch = NetworkWatch(target.path, warmup=options.warmup)
         m = measure_loader(
             factory, epochs=options.epochs, warmup=options.warmup,
             payload_bytes=target.payload_bytes, expected_samples=n, check=check,
-            cold=cache == "cold", on_epoch=on_epoch)
+            cold=cache == "cold", on_epoch=watch.on_epoch(on_epoch))
+        network = watch.figures(m, workers)
     except Exception as exc:  # any failure of a format is that row's result, not a crash
         error = error_text(exc)
     error = _release(factory, ds, error)
@@ -155,7 +159,7 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
                   epoch_samples_per_s=list(m.epoch_samples_per_s),
                   epoch_seconds=list(m.epoch_seconds),
                   output_shape=list(m.output_shape) if m.output_shape else None,
-                  output_dtype=m.output_dtype, **common)
+                  output_dtype=m.output_dtype, network=network, **common)
 
 
 def _release(factory: LoaderFactory | None, ds: Any, error: str | None) -> str | None:

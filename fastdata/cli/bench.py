@@ -90,6 +90,9 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
     through a shuffled DataLoader; one warm-up epoch is discarded and the
     median of --epochs is reported, with samples/s, MB/s of stored data, the
     ratio to the folder baseline, pack time and size, CPU use and batch latency.
+    A dataset at a URL adds a network line per row: requests and MB per
+    epoch, time to first byte, one connection's rate, requests at once, and
+    whether the row was decode-, network- or latency-bound.
 
     \b
     Examples:

@@ -92,6 +92,7 @@ def open_reader(where, *, version: int | None = None, verify: bool | None = None
                                 f"own path with version=", path=os.fspath(path))
         record = read_record(os.fspath(path))
         return DatasetReader(record.path, record=record, **options)
+    probe = None if isinstance(path, (list, tuple)) else _early_pointer(path)
     pack = _open_pack(path, options)
     if isinstance(path, (list, tuple)):
         if ref.version is not None:
@@ -100,7 +101,7 @@ def open_reader(where, *, version: int | None = None, verify: bool | None = None
         return pack
     try:
         name = pack.dataset_path
-        head = head_number(name)
+        head = probe[1].result() if probe and probe[0] == name else head_number(name)
         if head is None:
             if ref.version not in (None, 1):
                 raise FastDataError(f"the dataset has no version {ref.version} (it has only "
@@ -116,6 +117,22 @@ def open_reader(where, *, version: int | None = None, verify: bool | None = None
         raise
     return DatasetReader(record_path(name, number), record=record,
                          opened={pack_key(pack): pack}, **options)
+
+
+def _early_pointer(path):
+    """For a manifest at a URL: ``(dataset name, future of its version
+    pointer)``, asked for now, so that its round trip overlaps the pack's
+    own (manifest, index) instead of following them; None locally."""
+    from fastdata.formats.remote_files import is_remote
+
+    text = os.fspath(path)
+    if not is_remote(text) or not text.endswith(".fastdata.json"):
+        return None
+    from fastdata.dataset.history import head_number
+    from fastdata.storage.forked import process_threads
+
+    # A sharded pack's name is its manifest (checked against the pack once open).
+    return text, process_threads("fastdata-open", 4).submit(head_number, text)
 
 
 def pack_key(reader) -> str:

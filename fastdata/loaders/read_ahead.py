@@ -143,7 +143,10 @@ class ReadAhead:
         for shard, (_first, last) in self.fetches.spans.items():
             self.release_after.setdefault(last, []).append(shard)
         if self.queue:
-            self.downloads = ThreadPoolExecutor(max(1, depth), thread_name_prefix="fastdata-shard")
+            # Twice the chunks ahead: under latency, more shards on their way keep
+            # the link full (the budget still bounds the bytes they hold).
+            self.downloads = ThreadPoolExecutor(max(1, 2 * depth),
+                                                thread_name_prefix="fastdata-shard")
 
     # -- whole shards -------------------------------------------------------------
 

@@ -209,7 +209,8 @@ class ShardCache:
             os.pwrite(fd, RESERVED.pack(size or 0), 0)
             ledger.store(self._evict(folder, folder.held + (size or 0), keep=path))
         try:
-            open_remote(url, storage_options).download(path, limit=limit)
+            open_remote(url, storage_options).download(
+                path, limit=limit, size=None if size is None else limit)
         except BaseException:
             with account(self.cache_dir) as ledger:
                 folder = survey(self.cache_dir)

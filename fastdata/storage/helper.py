@@ -16,8 +16,8 @@ OPS = {
     "read": lambda url, opts, limit=None: objects.RemoteObject(url, opts).read(limit=limit),
     "read_ranges": lambda url, opts, ranges, coalesce=None:
         objects.RemoteObject(url, opts).read_ranges(ranges, coalesce=coalesce),
-    "download": lambda url, opts, dest, limit=None:
-        objects.RemoteObject(url, opts).download(dest, limit=limit),
+    "download": lambda url, opts, dest, limit=None, size=None:
+        objects.RemoteObject(url, opts).download(dest, limit=limit, size=size),
     "exists": lambda url, opts: objects.exists(url, opts),
     "list_names": lambda url, opts: objects.list_names(url, opts),
     "upload_file": lambda url, opts, local: objects.upload_file(local, url, opts),

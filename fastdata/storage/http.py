@@ -4,18 +4,22 @@ requests themselves, with their redirect and retry rules: fastdata.storage.http_
 Bodies are read to the size asked for and no further: a range is its length, a
 whole object at most ``limit`` bytes, whatever the server sends. Ranges of one
 object nearer than ``COALESCE`` bytes go out as one request, and the requests
-of one call run in parallel.
+of one call run in parallel, a long span cut into parts fetched at once; the
+requests to one server at once are as many as its measured rate rewards
+(fastdata.storage.adaptive).
 """
 
 from __future__ import annotations
 
+import time
+
 from fastdata.errors import StorageError
+from fastdata.storage import adaptive
 from fastdata.storage.forked import process_threads
-from fastdata.storage.http_client import refused, request
+from fastdata.storage.http_client import origin_of, refused, request
 
 #: Ranges of one object nearer than this are fetched in one request (as obstore does).
 COALESCE = 1 << 20
-_PARALLEL = 8
 
 
 def size(url: str, options: dict | None = None) -> int:
@@ -78,12 +82,24 @@ def _too_large(url: str, limit: int) -> StorageError:
                         f"server sends other data than the dataset describes", path=url)
 
 
-def read_range(url: str, start: int, length: int, options: dict | None = None) -> bytes:
-    """``length`` bytes at ``start``: exactly those, from a 206 answer."""
+def read_range(url: str, start: int, length: int, options: dict | None = None, *,
+               ahead: bool = False) -> bytes:
+    """``length`` bytes at ``start``: exactly those, from a 206 answer;
+    ``ahead``: read ahead of use (it waits behind reads needed now)."""
     if length == 0:
         return b""
-    answer = request("GET", url, options,
-                     headers={"Range": f"bytes={start}-{start + length - 1}"})
+    gate = adaptive.gate(origin_of(url))
+    with gate.slot(ahead=ahead):
+        began = time.monotonic()
+        answer = request("GET", url, options,
+                         headers={"Range": f"bytes={start}-{start + length - 1}"})
+        first = time.monotonic()
+        data = _range_body(answer, url, start, length)
+        gate.record(len(data), first - began, time.monotonic() - first)
+    return data
+
+
+def _range_body(answer, url: str, start: int, length: int) -> bytes:
     if answer.status == 200:
         answer.close()
         raise StorageError("the server does not honour Range requests (it answered 200 "
@@ -95,6 +111,12 @@ def read_range(url: str, start: int, length: int, options: dict | None = None) -
         answer.close()
         raise StorageError(f"the server answered another range ({got or 'none'}) than "
                            f"bytes {start}-{start + length - 1}", path=url, offset=start)
+    end, _, total = got[len(f"bytes {start}-"):].partition("/")
+    if end.isdigit() and int(end) < start + length - 1:
+        answer.close()
+        raise StorageError(f"the object is shorter ({total} bytes) than the range asked for "
+                           f"(bytes {start}-{start + length - 1}): it is not the one the "
+                           f"dataset describes", path=url, offset=start)
     data = answer.read(length, url)
     if len(data) < length:
         answer.close()
@@ -108,13 +130,35 @@ def read_ranges(url: str, ranges: list[tuple[int, int]], options: dict | None = 
     """The bytes of each (start, length): ranges at most ``coalesce`` bytes
     apart go out as one request, and the requests run in parallel."""
     return spans_read(ranges, coalesce,
-                      lambda span: read_range(url, span[0], span[1] - span[0], options))
+                      lambda span: read_range(url, span[0], span[1] - span[0], options),
+                      part=adaptive.gate(origin_of(url)).part_size())
 
 
-def spans_read(ranges: list[tuple[int, int]], coalesce: int, fetch) -> list[bytes]:
+def download(url: str, fd: int, size: int, options: dict | None = None) -> None:
+    """The object's first ``size`` bytes written to the open file ``fd`` in
+    place, in ranged parts fetched at once (each exactly its length)."""
+    import os
+
+    part = adaptive.gate(origin_of(url)).part_size()
+
+    def fetch(piece):
+        data = read_range(url, piece[0], piece[1] - piece[0], options, ahead=True)
+        os.pwrite(fd, data, piece[0])
+
+    pieces = adaptive.split(0, size, part)
+    futures = [_threads("fastdata-parts").submit(fetch, p) for p in pieces]
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+def spans_read(ranges: list[tuple[int, int]], coalesce: int, fetch, *,
+               part: int | None = None) -> list[bytes]:
     """Each (start, length) range's bytes, ranges at most ``coalesce`` bytes
     apart merged into one span, ``fetch((start, end))`` called once per span
-    (in parallel when there are several)."""
+    or, for a span longer than ``part`` bytes, once per part of it (all in
+    parallel when there are several)."""
     order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
     spans: list[list] = []  # [start, end, [k ...]]
     for k in order:
@@ -124,7 +168,13 @@ def spans_read(ranges: list[tuple[int, int]], coalesce: int, fetch) -> list[byte
             spans[-1][2].append(k)
         else:
             spans.append([start, start + length, [k]])
-    bodies = list(_threads().map(fetch, spans)) if len(spans) > 1 else [fetch(spans[0])]
+    pieces = [adaptive.split(s, e, part) if part else [(s, e)] for s, e, _ in spans]
+    flat = [p for ps in pieces for p in ps]
+    got = list(_threads().map(fetch, flat)) if len(flat) > 1 else [fetch(flat[0])]
+    bodies, k = [], 0
+    for ps in pieces:
+        bodies.append(got[k] if len(ps) == 1 else b"".join(got[k:k + len(ps)]))
+        k += len(ps)
     out: list[bytes] = [b""] * len(ranges)
     for (first, _end, ks), body in zip(spans, bodies):
         view = memoryview(body)
@@ -134,5 +184,6 @@ def spans_read(ranges: list[tuple[int, int]], coalesce: int, fetch) -> list[byte
     return out
 
 
-def _threads():
-    return process_threads("fastdata-http", _PARALLEL)
+def _threads(name: str = "fastdata-http"):
+    # As many threads as a gate may let through: the gate, not the pool, limits.
+    return process_threads(name, adaptive.HIGH)

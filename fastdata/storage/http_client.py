@@ -32,12 +32,15 @@ from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from fastdata.errors import AccessDeniedError, MissingObjectError, StorageError
 from fastdata.redaction import redact
+from fastdata.storage import adaptive
 from fastdata.storage.stores import DEFAULT_CLIENT, DEFAULT_RETRIES
 
 MAX_REDIRECTS = 5
 _CHUNK = 1 << 20
 _REDIRECTS = (301, 302, 303, 307, 308)
 _RETRIED = (429, 500, 502, 503, 504)
+#: Answers that say "slow down": fewer requests at once to that server.
+_THROTTLED = (429, 503)
 _DEFAULTS = {**DEFAULT_CLIENT, **DEFAULT_RETRIES}  # the object stores' own
 
 
@@ -90,6 +93,11 @@ class _Origin:
     @property
     def shown(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
+
+
+def origin_of(url: str) -> str:
+    """The scheme, host and port of ``url`` (what one gate of requests serves)."""
+    return _Origin(url).shown
 
 
 # -- connections ------------------------------------------------------------------------
@@ -231,6 +239,8 @@ def request(method: str, url: str, options: dict | None = None, *,
                 continue
             raise StorageError(f"cannot reach the endpoint {origin.shown} ({_problem(exc)}, "
                                f"after retries)", path=url) from None
+        if answer.status in _THROTTLED:
+            adaptive.gate(origin.shown).throttle(answer.status)
         if answer.status in _RETRIED and _may_retry(settings, attempt, start):
             answer.close()
             attempt = _backoff(settings, attempt)

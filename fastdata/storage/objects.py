@@ -6,12 +6,13 @@ the filesystem)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from fastdata.errors import AccessDeniedError, MissingObjectError, StorageError
 from fastdata.storage import http
 from fastdata.storage.failures import translated
-from fastdata.storage.forked import forked, via_helper
+from fastdata.storage.forked import forked, process_threads, via_helper
 from fastdata.storage.partial import partial_name, replace_file
 from fastdata.storage.stores import get_store
 from fastdata.storage.urls import is_http, local_path, parse_url
@@ -20,6 +21,14 @@ from fastdata.storage.urls import is_http, local_path, parse_url
 def _store_and_key(url: str, storage_options: dict | None):
     parsed = parse_url(url)
     return get_store(parsed, storage_options), parsed.key
+
+
+def _origin(url: str, storage_options: dict | None) -> str:
+    """What one gate of requests serves: a bucket at its endpoint."""
+    from fastdata.storage.endpoints import endpoint_of
+
+    parsed = parse_url(url)
+    return f"{endpoint_of(parsed, storage_options)}/{parsed.bucket}"
 
 
 def check_ranges(ranges, size: int, url: str) -> None:
@@ -125,21 +134,73 @@ class RemoteObject:
                                        lengths=[n for _, n in ranges])
         return [bytes(part) for part in parts]
 
-    def download(self, dest: str, *, limit: int | None = None) -> None:
-        """Copy the object to ``dest``, streamed through ``dest.partial-XXXX`` and
+    def download(self, dest: str, *, limit: int | None = None,
+                 size: int | None = None) -> None:
+        """Copy the object to ``dest``, written in ``dest.partial-XXXX`` and
         renamed into place: ``dest`` is never a half-written file. ``limit``:
-        copy at most that many bytes (the size a manifest gives: a server that
-        sends more is cut off there)."""
+        copy at most that many bytes (a bound: a server that sends more is
+        cut off there). ``size``: the bytes to copy, known exactly (what a
+        manifest gives a shard): a remote object is then fetched in ranged
+        parts at once, each written in place and checked for its length, so
+        one connection's rate does not bound a large object."""
         if self._local is None and not self._http and forked():
-            return via_helper("download", self.url, self.storage_options, dest, limit)
+            return via_helper("download", self.url, self.storage_options, dest, limit, size)
         tmp = partial_name(dest)
         try:
-            with open(tmp, "wb") as out:
-                out.writelines(self._chunks(limit))
+            if size is not None and self._local is None and size > self._gate().part_size():
+                with open(tmp, "r+b") as out:
+                    self._parts(out.fileno(), size)
+                    if os.fstat(out.fileno()).st_size != size:  # every part landed whole
+                        raise StorageError(f"the copy holds {os.fstat(out.fileno()).st_size} "
+                                           f"of {size} bytes", path=self.url)
+            else:
+                with open(tmp, "wb") as out:
+                    out.writelines(self._chunks(limit))
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def _gate(self):
+        """The gate of this object's server (fastdata.storage.adaptive)."""
+        from fastdata.storage import adaptive
+
+        if self._http:
+            return adaptive.gate(http.origin_of(self.url))
+        return adaptive.gate(_origin(self.url, self.storage_options))
+
+    def _parts(self, fd: int, size: int) -> None:
+        """The object's first ``size`` bytes into ``fd`` in ranged parts."""
+        if self._http:
+            http.download(self.url, fd, size, self.storage_options)
+            return
+        from fastdata.storage import adaptive
+
+        import obstore
+        store, key = _store_and_key(self.url, self.storage_options)
+        gate = self._gate()
+
+        def fetch(piece):
+            with gate.slot(ahead=True):
+                began = time.monotonic()
+                with self._translated():
+                    data = bytes(obstore.get_range(store, key, start=piece[0],
+                                                   length=piece[1] - piece[0]))
+                took = time.monotonic() - began
+                # obstore gives the body whole: its time counts as the first byte's.
+                gate.record(len(data), took, 0.0)
+            if len(data) != piece[1] - piece[0]:
+                raise StorageError(f"a ranged read gave {len(data)} of {piece[1] - piece[0]} "
+                                   f"bytes", path=self.url, offset=piece[0])
+            os.pwrite(fd, data, piece[0])
+
+        pieces = adaptive.split(0, size, gate.part_size())
+        pool = process_threads("fastdata-parts", adaptive.HIGH)
+        futures = [pool.submit(fetch, p) for p in pieces]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
 
     def _chunks(self, limit: int | None = None):
         """The object's bytes in chunks, the first ``limit`` of them (None: all)."""

@@ -1,0 +1,174 @@
+"""Requests at once to a server, found by measuring (fastdata.storage.adaptive):
+the gate's rules on their own, large objects in ranged parts, and a store
+that throttles. The requests cross a socket to the test's own HTTP server,
+which counts them, the most it answered at once and its 503s."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import no_hang
+
+import fastdata
+from fastdata.demo import synthesize
+from fastdata.errors import StorageError
+from fastdata.storage import ShardCache, adaptive
+
+
+@pytest.fixture(autouse=True)
+def fresh_gates():
+    adaptive.reset()
+    yield
+    adaptive.reset()
+
+
+# -- the gate's rules --------------------------------------------------------------------
+
+def _decisions(gate: adaptive.Gate, rates, queued=True) -> list[int]:
+    out = []
+    for rate in rates:
+        gate._queued = queued
+        gate._decide(rate)
+        out.append(gate.limit)
+    return out
+
+
+def test_the_limit_climbs_while_the_rate_rises_and_steps_back_when_it_stops():
+    gate = adaptive.Gate("t", start=8)
+    # 8 -> 10 -> 12 -> 15 -> 18 while each step pays; no gain at 18: back to 15, held.
+    assert _decisions(gate, [100, 150, 200, 250, 251]) == [10, 12, 15, 18, 15]
+    assert _decisions(gate, [251] * 8) == [15] * 8
+    assert _decisions(gate, [300]) == [18]
+
+
+def test_the_limit_stays_when_nothing_waited_for_it():
+    gate = adaptive.Gate("t", start=8)
+    assert _decisions(gate, [100, 200, 400], queued=False) == [8, 8, 8]
+
+
+def test_a_throttling_answer_halves_the_limit_and_pauses_growth(caplog):
+    gate = adaptive.Gate("http://store:80", start=20)
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        gate.throttle(503)
+        gate.throttle(503)
+    assert gate.limit == 5 and gate.throttled == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "http://store:80 answered 503 (slow down): retried with backoff, with fewer requests "
+        "at once to it (now 10; fastdata.storage.adaptive)"]
+    assert _decisions(gate, [100] * 5) == [5, 5, 5, 5, 6]
+    for _ in range(10):
+        gate.throttle(429)
+    assert gate.limit == adaptive.LOW
+
+
+def test_parts_follow_the_measured_round_trip_and_rate():
+    gate = adaptive.Gate("t")
+    assert gate.part_size() == 4 << 20          # nothing measured yet
+    for _ in range(8):
+        gate.record(6_000_000, 0.040, 0.1)      # 40 ms to the first byte, 60 MB/s
+    assert gate.part_size() == int(2 * 0.040 * 60e6)
+    assert adaptive.split(0, 10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert adaptive.split(0, 12, 4) == [(0, 4), (4, 8), (8, 12)]
+    assert adaptive.split(5, 6, 4) == [(5, 6)]
+
+
+def test_requests_wait_their_turn_in_order():
+    import threading
+    import time
+
+    gate = adaptive.Gate("t", start=1)
+    order = []
+    with gate.slot():
+        threads = []
+        for k in range(4):
+            t = threading.Thread(target=lambda k=k: _take(gate, order, k))
+            t.start()
+            threads.append(t)
+            time.sleep(0.05)            # they queue in this order
+    for t in threads:
+        t.join(10)
+    assert order == [0, 1, 2, 3] and gate.peak == 1
+
+
+def _take(gate, order, k):
+    with gate.slot():
+        order.append(k)
+
+
+# -- over a socket ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """Two tar shards of about 5 MB (photos), local and served."""
+    tmp = tmp_path_factory.mktemp("parts")
+    synthesize(tmp / "src", kind="photos", n=96, seed=1)
+    www = tmp / "www"
+    www.mkdir()
+    summary = fastdata.pack(tmp / "src", www / "d-%06d.tar",
+                            options=fastdata.PackOptions(shard_size=48), progress=False)
+    return summary.output, www
+
+
+@pytest.fixture
+def site(large, monkeypatch, tmp_path):
+    from servers import http_site
+
+    local, www = large
+    with http_site(www, monkeypatch, tmp_path / "cache") as server:
+        server.local = local
+        server.manifest = f"{server.url}/d.tar.fastdata.json"
+        yield server
+
+
+def _samples(ds) -> list[tuple[int, bytes]]:
+    return [(int(y), bytes(np.asarray(x).tobytes())) for x, y in ds]
+
+
+def _records(ds) -> list[tuple[int, bytes]]:
+    return [(int(y), bytes(np.asarray(x).tobytes())) for x, y in (ds[i] for i in range(len(ds)))]
+
+
+def test_a_large_shard_is_downloaded_in_ranged_parts_at_once(site, tmp_path):
+    shard = site.url + "/d-000000.tar"
+    size = (site.root / "d-000000.tar").stat().st_size
+    assert size > 4 << 20                       # larger than a part before measuring
+    site.server.delay = 0.2                     # parts asked for at once overlap there
+    with no_hang(60):
+        path = ShardCache(tmp_path / "c").local(shard, size=size)
+    with open(path, "rb") as got:
+        assert got.read() == (site.root / "d-000000.tar").read_bytes()
+    gets = [rng for method, path, rng in site.log if method == "GET" and path == "d-000000.tar"]
+    assert None not in gets                     # no whole GET: ranges only
+    spans = sorted((int(a), int(b)) for a, b in (r[len("bytes="):].split("-") for r in gets))
+    assert spans[0][0] == 0 and spans[-1][1] == size - 1 and len(spans) >= 2
+    assert all(b1 + 1 == a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))  # back to back
+    assert site.peak_active >= 2                 # at once, not one after another
+
+
+def test_a_part_of_another_length_leaves_no_copy(site, tmp_path):
+    shard = site.url + "/d-000000.tar"
+    size = (site.root / "d-000000.tar").stat().st_size
+    cache = ShardCache(tmp_path / "c")
+    with no_hang(60), pytest.raises(StorageError, match="shorter"):
+        cache.local(shard, size=size + 4096)    # the manifest says more than the server has
+    assert [p.name for p in (tmp_path / "c").iterdir() if not p.name.endswith(".lock")
+            and not p.name.startswith(".")] == []
+
+
+def test_a_store_that_throttles_gives_the_same_epoch_and_says_so(site, caplog):
+    want = _samples(fastdata.ShardedIterableDataset(site.local, order=fastdata.Order(
+        shuffle=True, seed=2)))
+    site.throttle(10)                            # one GET in ten: 503 SlowDown
+    with no_hang(120), caplog.at_level(logging.WARNING, logger="fastdata"):
+        stream = fastdata.ShardedIterableDataset(site.manifest, order=fastdata.Order(
+            shuffle=True, seed=2))
+        assert _samples(stream) == want
+        mapped = _records(fastdata.open_dataset(site.manifest))
+    assert mapped == _records(fastdata.open_dataset(site.local))
+    assert site.throttled >= 2
+    seen = adaptive.snapshot()
+    assert seen["throttled"] >= 1
+    assert any("answered 503 (slow down): retried with backoff" in r.getMessage()
+               for r in caplog.records)
