@@ -172,3 +172,36 @@ def test_a_store_that_throttles_gives_the_same_epoch_and_says_so(site, caplog):
     assert seen["throttled"] >= 1
     assert any("answered 503 (slow down): retried with backoff" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+    """600 tiny images in 20 tar shards of 30, served."""
+    tmp = tmp_path_factory.mktemp("many")
+    synthesize(tmp / "src", kind="tiny", n=600, seed=4)
+    www = tmp / "www"
+    www.mkdir()
+    fastdata.pack(tmp / "src", www / "d-%06d.tar",
+                  options=fastdata.PackOptions(shard_size=30), progress=False)
+    return www
+
+
+def test_a_batch_over_twenty_shards_is_one_round_trip(many_shards, monkeypatch, tmp_path):
+    """A map-style batch's records in 20 shards: one request per shard, all
+    at the server at once (each held there 0.3 s), not 8 at a time."""
+    from servers import http_site
+
+    with http_site(many_shards, monkeypatch, tmp_path / "cache") as site:
+        ds = fastdata.open_dataset(f"{site.url}/d.tar.fastdata.json",
+                                   decode=fastdata.Decode(output="bytes"))
+        batch = [30 * s + 7 for s in range(20)]          # one record of every shard
+        site.server.delay = 0.3
+        before = len(site.log)
+        with no_hang(60):
+            got = ds.__getitems__(batch)
+        ranged = [p for m, p, r in site.log[before:] if r is not None and p.endswith(".tar")]
+        assert sorted(ranged) == [f"d-{s:06d}.tar" for s in range(20)]
+        assert site.peak_active == 20
+    local = fastdata.open_dataset(many_shards / "d.tar.fastdata.json",
+                                  decode=fastdata.Decode(output="bytes"))
+    assert [bytes(x) for x, _ in got] == [bytes(local[i][0]) for i in batch]

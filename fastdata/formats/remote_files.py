@@ -161,8 +161,9 @@ def process_cache():
     return cache
 
 
-#: Requests to different objects one read sends at once.
-PARALLEL_OBJECTS = 8
+#: Threads for one read's requests to different objects: as many as the
+#: server's gate may let through (fastdata.storage.adaptive), which decides.
+PARALLEL_OBJECTS = 128
 
 
 def parallel_map(fn, items: list) -> list:
