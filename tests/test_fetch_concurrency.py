@@ -6,6 +6,7 @@ which counts them, the most it answered at once and its 503s."""
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -205,3 +206,73 @@ def test_a_batch_over_twenty_shards_is_one_round_trip(many_shards, monkeypatch, 
     local = fastdata.open_dataset(many_shards / "d.tar.fastdata.json",
                                   decode=fastdata.Decode(output="bytes"))
     assert [bytes(x) for x, _ in got] == [bytes(local[i][0]) for i in batch]
+
+
+# -- uploads --------------------------------------------------------------------------------
+
+def test_an_upload_counts_its_parts_and_a_full_one_steps_the_limit():
+    gate = adaptive.Gate("t", start=4)
+    gate.uploaded(3 << 20, 0.1, 1)                 # one part: times one connection
+    assert gate.limit == 4 and gate.stats()["connection_mb_s"] == pytest.approx(31.457, 1e-3)
+    gate.uploaded(20 << 20, 0.2, 4)                # every place busy: a window of the climb
+    assert gate.limit == 5
+    gate.uploaded(20 << 20, 0.2, 2)                # fewer parts than the limit: no evidence
+    assert gate.limit == 5
+    stats = gate.stats()
+    assert (stats["uploads"], stats["upload_bytes"], stats["requests"]) == (3, 43 << 20, 7)
+    assert stats["upload_seconds"] == 0           # none was under way (uploading())
+
+
+def test_upload_seconds_are_the_time_any_upload_was_under_way():
+    import time
+
+    gate = adaptive.Gate("t")
+    with gate.uploading():
+        with gate.uploading():                     # two at once: counted once
+            time.sleep(0.1)
+        time.sleep(0.1)
+    assert 0.2 <= gate.stats()["upload_seconds"] < 1.0
+
+
+def test_a_large_upload_goes_in_parts_at_once_and_is_counted(s3_server, s3_env, tmp_path):
+    from fastdata.storage import open_remote, upload_file
+    from fastdata.storage.objects import MIN_PART, upload_gate
+
+    s3_server.make_bucket("up-parts")
+    data = np.random.default_rng(0).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes()
+    local = tmp_path / "big.bin"
+    local.write_bytes(data)
+    url = "s3://up-parts/big.bin"
+    with no_hang(120):
+        upload_file(str(local), url)
+        assert open_remote(url).read() == data
+    parts = -(-len(data) // MIN_PART)                # 5 MiB parts: 3
+    assert s3_server.requests("PUT", url) == parts
+    stats = upload_gate(url).stats()
+    assert (stats["uploads"], stats["upload_bytes"], stats["requests"]) == (1, len(data), parts)
+
+
+def test_a_pack_to_a_url_says_what_its_upload_did(s3_server, s3_env, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from fastdata.cli import main
+    from fastdata.storage import open_remote
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    s3_server.make_bucket("up-pack")
+    synthesize(tmp_path / "src", kind="tiny", n=200, seed=5)
+    url = "s3://up-pack/d/d-%06d.tar"
+    with no_hang(120):
+        summary = fastdata.pack(tmp_path / "src", url, options=fastdata.PackOptions(
+            shard_size=50), progress=False)
+    sizes = [open_remote(f).size() for f in summary.files]
+    assert summary.upload.bytes == sum(sizes) and summary.upload.parts == len(sizes)
+    assert summary.upload.seconds > 0 and summary.upload.parts_at_once >= adaptive.LOW
+    with no_hang(120):
+        result = CliRunner().invoke(main, ["pack", str(tmp_path / "src"),
+                                           "s3://up-pack/e/e-%06d.tar", "--shard-size", "50"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.strip().startswith("uploaded "))
+    assert re.fullmatch(r"uploaded [0-9.]+ [kKMG]?B in [0-9.]+ s \([0-9,]+ MB/s; [0-9,]+ parts, "
+                        r"at most \d+ at once per file(; one connection [0-9,]+ MB/s)?\)",
+                        line.strip()), line

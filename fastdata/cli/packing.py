@@ -262,6 +262,12 @@ def echo_summary(summary, options, heading: str) -> None:
             echo(f"    ... and {len(summary.skipped) - 10} more")
     if summary.report:
         echo(f"  report: {summary.report}")
+    if summary.upload is not None and summary.upload.bytes:
+        u = summary.upload
+        rate = f"{u.mb_s:,.0f} MB/s; " if u.mb_s else ""
+        one = f"; one connection {u.connection_mb_s:,.0f} MB/s" if u.connection_mb_s else ""
+        echo(f"  uploaded {human_bytes(u.bytes)} in {u.seconds:.1f} s ({rate}"
+             f"{u.parts:,} parts, at most {u.parts_at_once} at once per file{one})")
     if summary.resumed is not None:
         r = summary.resumed
         echo(f"  resumed: {r.kept_records:,} records ({_pieces(r.kept_pieces)}) taken from "

@@ -27,6 +27,21 @@ class ResumeCounts:
 
 
 @dataclass(frozen=True)
+class UploadFigures:
+    """What a pack to a URL's upload did: ``bytes`` sent in ``seconds`` of
+    uploading (``mb_s``), ``parts`` requests, the most parts at once it
+    reached (``parts_at_once``, found by measuring), and one connection's
+    rate when a single-part upload timed it (``connection_mb_s``)."""
+
+    bytes: int
+    seconds: float
+    parts: int
+    parts_at_once: int
+    mb_s: float | None
+    connection_mb_s: float | None
+
+
+@dataclass(frozen=True)
 class PackSummary:
     """What a pack did. ``to_dict()`` is what ``fastdata pack --json`` prints."""
 
@@ -52,6 +67,8 @@ class PackSummary:
     #: For a resumed pack: what it took from the interrupted one and what it
     #: packed now; None for a pack that resumed nothing.
     resumed: ResumeCounts | None = None
+    #: For a pack to a URL: what the upload did (see :class:`UploadFigures`).
+    upload: UploadFigures | None = None
 
     @property
     def rate(self) -> float:

@@ -70,6 +70,10 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         from fastdata.storage import delete
 
         delete(old_files[-1])
+    from fastdata.storage.objects import upload_gate
+
+    gate = upload_gate(url)
+    before = gate.stats()
     early = _EarlyUploads(folder, staging + ".early")
     token = shard_listener.set(early.shard_finished)
     try:
@@ -98,11 +102,16 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         # The time includes the upload: the dataset is usable only from then on.
         return replace(summary, output=_remote_name(summary.output, staging, folder),
                        files=uploaded, seconds=time.perf_counter() - started,
-                       report=_remote_name(summary.report, staging, folder))
+                       report=_remote_name(summary.report, staging, folder),
+                       upload=_upload_figures(before, gate.stats()))
     finally:
         early.close()
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(staging + ".early", ignore_errors=True)
+
+
+#: Finished shards uploaded at once while the pack goes on.
+UPLOADS_AT_ONCE = 4
 
 
 class _EarlyUploads:
@@ -118,7 +127,9 @@ class _EarlyUploads:
         # it publishes, possibly before the upload has read them.
         self.holding = holding
         os.makedirs(holding, exist_ok=True)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-upload")
+        # Several shards at once: a shard of one part would otherwise leave the
+        # link idle for a round trip between uploads.
+        self.pool = ThreadPoolExecutor(UPLOADS_AT_ONCE, thread_name_prefix="fastdata-upload")
         self.futures: list = []
 
     def shard_finished(self, number: int, temp_paths: list[str],
@@ -141,6 +152,20 @@ class _EarlyUploads:
         for future in self.futures:
             future.cancel()
         self.pool.shutdown(wait=True)
+
+
+def _upload_figures(before: dict, after: dict):
+    """What the uploads between two of the gate's ``stats()`` did."""
+    from fastdata.packers.summary import UploadFigures
+
+    sent = after["upload_bytes"] - before["upload_bytes"]
+    seconds = after["upload_seconds"] - before["upload_seconds"]
+    return UploadFigures(bytes=sent, seconds=round(seconds, 3),
+                         parts=after["requests"] - before["requests"],
+                         parts_at_once=after["limit"],
+                         mb_s=round(sent / seconds / 1e6, 1) if seconds > 0 else None,
+                         connection_mb_s=None if after["connection_mb_s"] is None
+                         else round(after["connection_mb_s"], 1))
 
 
 def _upload_one(upload_file, held: str, target: str) -> str:

@@ -61,6 +61,8 @@ class Gate:
         self._tickets: list[tuple[int, int]] = []    # a heap: (ahead, serial)
         self._serial = 0
         self.requests = self.bytes = self.throttled = 0
+        self.uploads = self.upload_bytes = self._uploading = 0
+        self.upload_seconds = self._busy_since = 0.0
         self.peak = 0
         self.ttfb: deque[float] = deque(maxlen=SAMPLES)
         self.rates: deque[float] = deque(maxlen=SAMPLES)
@@ -140,6 +142,40 @@ class Gate:
                 "at once to it (now %d; fastdata.storage.adaptive)", self.name, status,
                 limit)
 
+    @contextlib.contextmanager
+    def uploading(self):
+        """Around one upload: ``upload_seconds`` counts the time at least one
+        upload was under way (uploads at once overlap: their wall time, not
+        the sum of theirs)."""
+        with self._cond:
+            if self._uploading == 0:
+                self._busy_since = time.monotonic()
+            self._uploading += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._uploading -= 1
+                if self._uploading == 0:
+                    self.upload_seconds += time.monotonic() - self._busy_since
+
+    def uploaded(self, nbytes: int, seconds: float, parts: int) -> None:
+        """One upload of ``parts`` parts sent at most ``limit`` at once
+        (obstore's multipart upload): counted, and taken as one window of
+        the hill climb when it kept every place busy (``parts`` at least the
+        limit). A single-part upload times one connection."""
+        with self._cond:
+            self.requests += parts
+            self.bytes += nbytes
+            self.uploads += 1
+            self.upload_bytes += nbytes
+            if parts == 1 and nbytes >= RATE_BODY and seconds > 0:
+                self.rates.append(nbytes / seconds)
+            if parts >= self.limit and seconds > 0:
+                self._queued = True
+                self._decide(nbytes / seconds)
+                self._window_reset(time.monotonic())
+
     def part_size(self) -> int:
         """Bytes per ranged part of a large read: a few round trips of one
         connection's bytes, so a part's wait for its first byte is a small
@@ -153,6 +189,8 @@ class Gate:
     def stats(self) -> dict:
         with self._cond:
             return {"requests": self.requests, "bytes": self.bytes,
+                    "uploads": self.uploads, "upload_bytes": self.upload_bytes,
+                    "upload_seconds": self.upload_seconds,
                     "ttfb_ms": _median(self.ttfb) * 1000 if self.ttfb else None,
                     "connection_mb_s": _median(self.rates) / 1e6 if self.rates else None,
                     "limit": self.limit, "peak": self.peak, "throttled": self.throttled}
@@ -194,6 +232,9 @@ def snapshot() -> dict:
            "bytes": sum(r["bytes"] for r in rows),
            "throttled": sum(r["throttled"] for r in rows),
            "peak": max((r["peak"] for r in rows), default=0),
+           "uploads": sum(r["uploads"] for r in rows),
+           "upload_bytes": sum(r["upload_bytes"] for r in rows),
+           "upload_seconds": sum(r["upload_seconds"] for r in rows),
            "limit": max((r["limit"] for r in rows), default=0)}
     ttfb = [r["ttfb_ms"] for r in rows if r["ttfb_ms"] is not None]
     rates = [r["connection_mb_s"] for r in rows if r["connection_mb_s"] is not None]
