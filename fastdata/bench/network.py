@@ -1,14 +1,14 @@
 """What the network did while a remote row was measured, and what limited the row.
 
-Ranged reads over http(s), and downloads in ranged parts, go through a
-per-origin gate that counts their requests (:mod:`fastdata.storage.adaptive`);
-:class:`NetworkWatch` resets those counts before a row's epochs and reads
-them at the warm-up's end and after the last epoch. Whole-object GETs
-(manifests, small shards downloaded whole) do not pass a gate and are not
-counted; nor are requests made in DataLoader worker processes, which keep
-their own counts (a row with workers is marked "main process only"), nor the
-ranged reads of s3://, gs:// and az:// objects, which obstore makes without a
-gate (such a row is marked "part downloads only").
+Ranged reads and downloads of shards over http(s), and downloads in ranged
+parts from object stores, go through a per-origin gate that counts their
+requests (:mod:`fastdata.storage.adaptive`); :class:`NetworkWatch` resets
+those counts before a row's epochs and reads them at the warm-up's end and
+after the last epoch. The open's requests (manifest, index) come before and
+are not counted; nor are requests made in DataLoader worker processes, which
+keep their own counts (a row with workers is marked "main process only"),
+nor the ranged reads of s3://, gs:// and az:// objects, which obstore makes
+without a gate (such a row is marked "part downloads only").
 """
 
 from __future__ import annotations
@@ -108,8 +108,7 @@ def verdict(network: dict[str, Any], cpu: float | None, cores: int) -> str:
     if counted != ALL:
         return f"not measured here ({NOT_COUNTED.get(counted, 'not every request counted')})"
     if not network.get("measured_requests"):
-        # Whole-object downloads pass no gate: no count is no proof of no traffic.
-        return "not measured here (no ranged requests counted in the measured epochs)"
+        return "not measured here (no requests counted in the measured epochs)"
     one, rate = network.get("connection_mb_s"), network.get("network_mb_s")
     if not one or rate is None:
         return ("not measured here (no answer was large enough to time one connection's "

@@ -28,8 +28,8 @@ _VERSIONED = ("torch", "numpy", "Pillow", "opencv-python-headless", "opencv-pyth
               "simplejpeg", "lmdb", "h5py", "tfrecord", "webdataset", "click")
 
 #: The network lines' legend (the first of its two lines).
-NETWORK_LEGEND = ("network: ranged requests of this process, per measured epoch "
-                  "(whole-object downloads")
+NETWORK_LEGEND = ("network: requests of this process for records and shards, per "
+                  "measured epoch (the open's")
 
 _COLUMNS = ("row", "workers", "samples/s", "MB/s", "x baseline", "pack s", "size MB",
             "CPU %", "p50 ms", "p99 ms", "cache")

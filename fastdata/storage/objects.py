@@ -166,6 +166,9 @@ class RemoteObject:
                     if os.fstat(out.fileno()).st_size != size:  # every part landed whole
                         raise StorageError(f"the copy holds {os.fstat(out.fileno()).st_size} "
                                            f"of {size} bytes", path=self.url)
+            elif self._http:
+                with open(tmp, "wb") as out:
+                    self._counted(out, limit)
             else:
                 with open(tmp, "wb") as out:
                     out.writelines(self._chunks(limit))
@@ -173,6 +176,22 @@ class RemoteObject:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def _counted(self, out, limit: int | None) -> None:
+        """The whole object streamed into ``out`` through its server's gate
+        (a download ahead of use: it waits behind reads needed now)."""
+        gate = self._gate()
+        with gate.slot(ahead=True):
+            began = time.monotonic()
+            chunks = self._chunks(limit)
+            first = next(chunks, b"")
+            got = time.monotonic()
+            out.write(first)
+            total = len(first)
+            for chunk in chunks:
+                out.write(chunk)
+                total += len(chunk)
+            gate.record(total, got - began, time.monotonic() - got)
 
     def _gate(self):
         """The gate of this object's server (fastdata.storage.adaptive)."""
