@@ -5,6 +5,7 @@ which counts them, the most it answered at once and its 503s."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 
@@ -56,8 +57,8 @@ def test_a_throttling_answer_halves_the_limit_and_pauses_growth(caplog):
         gate.throttle(503)
     assert gate.limit == 5 and gate.throttled == 2
     assert [r.getMessage() for r in caplog.records] == [
-        "http://store:80 answered 503 (slow down): retried with backoff, with fewer requests "
-        "at once to it (now 10; fastdata.storage.adaptive)"]
+        ("http://store:80 answered 503 (slow down): retried with backoff, with fewer requests "
+         "at once to it (now 10; fastdata.storage.adaptive)")]
     assert _decisions(gate, [100] * 5) == [5, 5, 5, 5, 6]
     for _ in range(10):
         gate.throttle(429)
@@ -144,7 +145,7 @@ def test_a_large_shard_is_downloaded_in_ranged_parts_at_once(site, tmp_path):
     assert None not in gets                     # no whole GET: ranges only
     spans = sorted((int(a), int(b)) for a, b in (r[len("bytes="):].split("-") for r in gets))
     assert spans[0][0] == 0 and spans[-1][1] == size - 1 and len(spans) >= 2
-    assert all(b1 + 1 == a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))  # back to back
+    assert all(b1 + 1 == a2 for (_, b1), (a2, _) in itertools.pairwise(spans))  # contiguous
     assert site.peak_active >= 2                 # at once, not one after another
 
 
@@ -236,7 +237,7 @@ def test_upload_seconds_are_the_time_any_upload_was_under_way():
 
 def test_a_large_upload_goes_in_parts_at_once_and_is_counted(s3_server, s3_env, tmp_path):
     from fastdata.storage import open_remote, upload_file
-    from fastdata.storage.objects import MIN_PART, upload_gate
+    from fastdata.storage.transfers import MIN_PART, upload_gate
 
     s3_server.make_bucket("up-parts")
     data = np.random.default_rng(0).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes()

@@ -70,7 +70,7 @@ def pack_to_url(pack, source, url: str, options, **pack_kwargs):
         from fastdata.storage import delete
 
         delete(old_files[-1])
-    from fastdata.storage.objects import upload_gate
+    from fastdata.storage.transfers import upload_gate
 
     gate = upload_gate(url)
     before = gate.stats()

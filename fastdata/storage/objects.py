@@ -6,42 +6,14 @@ the filesystem)."""
 from __future__ import annotations
 
 import os
-import time
-from pathlib import Path
 
 from fastdata.errors import AccessDeniedError, MissingObjectError, StorageError
 from fastdata.storage import http
 from fastdata.storage.failures import translated
-from fastdata.storage.forked import forked, process_threads, via_helper
+from fastdata.storage.forked import forked, via_helper
 from fastdata.storage.partial import partial_name, replace_file
-from fastdata.storage.stores import get_store
+from fastdata.storage.stores import get_store, store_and_key
 from fastdata.storage.urls import is_http, local_path, parse_url
-
-
-#: The smallest part of a multipart upload S3 takes (all but the last).
-MIN_PART = 5 << 20
-
-
-def upload_gate(url: str, storage_options: dict | None = None):
-    """The gate of uploads to ``url``'s store (fastdata.storage.adaptive):
-    its parts at once and what it has measured. Uploads and reads share the
-    link but not their counts."""
-    from fastdata.storage import adaptive
-
-    return adaptive.gate(_origin(url, storage_options) + " (uploads)")
-
-
-def _store_and_key(url: str, storage_options: dict | None):
-    parsed = parse_url(url)
-    return get_store(parsed, storage_options), parsed.key
-
-
-def _origin(url: str, storage_options: dict | None) -> str:
-    """What one gate of requests serves: a bucket at its endpoint."""
-    from fastdata.storage.endpoints import endpoint_of
-
-    parsed = parse_url(url)
-    return f"{endpoint_of(parsed, storage_options)}/{parsed.bucket}"
 
 
 def check_ranges(ranges, size: int, url: str) -> None:
@@ -84,7 +56,7 @@ class RemoteObject:
                 self._size = via_helper("size", self.url, self.storage_options)
             else:
                 import obstore
-                store, key = _store_and_key(self.url, self.storage_options)
+                store, key = store_and_key(self.url, self.storage_options)
                 with self._translated():
                     self._size = int(obstore.head(store, key)["size"])
         return self._size
@@ -134,7 +106,7 @@ class RemoteObject:
         if forked():
             return via_helper("read_ranges", self.url, self.storage_options, ranges, coalesce)
         import obstore
-        store, key = _store_and_key(self.url, self.storage_options)
+        store, key = store_and_key(self.url, self.storage_options)
         if coalesce is not None:
             def fetch(span):
                 with self._translated():
@@ -178,61 +150,19 @@ class RemoteObject:
                 os.unlink(tmp)
 
     def _counted(self, out, limit: int | None) -> None:
-        """The whole object streamed into ``out`` through its server's gate
-        (a download ahead of use: it waits behind reads needed now)."""
-        gate = self._gate()
-        with gate.slot(ahead=True):
-            began = time.monotonic()
-            chunks = self._chunks(limit)
-            first = next(chunks, b"")
-            got = time.monotonic()
-            out.write(first)
-            total = len(first)
-            for chunk in chunks:
-                out.write(chunk)
-                total += len(chunk)
-            gate.record(total, got - began, time.monotonic() - got)
+        from fastdata.storage.transfers import counted_download
+
+        counted_download(self, out, limit)
 
     def _gate(self):
-        """The gate of this object's server (fastdata.storage.adaptive)."""
-        from fastdata.storage import adaptive
+        from fastdata.storage.transfers import gate_of
 
-        if self._http:
-            return adaptive.gate(http.origin_of(self.url))
-        return adaptive.gate(_origin(self.url, self.storage_options))
+        return gate_of(self)
 
     def _parts(self, fd: int, size: int) -> None:
-        """The object's first ``size`` bytes into ``fd`` in ranged parts."""
-        if self._http:
-            http.download(self.url, fd, size, self.storage_options)
-            return
-        from fastdata.storage import adaptive
+        from fastdata.storage.transfers import download_parts
 
-        import obstore
-        store, key = _store_and_key(self.url, self.storage_options)
-        gate = self._gate()
-
-        def fetch(piece):
-            with gate.slot(ahead=True):
-                began = time.monotonic()
-                with self._translated():
-                    data = bytes(obstore.get_range(store, key, start=piece[0],
-                                                   length=piece[1] - piece[0]))
-                took = time.monotonic() - began
-                # obstore gives the body whole: its time counts as the first byte's.
-                gate.record(len(data), took, 0.0)
-            if len(data) != piece[1] - piece[0]:
-                raise StorageError(f"a ranged read gave {len(data)} of {piece[1] - piece[0]} "
-                                   f"bytes", path=self.url, offset=piece[0])
-            os.pwrite(fd, data, piece[0])
-
-        pieces = adaptive.split(0, size, gate.part_size())
-        pool = process_threads("fastdata-parts", adaptive.HIGH)
-        futures = [pool.submit(fetch, p) for p in pieces]
-        errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
+        download_parts(self, fd, size)
 
     def _chunks(self, limit: int | None = None):
         """The object's bytes in chunks, the first ``limit`` of them (None: all)."""
@@ -255,7 +185,7 @@ class RemoteObject:
                     yield chunk
             return
         import obstore
-        store, key = _store_and_key(self.url, self.storage_options)
+        store, key = store_and_key(self.url, self.storage_options)
         with self._translated():
             for chunk in obstore.get(store, key).stream(min_chunk_size=8 << 20):
                 yield bytes(chunk)
@@ -307,7 +237,7 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
         return via_helper("exists", url, storage_options)
     import obstore
     from obstore.exceptions import NotFoundError
-    store, key = _store_and_key(url, storage_options)
+    store, key = store_and_key(url, storage_options)
     with translated(url, storage_options):
         try:
             obstore.head(store, key)
@@ -350,20 +280,9 @@ def upload_file(local: str, url: str, storage_options: dict | None = None) -> No
         raise _read_only(url)
     if forked():
         return via_helper("upload_file", url, storage_options, local)
-    import obstore
+    from fastdata.storage.transfers import upload_parts
 
-    store, key = _store_and_key(url, storage_options)
-    # Parts at once as the store's measured rate rewards.
-    gate = upload_gate(url, storage_options)
-    size = os.path.getsize(local)
-    chunk = max(MIN_PART, gate.part_size())
-    concurrency = gate.limit
-    with gate.uploading():
-        began = time.monotonic()
-        with translated(url, storage_options):
-            obstore.put(store, key, Path(local), chunk_size=chunk,
-                        max_concurrency=concurrency)
-        gate.uploaded(size, time.monotonic() - began, max(1, -(-size // chunk)))
+    upload_parts(local, url, storage_options)
 
 
 def upload_bytes(data: bytes, url: str, storage_options: dict | None = None) -> None:
@@ -377,7 +296,7 @@ def upload_bytes(data: bytes, url: str, storage_options: dict | None = None) -> 
     if forked():
         return via_helper("upload_bytes", url, storage_options, bytes(data))
     import obstore
-    store, key = _store_and_key(url, storage_options)
+    store, key = store_and_key(url, storage_options)
     with translated(url, storage_options):
         obstore.put(store, key, bytes(data))
 
@@ -405,7 +324,7 @@ def delete(url: str, storage_options: dict | None = None) -> None:
     if forked():
         return via_helper("delete", url, storage_options)
     import obstore
-    store, key = _store_and_key(url, storage_options)
+    store, key = store_and_key(url, storage_options)
     with translated(url, storage_options):
         obstore.delete(store, key)
 
@@ -428,7 +347,7 @@ def create_bytes(data: bytes, url: str, storage_options: dict | None = None) -> 
         return via_helper("create_bytes", url, storage_options, bytes(data))
     import obstore
     from obstore.exceptions import AlreadyExistsError, PreconditionError
-    store, key = _store_and_key(url, storage_options)
+    store, key = store_and_key(url, storage_options)
     with translated(url, storage_options):
         try:
             obstore.put(store, key, bytes(data), mode="create")

@@ -149,3 +149,20 @@ def _aws_profile_provider(options: dict):
         raise StorageError(f"AWS profile {profile!r} needs boto3 (pip install boto3), or set "
                            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY instead") from None
     return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+
+
+def store_and_key(url: str, storage_options: dict | None = None):
+    """The store serving ``url`` and the object's key in it."""
+    from fastdata.storage.urls import parse_url
+
+    parsed = parse_url(url)
+    return get_store(parsed, storage_options), parsed.key
+
+
+def origin_of_store(url: str, storage_options: dict | None = None) -> str:
+    """What one gate of requests serves (fastdata.storage.adaptive): a
+    bucket at its endpoint."""
+    from fastdata.storage.urls import parse_url
+
+    parsed = parse_url(url)
+    return f"{endpoint_of(parsed, storage_options)}/{parsed.bucket}"
