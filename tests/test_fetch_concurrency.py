@@ -71,6 +71,10 @@ def test_parts_follow_the_measured_round_trip_and_rate():
     for _ in range(8):
         gate.record(6_000_000, 0.040, 0.1)      # 40 ms to the first byte, 60 MB/s
     assert gate.part_size() == int(2 * 0.040 * 60e6)
+    near = adaptive.Gate("near")
+    for _ in range(8):
+        near.record(6_000_000, 0.001, 0.012)    # 1 ms, 500 MB/s: 50 ms of it, capped
+    assert near.part_size() == adaptive.PART_MAX
     assert adaptive.split(0, 10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert adaptive.split(0, 12, 4) == [(0, 4), (4, 8), (8, 12)]
     assert adaptive.split(5, 6, 4) == [(5, 6)]

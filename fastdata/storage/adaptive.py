@@ -40,8 +40,11 @@ GAIN = 0.05
 WINDOW_S = 0.3
 #: Bodies of at least this many bytes tell one connection's rate.
 RATE_BODY = 256 << 10
-#: A ranged part: about this many round trips of one connection's bytes...
+#: A ranged part: about this many round trips of one connection's bytes,
+#: and at least what it carries in PART_SECONDS (a near server: parts would
+#: only cost requests)...
 PART_TRIPS = 2
+PART_SECONDS = 0.05
 #: ... within these bounds (bytes).
 PART_MIN, PART_MAX = 2 << 20, 16 << 20
 #: Recent samples kept per origin for the medians.
@@ -179,12 +182,14 @@ class Gate:
     def part_size(self) -> int:
         """Bytes per ranged part of a large read: a few round trips of one
         connection's bytes, so a part's wait for its first byte is a small
-        share of its time (4 MiB before anything is measured)."""
+        share of its time, and at least 50 ms of them, so a near server is
+        not asked for parts it sends as fast whole (4 MiB before anything
+        is measured)."""
         with self._cond:
             if len(self.ttfb) < 4 or not self.rates:
                 return 4 << 20
             ttfb, rate = _median(self.ttfb), _median(self.rates)
-        return int(min(PART_MAX, max(PART_MIN, PART_TRIPS * ttfb * rate)))
+        return int(min(PART_MAX, max(PART_MIN, PART_TRIPS * ttfb * rate, PART_SECONDS * rate)))
 
     def stats(self) -> dict:
         with self._cond:
