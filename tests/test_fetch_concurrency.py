@@ -105,16 +105,21 @@ def _take(gate, order, k):
 
 # -- over a socket ------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def large(tmp_path_factory):
-    """Two tar shards of about 5 MB (photos), local and served."""
-    tmp = tmp_path_factory.mktemp("parts")
-    synthesize(tmp / "src", kind="photos", n=96, seed=1)
+def _packed(tmp, kind: str, n: int, seed: int, shard_size: int):
+    """``n`` generated images in tar shards of ``shard_size`` in ``tmp/www``:
+    (the manifest, the folder)."""
+    synthesize(tmp / "src", kind=kind, n=n, seed=seed)
     www = tmp / "www"
     www.mkdir()
     summary = fastdata.pack(tmp / "src", www / "d-%06d.tar",
-                            options=fastdata.PackOptions(shard_size=48), progress=False)
+                            options=fastdata.PackOptions(shard_size=shard_size), progress=False)
     return summary.output, www
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """Two tar shards of about 5 MB (photos), local and served."""
+    return _packed(tmp_path_factory.mktemp("parts"), "photos", 96, 1, 48)
 
 
 @pytest.fixture
@@ -183,13 +188,7 @@ def test_a_store_that_throttles_gives_the_same_epoch_and_says_so(site, caplog):
 @pytest.fixture(scope="module")
 def many_shards(tmp_path_factory):
     """600 tiny images in 20 tar shards of 30, served."""
-    tmp = tmp_path_factory.mktemp("many")
-    synthesize(tmp / "src", kind="tiny", n=600, seed=4)
-    www = tmp / "www"
-    www.mkdir()
-    fastdata.pack(tmp / "src", www / "d-%06d.tar",
-                  options=fastdata.PackOptions(shard_size=30), progress=False)
-    return www
+    return _packed(tmp_path_factory.mktemp("many"), "tiny", 600, 4, 30)[1]
 
 
 def test_a_batch_over_twenty_shards_is_one_round_trip(many_shards, monkeypatch, tmp_path):

@@ -161,25 +161,17 @@ def process_cache():
     return cache
 
 
-#: Threads for one read's requests to different objects: as many as the
-#: server's gate may let through (fastdata.storage.adaptive), which decides.
-PARALLEL_OBJECTS = 128
-
-
 def parallel_map(fn, items: list) -> list:
     """``fn`` of each item, on this process's request threads (in the calling
-    thread for one item); the first error is raised after all have ended."""
+    thread for one item); the first error is raised after all have ended.
+    As many threads as a server's gate may let through
+    (fastdata.storage.adaptive), which decides."""
     if len(items) <= 1:
         return [fn(item) for item in items]
-    from fastdata.storage.forked import process_threads
+    from fastdata.storage import adaptive
+    from fastdata.storage.forked import map_all
 
-    pool = process_threads("fastdata-ranges", PARALLEL_OBJECTS)
-    futures = [pool.submit(fn, item) for item in items]
-    errors = [f.exception() for f in futures]
-    for error in errors:
-        if error is not None:
-            raise error
-    return [f.result() for f in futures]
+    return map_all("fastdata-ranges", adaptive.HIGH, fn, items)
 
 
 class RangedReads:

@@ -45,6 +45,19 @@ def process_threads(name: str, size: int):
     return found[1]
 
 
+def map_all(name: str, size: int, fn, items: list) -> list:
+    """``fn`` of each item on this process's pool ``name`` (of ``size``
+    threads); the first error is raised after all have ended, so nothing is
+    left running behind it."""
+    pool = process_threads(name, size)
+    futures = [pool.submit(fn, item) for item in items]
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
+
+
 def mark_runtime() -> None:
     """Note that this process is about to use obstore itself."""
     global _runtime_pid

@@ -15,7 +15,7 @@ import time
 
 from fastdata.errors import StorageError
 from fastdata.storage import adaptive
-from fastdata.storage.forked import process_threads
+from fastdata.storage.forked import map_all, process_threads
 from fastdata.storage.http_client import origin_of, refused, request
 
 #: Ranges of one object nearer than this are fetched in one request (as obstore does).
@@ -145,12 +145,7 @@ def download(url: str, fd: int, size: int, options: dict | None = None) -> None:
         data = read_range(url, piece[0], piece[1] - piece[0], options, ahead=True)
         os.pwrite(fd, data, piece[0])
 
-    pieces = adaptive.split(0, size, part)
-    futures = [_threads("fastdata-parts").submit(fetch, p) for p in pieces]
-    errors = [f.exception() for f in futures]
-    for error in errors:
-        if error is not None:
-            raise error
+    map_all("fastdata-parts", adaptive.HIGH, fetch, adaptive.split(0, size, part))
 
 
 def spans_read(ranges: list[tuple[int, int]], coalesce: int, fetch, *,

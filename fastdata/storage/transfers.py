@@ -12,7 +12,7 @@ from pathlib import Path
 from fastdata.errors import StorageError
 from fastdata.storage import adaptive, http
 from fastdata.storage.failures import translated
-from fastdata.storage.forked import process_threads
+from fastdata.storage.forked import map_all
 from fastdata.storage.stores import origin_of_store, store_and_key
 
 #: The smallest part of a multipart upload S3 takes (all but the last).
@@ -74,13 +74,7 @@ def download_parts(obj, fd: int, size: int) -> None:
                                f"bytes", path=obj.url, offset=piece[0])
         os.pwrite(fd, data, piece[0])
 
-    pieces = adaptive.split(0, size, gate.part_size())
-    pool = process_threads("fastdata-parts", adaptive.HIGH)
-    futures = [pool.submit(fetch, p) for p in pieces]
-    errors = [f.exception() for f in futures]
-    for error in errors:
-        if error is not None:
-            raise error
+    map_all("fastdata-parts", adaptive.HIGH, fetch, adaptive.split(0, size, gate.part_size()))
 
 
 def upload_parts(local: str, url: str, storage_options: dict | None = None) -> None:
