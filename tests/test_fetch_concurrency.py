@@ -98,8 +98,26 @@ def test_requests_wait_their_turn_in_order():
     assert order == [0, 1, 2, 3] and gate.peak == 1
 
 
-def _take(gate, order, k):
+def test_reads_needed_now_go_before_reads_ahead():
+    import threading
+    import time
+
+    gate = adaptive.Gate("t", start=1)
+    order = []
     with gate.slot():
+        threads = []
+        for k, ahead in ((0, True), (1, True), (2, False), (3, False)):
+            t = threading.Thread(target=lambda k=k, a=ahead: _take(gate, order, k, a))
+            t.start()
+            threads.append(t)
+            time.sleep(0.05)            # they queue in this order
+    for t in threads:
+        t.join(10)
+    assert order == [2, 3, 0, 1]        # downloads ahead of use wait behind the batch's reads
+
+
+def _take(gate, order, k, ahead=False):
+    with gate.slot(ahead=ahead):
         order.append(k)
 
 
