@@ -73,6 +73,8 @@ _LAZY = {
     "BackgroundBatches": "fastdata.loaders.background:BackgroundBatches",
     "loader": "fastdata.loaders.make_loader:loader",
     "collate": "fastdata.loaders.collate:collate",
+    "stats": "fastdata.loaders.stats:stats",
+    "log_stats": "fastdata.meter.export:log_stats",
     "RandomResizedCrop": "fastdata.decoding.random_crop:RandomResizedCrop",
     "CenterCrop": "fastdata.decoding.options:CenterCrop",
     "Decode": "fastdata.decoding.options:Decode",
@@ -90,7 +92,7 @@ __all__ = sorted([
 
 #: Sub-packages reachable as attributes (``fastdata.formats.read_manifest``).
 _SUBMODULES = ("formats", "records", "errors", "packers", "loaders", "order", "decoding",
-               "storage", "dataset", "ops", "bench", "demo", "dali", "machine", "encodings",
+               "storage", "dataset", "ops", "bench", "demo", "dali", "machine", "encodings", "meter",
                "cli")
 
 

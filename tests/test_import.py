@@ -121,10 +121,13 @@ FORBIDDEN = {
     "packers": {"loaders", "dali", "bench", "ops"},
     "ops": {"loaders", "dali", "bench", "cli", "demo"},
     "dali": {"loaders", "packers", "bench", "cli", "ops"},
+    "meter": {"loaders", "dali", "packers", "formats", "decoding", "order", "bench", "cli",
+              "dataset", "ops", "demo"},
 }
 #: Packages that never import torch: only the torch layer (loaders) and the
 #: tools built on it do (DALI only to find the current CUDA device).
-TORCH_FREE = ("formats", "decoding", "order", "storage", "dataset", "packers", "ops")
+TORCH_FREE = ("formats", "decoding", "order", "storage", "dataset", "packers", "ops",
+              "meter")
 
 
 def _imports(package: str) -> list[tuple[str, int, str]]:

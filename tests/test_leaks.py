@@ -16,7 +16,7 @@ from conftest import build_tree, run_python, uniform_spec
 
 import fastdata
 from fastdata import Decode
-from fastdata.loaders import cache as cache_module
+from fastdata.storage import shared_block
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,8 +183,8 @@ def test_block_of_a_killed_process_is_removed_by_the_next_cache(datasets):
 def test_only_blocks_of_dead_processes_of_this_namespace_are_removed(tmp_path):
     dead = subprocess.Popen(["true"])  # a pid that no longer runs
     dead.wait()
-    ns = cache_module._pid_namespace()
-    me, start = os.getpid(), cache_module._start_time(os.getpid()) or 0
+    ns = shared_block._pid_namespace()
+    me, start = os.getpid(), shared_block._start_time(os.getpid()) or 0
     names = {
         f"fastdata-{ns}-{dead.pid}-0-aaaa": False,  # creator gone
         f"fastdata-{ns}-{me}-{start + 1}-bbbb": not start,  # this pid, another process
@@ -195,6 +195,6 @@ def test_only_blocks_of_dead_processes_of_this_namespace_are_removed(tmp_path):
     }
     for name in names:
         (tmp_path / name).write_bytes(b"x")
-    removed = cache_module.remove_stale_blocks(str(tmp_path))
+    removed = shared_block.remove_stale_blocks(str(tmp_path))
     assert sorted(removed) == sorted(n for n, kept in names.items() if not kept)
     assert sorted(os.listdir(tmp_path)) == sorted(n for n, kept in names.items() if kept)

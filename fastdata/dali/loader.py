@@ -59,6 +59,11 @@ class DALILoader:
             policy = {"reader_name": READER_NAME, "last_batch_policy":
                       LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL}
         self._manifest = None
+        from fastdata.meter.loop import Meter
+
+        #: The stall meter (:func:`fastdata.stats`): the loop's waits; DALI's
+        #: stages run inside its pipeline, unmeasured.
+        self.meter = Meter()
         # The iterator runs the first batches as it is made.
         with self._explained():
             self._iter = DALIGenericIterator(self.pipeline, ["images", "labels"],
@@ -74,7 +79,7 @@ class DALILoader:
         """One epoch of ``(images, labels)``. Left early, the next loop carries on
         with the rest of that epoch (DALI's iterators cannot restart one midway)."""
         with self._explained():
-            for out in self._iter:
+            for out in self.meter.loop.wrap(self._iter):
                 batch = out[0]
                 yield batch["images"], batch["labels"].view(-1)
 

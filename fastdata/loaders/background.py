@@ -61,11 +61,19 @@ class BackgroundBatches:
         self.loader = loader
         self.depth = int(depth)
         self.then = then
+        from fastdata.loaders.meter_setup import table_of
+        from fastdata.meter.loop import Meter
+
+        #: The stall meter (:func:`fastdata.stats`).
+        self.meter = Meter(table_of(getattr(loader, "dataset", loader)))
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
+        return self.meter.loop.wrap(self._batches())
+
+    def _batches(self) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         device = _cuda_device(self.loader)

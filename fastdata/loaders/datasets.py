@@ -26,6 +26,7 @@ from fastdata.loaders.buffers import batch_tensor
 from fastdata.loaders.decode_pool import DecodePool, decode_threads_for_worker
 from fastdata.loaders.samples import Failed, OnError, SamplePipeline, array_to_output
 from fastdata.loaders.sizes import fixed_shape, stacked_by_caller
+from fastdata.meter.table import clock
 from fastdata.order.options import Order
 
 #: A map-style dataset's RAM cache: stored payloads, or decoded pixels.
@@ -171,11 +172,16 @@ class PackedDataset(SamplePipeline, Dataset):
         share one shape comes back as a :class:`fastdata.loaders.collate.Batch`
         (one stacked uint8 tensor); ``fastdata.collate`` passes it through.
         """
+        start = clock()
         indices = list(indices)
         stack = (self.output == "tensor" and self.transform is None
                  and self.target_transform is None and len(indices) > 1)
-        return self._load(indices, stack=stack,
-                          warn_sizes=stack and stacked_by_caller(self, sys._getframe(1)))
+        batch = self._load(indices, stack=stack,
+                           warn_sizes=stack and stacked_by_caller(self, sys._getframe(1)))
+        if self.reader.url:
+            self._meter.note_requests()
+        self._meter.made(start, len(batch))
+        return batch
 
     def _load(self, indices: list[int], stack: bool = False, warn_sizes: bool = False,
               into=None) -> Sequence:
@@ -257,8 +263,11 @@ class PackedDataset(SamplePipeline, Dataset):
         # positions through their parts, once per call.
         labels = np.asarray(self.reader.labels[np.asarray(indices, dtype=np.int64)]).tolist() \
             if indices else []
+        start = clock()
         samples = [self._sample(i, image, label)
                    for i, image, label in zip(indices, images, labels)]
+        if self.transform is not None or self.target_transform is not None:
+            self._meter.add("transform", clock() - start)
         if metas is not None:
             samples = [None if s is None else (*s, m) for s, m in zip(samples, metas)]
         return [s for s in samples if s is not None]
@@ -277,12 +286,17 @@ class PackedDataset(SamplePipeline, Dataset):
     def _read(self, indices: list[int], check: bool = True) -> list:
         if self.cache is None:  # the RAM cache's records were checked when it was filled
             if self._sampler_reads is not None:
-                ahead = self._sampler_reads.payloads(indices)
+                ahead = self._timed_read(self._sampler_reads.payloads, indices)
                 if ahead is not None:
                     return ahead
-            return self.reader.read_many(indices, check=check and self.reader.verify)
+            verify = check and self.reader.verify
+            return self._timed_read(lambda i: self.reader.read_many(i, check=verify), indices)
         n = len(self)
-        return self.cache.read_many([i + n if i < 0 else i for i in indices])
+        start = clock()
+        out = self.cache.read_many([i + n if i < 0 else i for i in indices])
+        self._meter.add("read", clock() - start)
+        self._meter.count("ram_records", len(indices))
+        return out
 
     def close(self) -> None:
         """Stop this process's decode threads and close its file handles; both

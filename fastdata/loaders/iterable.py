@@ -8,6 +8,7 @@ it resumes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -32,6 +33,7 @@ from fastdata.loaders.stream_batches import (
     take_group,
 )
 from fastdata.machine import rank_and_world
+from fastdata.meter.table import clock
 from fastdata.order.epochs import Shuffle, epoch_order, shard_starts
 from fastdata.order.options import Order
 from fastdata.order.slices import Slice
@@ -369,9 +371,13 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         records decoded ahead."""
         group = DECODE_GROUP if self._decoders.threads_here() > 1 else 1
         while True:
+            start = clock()
             items, taken, error = take_group(records, position, group)
             images = self._convert_all([it[0] for it in items], [it[1] for it in items],
                                        self._convert)
+            if self.reader.url:
+                self._meter.note_requests()
+            self._meter.made(start, len(items), batch=False)
             for (index, _data, meta), image, done in zip(items, images, taken):
                 position.taken = done
                 yield index, image, meta
@@ -388,7 +394,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         if isinstance(resume, WorkerPosition):
             resume.check_layout(rank=rank, world=world, worker=worker, workers=workers,
                                 batch_size=self.batch_size or 0, drop_last=self.drop_last)
-            return WorkerPosition(**{**vars(resume)})
+            return WorkerPosition(**vars(resume))
         plan = self.plan()
         return WorkerPosition(epoch=self.epoch, start=plan.start, records=plan.n,
                               order=self.describe_order(self.epoch), world=world, rank=rank,
@@ -411,7 +417,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             for k, indices in enumerate(chunks):
                 # A rank's positions never repeat a record, so an index names its place.
                 place = {index: j for j, index in enumerate(indices)}
-                payloads = ahead.take(k)
+                payloads = self._timed_read(ahead.take, k)
                 got = zip(indices, payloads) if payloads is not None \
                     else self._read_rest(indices)  # damage, or no read-ahead: one by one
                 metas = self._chunk_metadata(indices)
@@ -444,8 +450,8 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
         one record at a time, and unreadable records are skipped and counted (a
         run of them with one warning: a truncated shard loses many at once)."""
         lost: list[tuple[int, CorruptDataError]] = []
-        for index, data, exc in salvage.read_batches(indices, self.reader.read_many,
-                                                     self.reader.read):
+        read_many = functools.partial(self._timed_read, self.reader.read_many)
+        for index, data, exc in salvage.read_batches(indices, read_many, self.reader.read):
             if exc is not None:
                 if self.on_error == "raise":
                     raise exc

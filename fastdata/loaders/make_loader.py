@@ -9,10 +9,11 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, default_collate
 
 from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.collate import collate
+from fastdata.loaders.meter_setup import TimedCollate, share_table
 from fastdata.loaders.prefetch import CUDAPrefetcher
 from fastdata.loaders.stream_batches import StreamBatches, batchable
 from fastdata.order.options import Order
@@ -46,6 +47,7 @@ def loader(
     worker_init_fn: Callable | None = None,
     timeout: float = 0,
     generator: torch.Generator | None = None,
+    advise: bool = False,
 ):
     """A DataLoader with sensible settings for ``dataset``, wrapped in a
     :class:`CUDAPrefetcher` when the batches go to a GPU.
@@ -97,6 +99,10 @@ def loader(
         worker_init_fn: DataLoader's.
         timeout: DataLoader's.
         generator: DataLoader's.
+        advise: print one line at the end of each pass: the share of the
+            loop's time spent waiting for data, the stage that limits loading
+            and what to try (:func:`fastdata.stats` reads the same meter at
+            any time).
 
     Returns:
         (CUDAPrefetcher): The DataLoader (``.loader``) in a :class:`CUDAPrefetcher`,
@@ -157,13 +163,20 @@ def loader(
         options["batch_sampler"] = EpochBatches(dataset, order)
     options.update(theirs)
     _match_stream_batches(dataset, options.get("batch_size"))
-    data_loader = DataLoader(_stream_in_batches(dataset, options), **options)
+    source = _stream_in_batches(dataset, options)
+    # The stall meter's table, in shared memory before the workers start.
+    table = share_table(dataset, num_workers)
+    batched = options.get("batch_size") is not None or options.get("batch_sampler") is not None
+    if options.get("collate_fn") is not None or batched:
+        options["collate_fn"] = TimedCollate(options.get("collate_fn") or default_collate,
+                                             table)
+    data_loader = DataLoader(source, **options)
     if iterable and not isinstance(data_loader.dataset, StreamBatches):
         choice = replace(choice, run_ahead=0)  # per sample: its position must be the loop's
     prefetcher = CUDAPrefetcher(data_loader, device, mean=mean, std=std,
                                 channels_last=channels_last, dtype=dtype,
                                 run_ahead=choice.run_ahead if data_loader.num_workers == 0
-                                else 0)
+                                else 0, advise=advise)
     prefetcher.choice = choice
     return prefetcher
 

@@ -19,6 +19,9 @@ import torch
 from fastdata.keywords import explain_keywords
 from fastdata.loaders.buffers import FloatBuffers
 from fastdata.loaders.loop_position import LoopPosition
+from fastdata.loaders.meter_setup import table_of
+from fastdata.meter.loop import Meter
+from fastdata.meter.table import clock
 
 _warned_no_cuda = False
 
@@ -54,6 +57,9 @@ class CUDAPrefetcher:
         run_ahead: make batches this many ahead in a thread
             (:class:`~fastdata.loaders.background.BackgroundBatches`), for a
             loader without worker processes; 0 (default): as the loop asks.
+        advise: at the end of each pass, print one line to stderr from the
+            stall meter (:func:`fastdata.stats`: the data wait, the bound
+            stage, what to try), and start the meter's counts again.
     """
 
     @explain_keywords({"background": "run_ahead="})
@@ -70,6 +76,7 @@ class CUDAPrefetcher:
         image_key: str = "image",
         convert: bool = True,
         run_ahead: int = 0,
+        advise: bool = False,
     ) -> None:
         global _warned_no_cuda
         self.loader = loader
@@ -90,6 +97,11 @@ class CUDAPrefetcher:
         self._batches = loader
         # The loop's point in the order: counted here, where batches reach the loop.
         self._position = LoopPosition(loader)
+        #: The stall meter (:func:`fastdata.stats`): the loop's waits, and the
+        #: stage times of the dataset's producers.
+        self.meter = Meter(table_of(getattr(loader, "dataset", loader)), gpu=self.cuda)
+        self.advise = bool(advise)
+        self._copies: collections.deque = collections.deque()
         if self.run_ahead:
             from fastdata.loaders.background import BackgroundBatches
 
@@ -97,8 +109,7 @@ class CUDAPrefetcher:
             # training step instead of before it. A loader with a resume state
             # is refused there.
             self._batches = BackgroundBatches(
-                loader, self.run_ahead,
-                then=None if self.cuda else lambda batch: self._move(batch, [True]))
+                loader, self.run_ahead, then=None if self.cuda else self._converted)
         self.channels_last = channels_last
         self.dtype = dtype
         self._buffers = FloatBuffers()
@@ -140,6 +151,13 @@ class CUDAPrefetcher:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+    def _converted(self, batch):
+        """``batch`` moved and converted on the CPU, timed as the ``convert`` stage."""
+        start = clock()
+        out = self._move(batch, [True])
+        self.meter.table.add("convert", clock() - start, busy=True)
+        return out
 
     def _move(self, batch, first: list[bool]):
         if isinstance(batch, torch.Tensor):
@@ -199,8 +217,12 @@ class CUDAPrefetcher:
     def __iter__(self) -> Iterator[Any]:
         position = self._position
         position.begin()
-        yield from self._passes(position.took)
+        yield from self.meter.loop.wrap(self._passes(position.took))
         position.ended()
+        if self.advise:
+            from fastdata.loaders.stats import print_advice
+
+            print_advice(self)
         # A whole pass read: a stream goes on to its next epoch, as the
         # map-style EpochBatches does (set_epoch() may still say which).
         after = getattr(getattr(self.loader, "dataset", None), "_after_pass", None)
@@ -218,7 +240,7 @@ class CUDAPrefetcher:
         if not self.cuda:
             for batch in self._batches:
                 if not self.run_ahead:    # else converted in the background thread
-                    batch = self._move(batch, [True])
+                    batch = self._converted(batch)
                 took()
                 yield batch
             return
@@ -232,10 +254,13 @@ class CUDAPrefetcher:
             except StopIteration:
                 return False
             with torch.cuda.stream(side):
+                began = torch.cuda.Event(enable_timing=True)
+                began.record(side)
                 moved = self._move(batch, [True])
-                done = torch.cuda.Event()
+                done = torch.cuda.Event(enable_timing=True)
                 done.record(side)
             pending.append((moved, done))
+            self._copies.append((began, done))
             return True
 
         for _ in range(self.depth):
@@ -247,5 +272,13 @@ class CUDAPrefetcher:
             current.wait_event(done)
             self._record(moved, current)
             launch()
+            self._copied()
             took()
             yield moved
+
+    def _copied(self) -> None:
+        """Add the GPU time of the finished copies to the ``copy`` stage."""
+        copies = self._copies
+        while copies and copies[0][1].query():
+            began, done = copies.popleft()
+            self.meter.table.add("copy", began.elapsed_time(done) / 1e3)

@@ -23,9 +23,10 @@ from fastdata.decoding.options import OUTPUTS, CenterCrop, Decode
 from fastdata.errors import CorruptDataError, DecodeError, exception_text
 from fastdata.formats.reader import Reader
 from fastdata.loaders.sizes import MixedSizeNotice
+from fastdata.meter.table import StageTable, clock
 from fastdata.redaction import redact
 
-__all__ = ["OUTPUTS", "SamplePipeline", "convert_payload", "array_to_output", "Failed"]
+__all__ = ["OUTPUTS", "Failed", "SamplePipeline", "array_to_output", "convert_payload"]
 
 #: What a record that cannot be read or decoded does: raise, or be left out.
 OnError = Literal["raise", "skip"]
@@ -99,6 +100,8 @@ class SamplePipeline:
         self.with_metadata = bool(with_metadata)
         self.skipped = 0
         self.mixed_sizes = MixedSizeNotice()
+        #: The stall meter's stage times (fastdata.loader() shares one with its workers).
+        self._meter = StageTable()
 
     # -- torchvision-style metadata --------------------------------------------
 
@@ -197,7 +200,18 @@ class SamplePipeline:
         items = list(zip(range(len(indices)), indices, payloads))
         if (self.decode.raw_shape is not None and self.crop is None) or self.output == "bytes":
             return [one(item) for item in items]  # nothing to decode: no thread hand-offs
-        return self._decoders.map(one, items)
+        start = clock()
+        out = self._decoders.map(one, items)
+        self._meter.add("decode", clock() - start)
+        return out
+
+    def _timed_read(self, read: Callable, indices):
+        """``read(indices)``, its time counted as fetching (a dataset at a URL)
+        or reading (a local one) by the stall meter."""
+        start = clock()
+        out = read(indices)
+        self._meter.add("fetch" if self.reader.url else "read", clock() - start)
+        return out
 
     def _sample(self, index: int, image, label: int):
         """``(image, label)`` with the transforms applied, or None when ``image``

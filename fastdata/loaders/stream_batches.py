@@ -21,6 +21,7 @@ from fastdata.errors import CorruptDataError
 from fastdata.loaders.buffers import batch_tensor
 from fastdata.loaders.collate import Batch
 from fastdata.loaders.sizes import fixed_shape
+from fastdata.meter.table import clock
 
 
 def take_group(records: Iterator, position, size: int) -> tuple[list, list[int], Exception | None]:
@@ -107,11 +108,16 @@ def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
     list of samples (``fastdata.collate`` says how to get one size)."""
     shape = fixed_shape(ds.decode, ds.crop)
     labels = ds.reader.labels
+    meter = ds._meter
     while True:
+        start = clock()
         items, taken, error = take_group(records, position, size)
         if items and (len(items) == size or not drop_last or error is not None):
             position.taken = taken[-1]
             batch = _make(ds, items, shape, labels)
+            if ds.reader.url:
+                meter.note_requests()
+            meter.made(start, 0 if batch is None else len(batch))
             if batch is not None:
                 if ds._taken is not None:
                     ds._taken.made(position)

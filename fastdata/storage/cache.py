@@ -95,6 +95,15 @@ def _lock(path: str, mode: int, blocking: bool = True) -> int | None:
         os.close(fd)
 
 
+#: This process's copies found in a cache, and copies downloaded (the stall meter's).
+_COUNTS = [0, 0]
+
+
+def cache_counts() -> tuple[int, int]:
+    """(copies found in the cache, copies downloaded) by this process so far."""
+    return _COUNTS[0], _COUNTS[1]
+
+
 class ShardCache:
     """Downloaded copies of remote objects under ``cache_dir`` (default
     ``$FASTDATA_CACHE_DIR/objects`` or ``~/.cache/fastdata/objects``), kept under
@@ -155,6 +164,7 @@ class ShardCache:
         if own is not None:
             return own
         path = self.path_for(url, storage_options, identity=identity)
+        _COUNTS[0 if os.path.exists(path) else 1] += 1
         return self._obtain(path, lambda fd: self._download(url, storage_options, path, fd,
                                                             limit=limit, size=size))
 
