@@ -198,7 +198,11 @@ def _check_prefetcher(args) -> bool:
             sync()
             rate = seen / (time.perf_counter() - start)
             once = seen == len(ds) * args.epochs
-            ok = ok and once and first[0].type == "cuda" and first[4] < 0.05
+            # The stall meter on a GPU: the copy stage is measured (CUDA events).
+            figures = fastdata.stats(loader)
+            copy = figures["stages"].get("copy", {}).get("seconds", 0.0)
+            print(f"  stall meter: {figures['advice']}; copy stage {copy * 1e3:.1f} ms")
+            ok = ok and once and first[0].type == "cuda" and first[4] < 0.05 and copy > 0
             print(f"CUDAPrefetcher, {workers} workers (run_ahead={loader.run_ahead}): "
                   f"{rate:8.1f} img/s over {args.epochs} epochs; images {first[0]} {first[1]} "
                   f"{first[2]} channels_last={first[3]}; max |gpu - cpu normalise| "

@@ -173,15 +173,19 @@ class PackedDataset(SamplePipeline, Dataset):
         (one stacked uint8 tensor); ``fastdata.collate`` passes it through.
         """
         start = clock()
-        indices = list(indices)
-        stack = (self.output == "tensor" and self.transform is None
-                 and self.target_transform is None and len(indices) > 1)
-        batch = self._load(indices, stack=stack,
-                           warn_sizes=stack and stacked_by_caller(self, sys._getframe(1)))
+        batch = self._getitems(indices, stacked_by_caller(self, sys._getframe(1)))
         if self.reader.url:
             self._meter.note_requests()
         self._meter.made(start, len(batch))
         return batch
+
+    def _getitems(self, indices: Sequence[int], warn_sizes: bool = False) -> Sequence:
+        """:meth:`__getitems__` without the stall meter's count of a batch (a
+        mixture counts its own)."""
+        indices = list(indices)
+        stack = (self.output == "tensor" and self.transform is None
+                 and self.target_transform is None and len(indices) > 1)
+        return self._load(indices, stack=stack, warn_sizes=stack and warn_sizes)
 
     def _load(self, indices: list[int], stack: bool = False, warn_sizes: bool = False,
               into=None) -> Sequence:

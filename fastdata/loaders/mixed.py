@@ -26,7 +26,9 @@ from fastdata.keywords import check_read_values, explain_keywords
 from fastdata.loaders.buffers import batch_tensor
 from fastdata.loaders.collate import Batch
 from fastdata.loaders.datasets import dataset_class
+from fastdata.loaders.meter_setup import table_of
 from fastdata.loaders.samples import OnError
+from fastdata.meter.table import clock
 from fastdata.mixture_file import ClassMode, combine_classes, read_mixture_file
 from fastdata.order.mixture import MixOrder, MixSource, Mixture
 from fastdata.order.options import Order
@@ -308,6 +310,12 @@ class MixedDataset(Dataset):
         return self.__getitems__([index % n])[0]
 
     def __getitems__(self, indices: Sequence[int]):
+        start = clock()
+        batch = self._mixed_batch(indices)
+        table_of(self).made(start, len(batch))
+        return batch
+
+    def _mixed_batch(self, indices: Sequence[int]):
         indices = np.asarray(indices, dtype=np.int64)
         which, records, cycles = self._entries_at(indices)
         stack = len(indices) > 1 and self.transform is None and self.target_transform is None
@@ -331,7 +339,7 @@ class MixedDataset(Dataset):
                 if pixels is not None and len(places) > 1:
                     part = ds._load(wanted, stack=True, into=_Rows(pixels.numpy(), places))
                 else:
-                    part = ds.__getitems__(wanted)
+                    part = ds._getitems(wanted)
             finally:
                 ds._drawing_epoch = None
             if isinstance(part, Batch):
