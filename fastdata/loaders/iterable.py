@@ -352,11 +352,17 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             return
         labels = self.reader.labels
         watch_sizes = stacked and self.output in ("tensor", "numpy") and self.transform is None
+        # A per-sample transform runs per sample anyway: its time is taken so too.
+        timed = self.transform is not None or self.target_transform is not None
+        meter = self._meter
         for index, image, meta in self._decoded(self._records(plan, order, position), position):
             if isinstance(meta, CorruptDataError):  # this record's metadata is damaged
                 self._corrupt(meta, index)
                 continue
+            start = clock() if timed else 0.0
             sample = self._sample(index, image, int(labels[index]))
+            if timed:
+                meter.add("transform", clock() - start, busy=True)
             if sample is not None:
                 if watch_sizes:
                     self.mixed_sizes.sample(tuple(sample[0].shape), self.path)

@@ -70,6 +70,8 @@ def stats(loader, *, ranks: bool = False, reset: bool = False) -> dict[str, Any]
         now, since = meter.rows()
         out = meter.loop.figures()
         gpu = meter.gpu
+        # The time the loop spent in its passes: workers make batches only then.
+        in_passes = out["wait_s"] + out["step_s"]
     else:
         table = _table_of(loader)
         now = table.snapshot() if table is not None else np.zeros((1, len(COLUMNS)))
@@ -77,7 +79,8 @@ def stats(loader, *, ranks: bool = False, reset: bool = False) -> dict[str, Any]
         out = {"batches": None, "wait_s": None, "step_s": None, "data_wait": None,
                "elapsed_s": None, "batch_ready_ms": None}
         gpu = False
-    out.update(_producers(now, since, gpu))
+        in_passes = 0.0
+    out.update(_producers(now, since, gpu, in_passes))
     out["rank"], out["world"] = _rank_world()
     out["bound"], out["advice"] = advise(out)
     if ranks:
@@ -91,8 +94,11 @@ def stats(loader, *, ranks: bool = False, reset: bool = False) -> dict[str, Any]
     return out
 
 
-def _producers(now: np.ndarray, since: np.ndarray, gpu: bool) -> dict[str, Any]:
-    """The producers' side: stages, workers, requests, cache, from the rows."""
+def _producers(now: np.ndarray, since: np.ndarray, gpu: bool,
+               in_passes: float = 0.0) -> dict[str, Any]:
+    """The producers' side: stages, workers, requests, cache, from the rows
+    (each worker's busy share of its span, at most ``in_passes``, the loop's
+    time in its passes when measured: a pause between passes is no idle time)."""
     delta = now - since
     total = delta.sum(axis=0)
     seconds = {s: float(total[COLUMNS[s]]) for s in STAGES
@@ -101,12 +107,16 @@ def _producers(now: np.ndarray, since: np.ndarray, gpu: bool) -> dict[str, Any]:
     stages = {s: {"seconds": v, "share": v / whole} for s, v in seconds.items()}
     each = []
     for r in range(len(now)):
-        if now[r, COLUMNS["batches"]] <= 0:
-            continue  # not a producer (the loop's own thread converting, say)
+        if delta[r, COLUMNS["batches"]] <= 0 and delta[r, COLUMNS["samples"]] <= 0:
+            # not a producer (the loop's own thread converting, say), or none
+            # since the last reset
+            continue
         start = now[r, COLUMNS["first"]]
         if since[r, COLUMNS["last"]] > 0:
             start = max(start, since[r, COLUMNS["last"]])
         span = now[r, COLUMNS["last"]] - start
+        if in_passes > 0:
+            span = min(span, in_passes)
         busy = delta[r, COLUMNS["busy"]]
         each.append(min(1.0, busy / span) if span > 0 else 1.0)
     return {
