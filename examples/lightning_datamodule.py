@@ -6,22 +6,27 @@
     python examples/lightning_datamodule.py train.lmdb --val val.lmdb --max-steps 100
 
 The DataModule opens the packs with fastdata's decoding (random resized crops
-for training, resize + centre crop for validation) and gives Lightning plain
-uint8 batches; Lightning moves them to the device and the DataModule's
-``on_after_batch_transfer`` turns them into normalised floats there, 4x fewer
-bytes to copy than float batches.
+for training, resize + centre crop for validation) and reads them with
+``fastdata.loader()`` on the trainer's device: it copies uint8 batches (4x
+fewer bytes than float ones) and normalises them there, so Lightning gets
+batches already in place.
 
 Lightning's own order machinery is turned off (``use_distributed_sampler=False``):
 ``fastdata.EpochBatches`` already gives each DDP rank an equal share of one
-order. Lightning calls ``set_epoch`` on a DataLoader's ``sampler``, not on its
-``batch_sampler``, so a small callback tells ``EpochBatches`` each epoch.
+order. A small callback tells it Lightning's epoch, also after a resume.
 
-Checkpoint at epoch ends (Lightning's default): a mid-epoch checkpoint does not
-resume exactly. With a plain DataLoader Lightning starts the epoch over (and
-warns); torchdata's StatefulDataLoader, whose state Lightning restores, fares
-no better with Lightning 2.6, which iterates the restored loader more than
-once: each new pass of the half-read epoch starts again at the restored point,
-so batches repeat. ``examples/train_classifier.py`` resumes mid-epoch exactly.
+Is loading the bottleneck? A second callback reads the loader's stall meter
+at each training epoch's end (``fastdata.stats``), logs its figures with the
+module's ``log_dict`` (``fastdata.log_stats``: ``fastdata/data_wait`` and the
+rest, beside the loss in any Lightning logger) and prints its one line of
+advice.
+
+Checkpoint at epoch ends (Lightning's default): a run resumed from one reads
+the next epoch's order, as an uninterrupted run does. A mid-epoch checkpoint
+does not resume exactly: Lightning 2.6 iterates a restored loader more than
+once (torchdata's StatefulDataLoader, whose state Lightning restores, starts
+each new pass of the half-read epoch again at the restored point, so batches
+repeat). ``examples/train_classifier.py`` resumes mid-epoch exactly.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 import fastdata
 
@@ -61,12 +65,10 @@ class FastDataModule(L.LightningDataModule):
         self.classes = self.train_set.classes
 
     def _loader(self, ds):
-        # EpochBatches: this rank's batches of the dataset's order. fastdata.collate
-        # hands on the batch tensor __getitems__ stacked, without a second copy.
-        workers = self.hparams.num_workers
-        return DataLoader(ds, batch_sampler=fastdata.EpochBatches(ds),
-                          collate_fn=fastdata.collate, num_workers=workers,
-                          persistent_workers=workers > 0)
+        # The dataset's order: this rank's batches of it (fastdata.EpochBatches),
+        # copied as uint8 to the trainer's device and normalised there.
+        return fastdata.loader(ds, device=self.trainer.strategy.root_device,
+                               mean=MEAN, std=STD, num_workers=self.hparams.num_workers)
 
     def train_dataloader(self):
         return self._loader(self.train_set)
@@ -74,20 +76,24 @@ class FastDataModule(L.LightningDataModule):
     def val_dataloader(self):
         return self._loader(self.val_set)
 
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch   # uint8 (B, 3, H, W), now on the device
-        mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1) * 255
-        return (images.float() - mean) / std, labels
-
 
 class FastDataEpochs(L.Callback):
     """Each training epoch, the epoch of its order (and of the random crops)."""
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        batches = trainer.train_dataloader.batch_sampler
+        batches = trainer.train_dataloader.loader.batch_sampler   # EpochBatches
         batches.set_epoch(trainer.current_epoch)
         print(f"epoch {trainer.current_epoch}: {len(batches)} batches of its order")
+
+
+class LoadingStats(L.Callback):
+    """At each training epoch's end: how long the loop waited for data, the stage
+    that limits loading, and what to try; logged, and the advice printed."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        figures = fastdata.stats(trainer.train_dataloader, reset=True)  # this epoch's
+        fastdata.log_stats(figures, pl_module)   # pl_module.log_dict: fastdata/...
+        print(f"epoch {trainer.current_epoch} loading: {figures['advice']}")
 
 
 class Classifier(L.LightningModule):
@@ -129,7 +135,7 @@ def main(argv=None) -> None:
     data.setup("fit")   # for the class count; Lightning calls it again, which is cheap
     model = Classifier(len(data.classes))
     trainer = L.Trainer(max_steps=args.max_steps, use_distributed_sampler=False,
-                        callbacks=[FastDataEpochs()],
+                        callbacks=[FastDataEpochs(), LoadingStats()],
                         accelerator="auto", devices="auto", logger=False,
                         enable_checkpointing=False)
     trainer.fit(model, datamodule=data)

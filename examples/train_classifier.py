@@ -17,7 +17,10 @@ What it shows:
 * checkpoints: model, optimizer, LR schedule and the data position in one file,
   written by rank 0 atomically (a temporary file renamed), loaded by every rank;
 * exact resume: the batches after a resume are those an uninterrupted run reads,
-  random crops included (fastdata draws them from (seed, epoch, record)).
+  random crops included (fastdata draws them from (seed, epoch, record));
+* is loading the bottleneck? At each epoch's end ``fastdata.stats(loader)`` gives
+  the share of the loop's time spent waiting for data and one line of advice,
+  printed; ``--stats PATH.jsonl`` appends the figures (``fastdata.log_stats``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="append a JSON line per step: records, image digest, loss "
                         "(each rank its own file: steps.jsonl -> steps.rank0.jsonl)")
     p.add_argument("--log-every", type=int, default=20, metavar="N", help="print every N steps")
+    p.add_argument("--stats", metavar="PATH.jsonl",
+                   help="append the loader's figures at each epoch's end (data wait, "
+                        "stages, advice; every rank's under 'ranks'), one JSON line each")
     return p.parse_args(argv)
 
 
@@ -220,7 +226,14 @@ def main(argv=None) -> None:
             if args.max_steps and step >= args.max_steps:
                 done = True
                 break              # leaving the loop stops the loader's read-ahead
-        else:
+        # Is loading the bottleneck? This pass's figures (a collective: every rank
+        # calls it here), then counted afresh for the next pass.
+        figures = fastdata.stats(train, ranks=world > 1, reset=True)
+        if rank == 0:
+            print(f"epoch {epoch} loading: {figures['advice']}", flush=True)
+            if args.stats:
+                fastdata.log_stats({"epoch": epoch, **figures}, args.stats, step=step)
+        if not done:
             epoch += 1             # the loader's next pass reads the next epoch
     if args.checkpoint and saved_at != step:  # the last step's, unless written already
         checkpoint()

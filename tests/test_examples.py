@@ -4,10 +4,11 @@
 the CPU) under ``python -m torch.distributed.run``: both ranks train, each on
 its own equal share of every epoch, and a job killed with SIGKILL after a
 mid-epoch checkpoint resumes to the very batches, crops, losses and weights of
-a job that was never interrupted. The short examples run where their library
-is installed (timm, torchvision, Lightning, Hugging Face datasets; timm and
-torchvision maybe in an interpreter of their own, $FASTDATA_VISION_PYTHON) and
-are skipped with the reason where it is not.
+a job that was never interrupted; at each epoch's end it prints the loader's
+advice and appends its figures (``--stats``). The short examples run where
+their library is installed (timm, torchvision, Lightning, Hugging Face
+datasets; timm and torchvision maybe in an interpreter of their own,
+$FASTDATA_VISION_PYTHON) and are skipped with the reason where it is not.
 """
 
 from __future__ import annotations
@@ -124,9 +125,10 @@ def _logs(work: Path, name: str) -> list[dict[int, dict]]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(data) -> list[dict[int, dict]]:
-    """Job A: two ranks, STEPS steps without a break; each rank's step log."""
+    """Job A: two ranks, STEPS steps without a break; each rank's step log
+    (and, in a-stats.jsonl, the loader's figures at each epoch's end)."""
     out = _torchrun(data, "a", "--max-steps", str(STEPS), "--checkpoint", "a.pt",
-                    "--log-batches", "a.jsonl")
+                    "--log-batches", "a.jsonl", "--stats", "a-stats.jsonl")
     assert f"{RANKS} rank(s) on cpu" in out, out
     return _logs(data, "a")
 
@@ -157,6 +159,26 @@ def test_two_ranks_train_on_equal_shares_of_each_epoch(data, uninterrupted):
         assert {log[s]["epoch"] for s in steps for log in ranks} == {epoch}
         orders.append(seen)
     assert len({tuple(o) for o in orders}) == len(orders)
+
+
+@pytest.mark.slow
+def test_train_classifier_logs_the_loading_figures_of_each_epoch(data, uninterrupted):
+    # Rank 0 appended one JSON line per epoch (fastdata.log_stats), with every
+    # rank's figures gathered (fastdata.stats(ranks=True)), and printed the advice.
+    lines = [json.loads(line) for line in (data / "a-stats.jsonl").read_text().splitlines()]
+    epochs = STEPS // STEPS_PER_EPOCH
+    assert [d["epoch"] for d in lines] == list(range(epochs)), lines
+    assert [d["step"] for d in lines] == [(e + 1) * STEPS_PER_EPOCH for e in range(epochs)]
+    for d in lines:
+        assert 0 <= d["data_wait"] <= 1, d
+        assert d["batches"] == STEPS_PER_EPOCH, d    # counted afresh each epoch
+        # The advice: this rank's line, or the line naming a rank far slower than the rest.
+        assert d["stages"] and d["advice"].startswith(("data wait ", "rank ")), d
+        assert [r["rank"] for r in d["ranks"]] == list(range(RANKS)), d
+        assert all(0 <= r["data_wait"] <= 1 for r in d["ranks"]), d
+    out = (data / "a.out").read_text()
+    for e in range(epochs):
+        assert f"epoch {e} loading: {lines[e]['advice']}" in out, out
 
 
 def _wait_for_step(fd: int, step: int, proc: subprocess.Popen, timeout: float) -> None:
@@ -285,7 +307,8 @@ SHORT = {
                                                  "per batch: (8, 3, 16, 16)"]),
     "lightning_datamodule.py": ("lightning", ["train.lmdb", "--image-size", "16",
                                               "--batch-size", "8", "--max-steps", "14"],
-                                ["epoch 1: 12 batches of its order", "fitted 14 steps", "val_acc"]),
+                                ["epoch 1: 12 batches of its order", "fitted 14 steps", "val_acc",
+                                 "epoch 0 loading: data wait ", "fastdata/data_wait"]),
     "hf_datasets.py": ("datasets", ["train.tar.fastdata.json", "--batch-size", "8"],
                        [f"{RECORDS} rows: the labels of fastdata's {RECORDS} records",
                         "a batch of 8: image (3, 32, 32)", "streamed: key class_000/"]),

@@ -93,6 +93,22 @@ def test_after_a_whole_pass_the_state_is_the_next_epochs_start(packs, kind):
     assert _batches(resumed) == second
 
 
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_every_batch_taken_is_the_next_epochs_start_without_asking_once_more(packs, kind):
+    # A loop that stops at the length it knows (Lightning does) never asks the
+    # loader for the end of the pass: its state is still the next epoch's start.
+    loader = _loader(_open(packs, kind), 0)
+    it = iter(loader)
+    whole = [labels.tolist() for _, (_, labels) in zip(range(len(loader)), it)]
+    assert len(whole) == 13
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    resumed = _loader(_open(packs, kind), 0)
+    resumed.load_state_dict(state)
+    assert len(_batches(resumed)) == 13
+    it.close()
+
+
 def test_a_resume_point_loads_with_other_workers(packs):
     first = _loader(_open(packs, "map"), 2)
     it = iter(first)

@@ -62,7 +62,9 @@ class LoopPosition:
             epoch, plan, handed = source.epoch, source.plan(), 0
         else:
             (epoch, plan), handed = self._mark, self._handed
-        if self._ended:
+        # Every batch of the pass handed over is its end too, whether or not
+        # the loop asked once more (Lightning stops at the length it knows).
+        if self._ended or handed >= plan.batches():
             epoch, consumed = epoch + 1, 0
         else:
             consumed = plan.consumed_after(handed)

@@ -40,7 +40,7 @@ def stats(loader, *, ranks: bool = False, reset: bool = False) -> dict[str, Any]
     """How the batches of ``loader`` were made and how long the loop waited for them.
 
     Args:
-        loader: what ``fastdata.loader()`` returned (or a CUDAPrefetcher,
+        loader (object): what ``fastdata.loader()`` returned (or a CUDAPrefetcher,
             BackgroundBatches, DALILoader); a fastdata Dataset or a DataLoader
             over one gives the stage figures only (no loop to time).
         ranks: also gather every torch.distributed rank's figures (under
@@ -50,7 +50,7 @@ def stats(loader, *, ranks: bool = False, reset: bool = False) -> dict[str, Any]
         reset: start counting again after this reading (per-epoch figures).
 
     Returns:
-        A dict: ``batches``, ``data_wait`` (the share of the loop's time spent
+        (dict): ``batches``, ``data_wait`` (the share of the loop's time spent
         waiting for batches, None before a batch was taken), ``wait_s``,
         ``step_s``, ``elapsed_s``, ``batch_ready_ms`` (``p50``, ``p95``,
         ``p99``: each batch's wait, over the last 8,192 batches), ``stages``

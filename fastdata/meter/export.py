@@ -46,7 +46,7 @@ def log_stats(figures: dict[str, Any], to, *, step: int | None = None) -> None:
 
     Args:
         figures: what ``fastdata.stats(loader)`` returned.
-        to: a TensorBoard ``SummaryWriter`` (scalars at ``step``), a
+        to (object): a TensorBoard ``SummaryWriter`` (scalars at ``step``), a
             LightningModule (``log_dict``), or a path (``.jsonl``: one line
             appended, with ``step`` and every figure).
         step: the global step (or epoch) the figures belong to.
