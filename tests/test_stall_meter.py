@@ -286,11 +286,12 @@ def test_a_pause_between_passes_is_no_idle_time(clock):
 
 
 def figures_of(stages: dict[str, float] | None = None, *, wait: float | None = 0.5,
-               busy: float | None = None, p95: float | None = 12.5) -> dict:
+               busy: float | None = None, p95: float | None = 12.5,
+               wait_s: float | None = 10.0) -> dict:
     """Hand-made figures: stage seconds, the data wait, workers' utilisation."""
     stages = stages or {}
     whole = sum(stages.values())
-    out = {"data_wait": wait,
+    out = {"data_wait": wait, "wait_s": wait_s,
            "batch_ready_ms": None if p95 is None else {"p50": 1.0, "p95": p95, "p99": 20.0},
            "stages": {s: {"seconds": v, "share": v / whole} for s, v in stages.items()}}
     if busy is not None:
@@ -300,8 +301,9 @@ def figures_of(stages: dict[str, float] | None = None, *, wait: float | None = 0
 
 #: Each stage's line, written out.
 LINES = {
-    "fetch": ("fetch-bound: read further ahead (open_dataset(..., read_ahead=8)), keep the "
-              "shards in the local cache between epochs, or read from a closer copy"),
+    "fetch": ("fetch-bound: read further ahead (a stream: open_dataset(..., read_ahead=16), "
+              "more shards downloaded at once) or from a local copy (fastdata convert URL "
+              "copy.lmdb, once)"),
     "read": ("read-bound: keep the records in memory (open_dataset(..., cache='ram')) "
              "or move the dataset to a faster disk"),
     "decode": ("decode-bound: decode fewer pixels (fastdata pack --resize to the training "
@@ -357,6 +359,15 @@ def test_advice_handover_when_workers_idle(stage):
         "loading time, workers 25% busy: the workers idle 75% of the time while the loop "
         "waits: the time goes between them and the loop (start-up, handing batches over); "
         "try num_workers=0 (decoding on threads in this process) or run_ahead=4"))
+
+
+def test_advice_no_handover_where_the_stage_explains_the_wait():
+    # Two workers fetching 1.2 s each while the loop waited 2 s: idle between
+    # slow fetches (a full queue), yet the fetches are what the loop waits for.
+    figures = figures_of({"fetch": 2.4, "decode": 0.1}, busy=0.6, wait_s=2.0)
+    assert advise(figures)[0] == "fetch"
+    figures = figures_of({"fetch": 1.8, "decode": 0.1}, busy=0.6, wait_s=4.0)
+    assert advise(figures)[0] == "handover"
 
 
 @pytest.mark.parametrize("stage", ["convert", "copy"])

@@ -5,8 +5,9 @@ The rules, in order:
 1. the loop waits less than 5% of its time: loading keeps up;
 2. otherwise the stage with the largest share of the loading time is the
    bound, and its line names the documented options that shorten it;
-3. but where that stage runs in the workers and they are less than 80%
-   busy while the loop waits, no stage is the bound: the time goes between the workers and the loop
+3. but where that stage runs in the workers, they are less than 80% busy
+   while the loop waits, and the stage's time per worker is under half the
+   loop's wait, no stage is the bound: the time goes between the workers and the loop
    (start-up, handing batches over), and the bound is ``"handover"``;
 4. with every rank's figures (``ranks=True``), a rank that waits at least 10
    points more than the median rank, and twice as long, is named.
@@ -20,6 +21,9 @@ import statistics
 KEEPS_UP = 0.05
 #: Workers at least this busy have no time to spare.
 SATURATED = 0.8
+#: Idle workers are the bound ("handover") only where the bound stage's time
+#: per worker is under this share of the loop's wait.
+HANDOVER_SHARE = 0.5
 #: A rank is slow when it waits this many points more than the median rank...
 SLOW_RANK_POINTS = 0.10
 #: ...and this many times as long.
@@ -27,8 +31,9 @@ SLOW_RANK_RATIO = 2.0
 
 #: Each stage's bound, and the options that shorten it.
 ADVICE = {
-    "fetch": ("fetch-bound: read further ahead (open_dataset(..., read_ahead=8)), keep the "
-              "shards in the local cache between epochs, or read from a closer copy"),
+    "fetch": ("fetch-bound: read further ahead (a stream: open_dataset(..., "
+              "read_ahead=16), more shards downloaded at once) or from a local copy "
+              "(fastdata convert URL copy.lmdb, once)"),
     "read": ("read-bound: keep the records in memory (open_dataset(..., cache='ram')) "
              "or move the dataset to a faster disk"),
     "decode": ("decode-bound: decode fewer pixels (fastdata pack --resize to the "
@@ -80,11 +85,23 @@ def advise(figures: dict) -> tuple[str | None, str]:
     where = f"{stage} {share:.0%} of the loading time"
     if busy is not None:
         where += f", workers {busy:.0%} busy"
-    if stage in WORKER_STAGES and busy is not None and busy < SATURATED and wait is not None:
+    if stage in WORKER_STAGES and busy is not None and busy < SATURATED and wait is not None \
+            and _explains_little(figures, stage):
         stage, line = HANDOVER, IDLE_LINE.format(idle=1 - busy)
     else:
         line = ADVICE[stage]
     return stage, "; ".join(p for p in (head, f"{where}: {line}") if p)
+
+
+def _explains_little(figures: dict, stage: str) -> bool:
+    """Whether ``stage``'s time per producer is under half the loop's wait: the
+    wait is not that stage's (a producer blocked on a full queue between slow
+    fetches is idle, yet the fetches are what the loop waits for)."""
+    waited = figures.get("wait_s")
+    producers = (figures.get("workers") or {}).get("count") or 1
+    if not waited:
+        return True
+    return figures["stages"][stage]["seconds"] / producers < HANDOVER_SHARE * waited
 
 
 def advise_ranks(everyone: list[dict]) -> tuple[int | None, str]:
