@@ -368,6 +368,9 @@ def test_advice_no_handover_where_the_stage_explains_the_wait():
     assert advise(figures)[0] == "fetch"
     figures = figures_of({"fetch": 1.8, "decode": 0.1}, busy=0.6, wait_s=4.0)
     assert advise(figures)[0] == "handover"
+    # Workers idle most of the time: the hand-over, whatever the stage's time.
+    figures = figures_of({"decode": 2.4, "collate": 0.1}, busy=0.2, wait_s=2.0)
+    assert advise(figures)[0] == "handover"
 
 
 @pytest.mark.parametrize("stage", ["convert", "copy"])

@@ -30,7 +30,8 @@ Modules: :mod:`~fastdata.bench.options` (what to run), :mod:`~fastdata.bench.tar
 (the rows), :mod:`~fastdata.bench.baseline` (the image-folder Dataset),
 :mod:`~fastdata.bench.loading` (Datasets and DataLoaders of a row),
 :mod:`~fastdata.bench.measure` and :mod:`~fastdata.bench.cpu` (timing and CPU
-accounting), :mod:`~fastdata.bench.train` (the ``--train`` rows),
+accounting), :mod:`~fastdata.bench.train` (the ``--train`` rows), :mod:`~fastdata.bench.step`
+(``--step-ms``: the training rows with a simulated step, through the stall meter),
 :mod:`~fastdata.bench.defaults` (the defaults rows: ``fastdata.loader()`` as it
 chooses, beside it at the row's best worker count), :mod:`~fastdata.bench.network`
 (what the network did for a row read from a URL), :mod:`~fastdata.bench.run`
@@ -79,6 +80,7 @@ from fastdata.bench.report import (
 )
 from fastdata.bench.results import BenchReport, Result, describe_result, train_summary
 from fastdata.bench.run import run_bench
+from fastdata.bench.step import StepResult, parse_step_ms, step_lines, step_summary
 from fastdata.bench.train import decode_path, make_crop, train_lines, train_targets
 from fastdata.bench.targets import (
     Target,
@@ -99,4 +101,5 @@ __all__ = [
     "parse_workers",
     "run_bench", "select_indices", "summary_lines", "write_json", "write_plot",
     "decode_path", "make_crop", "train_lines", "train_summary", "train_targets",
+    "StepResult", "parse_step_ms", "step_lines", "step_summary",
 ]

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from fastdata.bench.baseline import ImageFolderBaseline
 from fastdata.bench.cpu import process_exists
-from fastdata.bench.measure import MeasurementError
+from fastdata.bench.measure import MeasurementError, error_text
 from fastdata.bench.options import BenchOptions
 from fastdata.bench.targets import Target
 from fastdata.bench.train import make_crop
@@ -156,3 +156,23 @@ def loader_factory(ds: Dataset, *, batch_size: int, workers: int, seed: int,
     """DataLoaders for successive epochs of one row (see :class:`LoaderFactory`)."""
     return LoaderFactory(ds, batch_size=batch_size, workers=workers, seed=seed,
                          timeout=timeout, persistent=persistent)
+
+
+def release_row(factory: LoaderFactory | None, ds: Dataset | None,
+                error: str | None) -> str | None:
+    """Stop a row's workers and close its Dataset; the row's error, if any, after that.
+
+    Called once a failure has been handled, never while its exception is in
+    flight: a traceback holds the DataLoader's iterator, and so its workers.
+    """
+    if factory is not None:
+        try:
+            factory.close()
+        except Exception as exc:  # workers left running would disturb the next rows: say so
+            error = error or error_text(exc)
+    if ds is not None:
+        try:
+            close_dataset(ds)
+        except Exception:  # cleanup only; the measurement stands
+            pass
+    return error

@@ -158,6 +158,9 @@ class BenchOptions:
         persistent_workers: keep DataLoader workers between epochs (every row alike).
         train: the rows are training pipelines (random crops, a new one per
             epoch from ``seed``) instead of evaluation ones (``--train``).
+        step_ms: simulated training steps, in milliseconds (``--step-ms``): each
+            training row is measured again per step, the loop sleeping that
+            long after each batch (see :mod:`fastdata.bench.step`).
     """
 
     size: int = 224
@@ -173,6 +176,7 @@ class BenchOptions:
     ram_cache: bool = False
     persistent_workers: bool = True
     train: bool = False
+    step_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -188,9 +192,17 @@ class BenchOptions:
         if self.decoder not in DECODERS:
             raise FastDataError(f"unknown decoder {self.decoder!r}; choose one of "
                                 f"{', '.join(DECODERS)}")
+        if self.step_ms and not self.train:
+            raise FastDataError("--step-ms simulates a training step: it needs --train")
+        if any(not s >= 0 for s in self.step_ms):
+            raise FastDataError(f"--step-ms needs steps of 0 ms or more, not {self.step_ms}")
 
     def to_dict(self) -> dict[str, Any]:
         """The options as JSON-ready values (``--json``'s ``options``)."""
         data = asdict(self)
         data["workers"] = list(self.workers)
+        if self.step_ms:
+            data["step_ms"] = list(self.step_ms)
+        else:  # a run without steps writes what it wrote before they existed
+            del data["step_ms"]
         return data

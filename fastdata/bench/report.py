@@ -15,6 +15,7 @@ import torch
 from fastdata import __version__
 from fastdata.bench.network import ALL, NOT_COUNTED, RERUN, verdict
 from fastdata.bench.results import BenchReport, Result
+from fastdata.bench.step import step_lines
 from fastdata.bench.train import train_lines
 from fastdata.decoding.decode import decoder_status, decoder_status_line
 from fastdata.machine import meminfo, usable_cores
@@ -193,8 +194,8 @@ def summary_lines(report: BenchReport) -> list[str]:
     """Best worker count per row, the fastest row, and notes."""
     from fastdata.bench.defaults import defaults_lines
 
-    out = (_best_lines(report) + train_lines(report) + defaults_lines(report)
-           + network_lines(report))
+    out = (_best_lines(report) + train_lines(report) + step_lines(report.steps)
+           + defaults_lines(report) + network_lines(report))
     failed = sorted({r.name for r in report.results if not r.ok})
     if failed:
         out.append(f"failed: {', '.join(failed)}")

@@ -73,6 +73,9 @@ class BenchReport:
     results: list[Result]
     seconds: float
     created_at: str
+    #: ``--step-ms``: the training rows with a simulated step
+    #: (:class:`fastdata.bench.step.StepResult`), none without it.
+    steps: list[Any] = field(default_factory=list)
 
     @property
     def row_names(self) -> list[str]:
@@ -117,6 +120,11 @@ class BenchReport:
                 "name": fastest.name, "workers": fastest.workers,
                 "samples_per_s": fastest.samples_per_s, "ratio": fastest.ratio},
         }
+        if self.steps:
+            from fastdata.bench.step import step_summary
+
+            data["steps"] = [s.to_dict() for s in self.steps]
+            data["step_summary"] = step_summary(self.steps)
         train = train_summary(self)
         if train:
             data["train"] = train

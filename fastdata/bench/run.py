@@ -14,12 +14,14 @@ from typing import Any
 from fastdata.bench import loading, measure
 from fastdata.bench.defaults import defaults_rows
 from fastdata.bench.defaults import measurable as has_defaults
-from fastdata.bench.loading import LoaderFactory, close_dataset, loader_factory
+from fastdata.bench.loading import loader_factory, release_row
 from fastdata.bench.measure import check_batch, error_text, measure_loader
 from fastdata.bench.network import NetworkWatch
-from fastdata.bench.options import BenchOptions
+from fastdata.bench.options import TRAIN_PIPELINES, BenchOptions
 from fastdata.bench.report import machine_info
 from fastdata.bench.results import BenchReport, Result, describe_result
+from fastdata.bench.step import StepResult, describe_step
+from fastdata.bench.step_run import measure_step
 from fastdata.bench.targets import Target
 from fastdata.bench.train import decode_path
 
@@ -64,7 +66,10 @@ def run_bench(
     cache, note = _cache_mode(options)
     measurable = [t for t in targets if t.error is None]
     with_defaults = [t for t in targets if has_defaults(t, options)]
-    bar = progress_bar((len(measurable) * len(options.workers) + 2 * len(with_defaults))
+    stepped = [t for t in measurable if t.pipeline in TRAIN_PIPELINES] \
+        if options.step_ms else []
+    bar = progress_bar((len(measurable) * len(options.workers) + 2 * len(with_defaults)
+                        + len(stepped) * len(options.workers) * len(options.step_ms))
                        * (options.warmup + options.epochs),
                        "bench", enabled=progress, unit="epoch")
 
@@ -78,6 +83,7 @@ def run_bench(
         say(f"warning: {note}")
     sample_shape = (3, options.size, options.size)
     results: list[Result] = []
+    steps: list[StepResult] = []
     # The baseline first in each worker group, so every line logged can carry its ratio.
     in_order = sorted(targets, key=lambda t: t.kind != "folder")
     try:
@@ -92,6 +98,14 @@ def run_bench(
                     result = replace(result, ratio=result.samples_per_s / baseline_rate)
                 results.append(result)
                 say(describe_result(result))
+        # --step-ms: each training row again, the loop sleeping after each batch.
+        for workers in options.workers:
+            for target in stepped:
+                for step_ms in options.step_ms:
+                    step = measure_step(target, options, workers, step_ms, cache,
+                                        on_epoch=lambda: bar.update(1))
+                    steps.append(step)
+                    say(describe_step(step))
         # Each packed row once more, as the defaults read it (after the sweep:
         # the row's best worker count is the hand-tuned setting beside it).
         for target in with_defaults:
@@ -113,6 +127,7 @@ def run_bench(
         machine=machine, options=options.to_dict(), cache=cache, cache_note=note,
         results=results, seconds=time.perf_counter() - started,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        steps=steps,
     )
 
 
@@ -149,7 +164,7 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
         network = watch.figures(m, workers)
     except Exception as exc:  # any failure of a format is that row's result, not a crash
         error = error_text(exc)
-    error = _release(factory, ds, error)
+    error = release_row(factory, ds, error)
     if error is not None:
         return Result(status="failed", error=error, **common)
     return Result(status="ok", error=None, samples_per_s=m.samples_per_s, mb_per_s=m.mb_per_s,
@@ -160,22 +175,3 @@ def _measure_target(target: Target, options: BenchOptions, workers: int, cache: 
                   epoch_seconds=list(m.epoch_seconds),
                   output_shape=list(m.output_shape) if m.output_shape else None,
                   output_dtype=m.output_dtype, network=network, **common)
-
-
-def _release(factory: LoaderFactory | None, ds: Any, error: str | None) -> str | None:
-    """Stop a row's workers and close its Dataset; the row's error, if any, after that.
-
-    Called once a failure has been handled, never while its exception is in
-    flight: a traceback holds the DataLoader's iterator, and so its workers.
-    """
-    if factory is not None:
-        try:
-            factory.close()
-        except Exception as exc:  # workers left running would disturb the next rows: say so
-            error = error or error_text(exc)
-    if ds is not None:
-        try:
-            close_dataset(ds)
-        except Exception:  # cleanup only; the measurement stands
-            pass
-    return error

@@ -58,6 +58,12 @@ from fastdata.decoding.decoder_registry import decoder_choices
                    "through TurboJPEG 3 when installed), new crops every epoch; the folder "
                    "baseline is not measured. The summary gives fused/unfused, best "
                    "against best, and which path ran.")
+@click.option("--step-ms", "step_ms", multiple=True, metavar="MS[,MS...]",
+              help="With --train: measure each training row again with a simulated model "
+                   "step of MS milliseconds (a sleep) after each batch and report, from the "
+                   "stall meter, the share of time spent waiting for data, the p95 "
+                   "batch-ready latency and whether that step keeps the GPU fed "
+                   "(repeatable, or a list such as 10,25).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Shuffling, --limit selection and --train crop seed.")
 @click.option("--no-pack", is_flag=True,
@@ -71,8 +77,8 @@ from fastdata.decoding.decoder_registry import decoder_choices
               help="Show a progress bar (default: when stderr is a terminal).")
 @_handle_errors
 def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, decoder, epochs,
-          limit, cache, persistent_workers, cold, train, seed, no_pack, json_path, plot_path,
-          progress):
+          limit, cache, persistent_workers, cold, train, step_ms, seed, no_pack, json_path,
+          plot_path, progress):
     """Measure data-loading throughput: an image folder against every format.
 
     \b
@@ -102,6 +108,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
       fastdata bench train.lmdb train-000000.tar --limit 5000
       fastdata bench --demo --train --formats lmdb --workers 0,1,2
       fastdata bench --demo --train --formats lmdb --variants jpeg90,jpeg90+restarts
+      fastdata bench --demo tiny --train --formats lmdb --workers 0,2 --step-ms 10,25
     """
     import tempfile
 
@@ -116,7 +123,7 @@ def bench(paths, demo, out_dir, formats, variants, workers, batch_size, size, de
     options = bm.BenchOptions(size=size, batch_size=batch_size, workers=bm.parse_workers(workers),
                               epochs=epochs, decoder=decoder, cold=cold, seed=seed, limit=limit,
                               ram_cache=cache == "ram", persistent_workers=persistent_workers,
-                              train=train)
+                              train=train, step_ms=bm.parse_step_ms(step_ms))
     format_names = bm.parse_formats(formats)
     variant_list = bm.parse_variants(variants, size)
 

@@ -5,9 +5,9 @@ The rules, in order:
 1. the loop waits less than 5% of its time: loading keeps up;
 2. otherwise the stage with the largest share of the loading time is the
    bound, and its line names the documented options that shorten it;
-3. but where that stage runs in the workers, they are less than 80% busy
-   while the loop waits, and the stage's time per worker is under half the
-   loop's wait, no stage is the bound: the time goes between the workers and the loop
+3. but where that stage runs in the workers and they are less than 50%
+   busy while the loop waits (or less than 80% with the stage's time per
+   worker under half the loop's wait), no stage is the bound: the time goes between the workers and the loop
    (start-up, handing batches over), and the bound is ``"handover"``;
 4. with every rank's figures (``ranks=True``), a rank that waits at least 10
    points more than the median rank, and twice as long, is named.
@@ -21,8 +21,11 @@ import statistics
 KEEPS_UP = 0.05
 #: Workers at least this busy have no time to spare.
 SATURATED = 0.8
-#: Idle workers are the bound ("handover") only where the bound stage's time
-#: per worker is under this share of the loop's wait.
+#: Workers less busy than this, while the loop waits, are idle: the bound is
+#: the hand-over ("handover")...
+IDLE = 0.5
+#: ...as it is for workers under SATURATED where the bound stage's time per
+#: worker is under this share of the loop's wait.
 HANDOVER_SHARE = 0.5
 #: A rank is slow when it waits this many points more than the median rank...
 SLOW_RANK_POINTS = 0.10
@@ -85,8 +88,8 @@ def advise(figures: dict) -> tuple[str | None, str]:
     where = f"{stage} {share:.0%} of the loading time"
     if busy is not None:
         where += f", workers {busy:.0%} busy"
-    if stage in WORKER_STAGES and busy is not None and busy < SATURATED and wait is not None \
-            and _explains_little(figures, stage):
+    if stage in WORKER_STAGES and busy is not None and wait is not None and (
+            busy < IDLE or (busy < SATURATED and _explains_little(figures, stage))):
         stage, line = HANDOVER, IDLE_LINE.format(idle=1 - busy)
     else:
         line = ADVICE[stage]
