@@ -8,7 +8,7 @@ how busy the producers were, the bound it names and its line of advice. Then it
 does what that line names and measures again:
 
 - fetch: the photos as 64x64 JPEGs (4 times as many records as the other
-  runs) in tar shards of 16, served on 127.0.0.1 by a server of this file that
+  runs) in tar shards of 16, served on 127.0.0.1 by bench/slow_server.py, which
   holds each request DELAY ms (Range honoured; its own process), read as a
   stream (``open_dataset(url, streaming=True)``) with the loader's defaults;
   after: ``read_ahead=16`` (the default is 4);
@@ -44,17 +44,16 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
-import http.server
 import json
 import mmap
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from slow_server import start_server  # bench/, beside this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -73,87 +72,6 @@ EXTRA = {("collate", "kept"): "the same fix, num_workers=1 kept"}
 FETCH_SHARD = 16
 FETCH_COPIES = 4
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-# --- the slow server (its own process: its CPU time is not the loader's) -----------------
-
-class SlowHandler(http.server.SimpleHTTPRequestHandler):
-    """Files of the served folder, each answer held ``server.delay`` seconds;
-    HEAD, and GET with ``Range: bytes=A-B`` / ``A-`` / ``-N`` (206, 416)."""
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self._send(body=False)
-
-    def do_GET(self) -> None:
-        self._send(body=True)
-
-    def _send(self, body: bool) -> None:
-        time.sleep(self.server.delay)
-        path = os.path.join(self.directory, self.path.split("?", 1)[0].lstrip("/"))
-        if ".." in self.path or not os.path.isfile(path):
-            self.send_error(404)
-            return
-        size = os.path.getsize(path)
-        start, end, status = 0, size - 1, 200
-        asked = self.headers.get("Range")
-        if asked:
-            match = re.fullmatch(r"bytes=(\d*)-(\d*)", asked)
-            if not match or not (match.group(1) or match.group(2)):
-                self.send_error(416)
-                return
-            if match.group(1):
-                start = int(match.group(1))
-                end = min(int(match.group(2)), end) if match.group(2) else end
-            else:
-                start = max(0, size - int(match.group(2)))
-            if start > end or start >= size:
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            status = 206
-        self.send_response(status)
-        self.send_header("Content-Length", str(end - start + 1))
-        self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.end_headers()
-        if body:
-            with open(path, "rb") as f:
-                f.seek(start)
-                self.wfile.write(f.read(end - start + 1))
-
-
-class SlowServer(http.server.ThreadingHTTPServer):
-    # The listen backlog: socketserver's 5 makes a reader's sixth connection at
-    # once wait a second for a SYN retry.
-    request_queue_size = 256
-    daemon_threads = True
-
-
-def serve(root: str, delay_ms: float) -> None:
-    """Serve ``root`` on a free port of 127.0.0.1; print the port (the parent reads it)."""
-    server = SlowServer(("127.0.0.1", 0), lambda *a, **k: SlowHandler(*a, directory=root, **k))
-    server.delay = delay_ms / 1000
-    print(server.server_address[1], flush=True)
-    # The parent holds this process's stdin: when it ends, however, so does the server.
-    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
-    server.serve_forever()
-
-
-def start_server(root: str, delay_ms: float) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", root,
-                             "--delay-ms", str(delay_ms)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.strip().isdigit():
-        proc.kill()
-        sys.exit("stall_bounds: the HTTP server did not start")
-    return proc, int(line)
 
 
 # --- the page cache (the read run) --------------------------------------------------------
@@ -443,7 +361,6 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch.set_num_threads in each run (0: torch's default)")
     parser.add_argument("--json", help="write every run's figures to this file")
-    parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -455,9 +372,6 @@ def main() -> None:
     except (ValueError, KeyError):
         parser.error(f"--step-ms takes RUN=MS pairs of the runs {', '.join(RUNS)}, "
                      f"not {args.step_ms!r}")
-    if args.serve:
-        serve(args.serve, args.delay_ms)
-        return
     if args.child:
         print(json.dumps(child(*args.child, args.data, args.url, args.epochs,
                                args.torch_threads)))
