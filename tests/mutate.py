@@ -67,6 +67,7 @@ WHERE = "tests/test_where_limits.py"
 TRUTH = "tests/test_where_truth.py"
 RANGED = "tests/test_ranged_copy.py"
 MUTANTS_TESTS = "tests/test_mutants.py"
+METER, BOUNDS = "tests/test_stall_meter.py", "tests/test_stall_bounds.py"
 VERSIONS = "tests/test_versions.py"
 VIEWS = "tests/test_views.py"
 JOIN = "tests/test_join.py"
@@ -108,6 +109,9 @@ COMMIT, READER, RECORD = ("fastdata/dataset/commit.py", "fastdata/dataset/reader
 COLUMNS, JOIN_PY, GC_PY = ("fastdata/dataset/columns.py", "fastdata/ops/join.py",
                            "fastdata/ops/gc.py")
 SUBSET, APPEND = "fastdata/ops/subset.py", "fastdata/ops/append.py"
+ADVICE, LOOP = "fastdata/meter/advice.py", "fastdata/meter/loop.py"
+STATS_PY, SAMPLES_PY = "fastdata/loaders/stats.py", "fastdata/loaders/samples.py"
+PREFETCH_PY, SETUP_PY = "fastdata/loaders/prefetch.py", "fastdata/loaders/meter_setup.py"
 
 MUTANTS: list[Mutant] = [
     # -- the order engine ---------------------------------------------------------------
@@ -255,6 +259,30 @@ MUTANTS: list[Mutant] = [
       "Bijection(int(size), base)", VIEWS, INDEPENDENCE, MUTANTS_TESTS),
     M("subset-fraction-floored", SUBSET, "keep = np.rint(groups * fraction)",
       "keep = np.floor(groups * fraction)", VIEWS, MUTANTS_TESTS),
+    # -- the stall meter --------------------------------------------------------------------
+    M("meter-keeps-up-at-half", ADVICE, "KEEPS_UP = 0.05", "KEEPS_UP = 0.5", METER),
+    M("meter-keeps-up-inclusive", ADVICE, "wait < KEEPS_UP", "wait <= KEEPS_UP", METER),
+    M("meter-saturated-inclusive", ADVICE, "busy < SATURATED and", "busy <= SATURATED and",
+      METER),
+    M("meter-idle-never", ADVICE, "IDLE = 0.5", "IDLE = 0.0", METER),
+    M("meter-handover-share", ADVICE, "HANDOVER_SHARE = 0.5", "HANDOVER_SHARE = 2.0", METER),
+    M("meter-slow-rank-points-ignored", ADVICE, "worst - middle < SLOW_RANK_POINTS or ", "",
+      METER),
+    M("meter-data-wait-over-step", LOOP,
+      '"data_wait": self.wait_s / spent if spent > 0', '"data_wait": self.wait_s / '
+      '(self.step_s or 1) if spent > 0', METER),
+    M("meter-percentiles-over-zeros", LOOP, "self._waits[:min(self.batches, WINDOW)]",
+      "self._waits", METER),
+    M("meter-step-not-counted", LOOP, "self.step_s += asked - self._handed",
+      "self.step_s += 0.0", METER),
+    M("meter-reset-ignored", STATS_PY, "total = delta.sum(axis=0)", "total = now.sum(axis=0)",
+      METER),
+    M("meter-url-read-is-read", SAMPLES_PY, '"fetch" if self.reader.url else "read"', '"read"',
+      METER, BOUNDS),
+    M("meter-convert-not-timed", PREFETCH_PY,
+      'self.meter.table.add("convert", clock() - start, busy=True)', "pass", METER),
+    M("meter-collate-not-busy", SETUP_PY, 'self.table.add("collate", clock() - start, busy=True)',
+      'self.table.add("collate", clock() - start)', METER),
     # Left out as equivalent (no observable change, so no test can kill them):
     # - gc.py "used |= {path for path, _ in views}" dropped: what a view reads
     #   is its version's parts (with selections) and column sets, and gc keeps
@@ -263,6 +291,9 @@ MUTANTS: list[Mutant] = [
     #   version names them anyway. (Tried: it survived every test.)
     # - record.py/gc.py: the labels' folder kept by gc: a join writes its labels
     #   into its column folder, which the columns entry keeps anyway.
+    # - meter/table.py: a stream's decode groups counted as batches in its row: a
+    #   row's batch count only tells producers from other rows, and such a row
+    #   has samples. (Tried: it survived every test.)
     # - interleave.py: ties of equal keys to the later source: keys are
     #   (j + u_s) / c_s with random phases u_s, equal across sources with
     #   probability 0 for every seed the tests can name.

@@ -422,6 +422,7 @@ def test_advise_ranks_names_a_slow_rank():
 @pytest.mark.parametrize("waits,slowest", [
     ([0.5, 0.4, 0.45, 0.42], 0),   # 8 points above the median: close
     ([0.3, 0.45, 0.3, 0.3], 1),    # 15 points above, but not twice as long
+    ([0.01, 0.01, 0.05, 0.01], 2),  # 5 times as long, but 4 points above
     ([0.9], 0),                    # one rank: no one to compare with
     ([None, None], None),          # no loop measured
 ])
@@ -587,6 +588,21 @@ def test_a_per_sample_transform_is_the_transform_stage(data, source):
     assert figures["samples"] == N and figures["workers"]["count"] == 1
     assert figures["stages"]["transform"]["seconds"] >= N * 0.01
     assert figures["bound"] == "transform"
+
+
+def test_a_slow_collate_fn_is_the_collate_stage_and_keeps_its_worker_busy(data):
+    # The collate_fn runs in the producer: its time is busy time, not idling.
+    def slow(batch):
+        time.sleep(0.02)
+        return fastdata.collate(batch)
+
+    with no_hang(60):
+        loader = fastdata.loader(open_ds(data, "map"), num_workers=0, collate_fn=slow)
+        assert one_epoch(loader, step=0.0) == (5, N)
+        figures = fastdata.stats(loader)
+    assert figures["stages"]["collate"]["seconds"] >= 5 * 0.02
+    assert figures["workers"]["utilisation"] > 0.8
+    assert figures["bound"] == "collate"
 
 
 def test_stats_of_a_dataset_alone(data):
