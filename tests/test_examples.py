@@ -270,12 +270,13 @@ def test_a_checkpoint_at_an_epochs_end_resumes_into_the_next_epoch(data, uninter
     assert f"checkpoint saved at step {STEPS_PER_EPOCH}" in out, out
     saved = torch.load(data / "d.pt", weights_only=True)
     assert saved["step"] == STEPS_PER_EPOCH
-    assert (saved["data"]["epoch"], saved["data"]["consumed"]) == (0, RECORDS)  # all of it
+    # Every batch of epoch 0 taken: the point saved is epoch 1's start.
+    assert (saved["data"]["epoch"], saved["data"]["consumed"]) == (1, 0)
     # Job E resumes from it: epoch 1 from its start, the uninterrupted job's steps.
     end = 2 * STEPS_PER_EPOCH
     out = _torchrun(data, "e", "--checkpoint", "d.pt", "--max-steps", str(end),
                     "--log-batches", "e.jsonl")
-    assert f"resumed from d.pt at step {STEPS_PER_EPOCH}, epoch 0" in out, out
+    assert f"resumed from d.pt at step {STEPS_PER_EPOCH}, epoch 1" in out, out
     for rank, log in enumerate(_logs(data, "e")):
         assert sorted(log) == list(range(STEPS_PER_EPOCH + 1, end + 1))
         for s, d in log.items():
