@@ -165,7 +165,8 @@ def test_a_state_taken_at_an_epoch_end_resumes_into_the_next_epoch(packs):
     got = _names([next(it) for _ in range(30 // BATCH)])  # the last batch of epoch 0
     assert got == whole[0]
     state = first.state_dict()                               # before the pass ends
-    assert (state["epoch"], state["consumed"]) == (0, 30)
+    # Every batch of the pass taken: its end, saved as the next epoch's start.
+    assert (state["epoch"], state["consumed"]) == (1, 0)
     ended = list(it)                                         # the pass ends
     assert ended == [] and first.state_dict()["epoch"] == 1
     for saved in (state, first.state_dict()):
