@@ -34,9 +34,10 @@ def table_of(dataset) -> StageTable:
 
 
 def share_table(dataset, workers: int) -> StageTable:
-    """Give ``dataset`` (and a mixture's sources) one table in shared memory,
-    before its DataLoader's workers start, and return it."""
-    table = StageTable(workers, shared=True)
+    """Give ``dataset`` (and a mixture's sources) one table, in shared memory
+    when it has ``workers`` (before they start), and return it. Without
+    workers every batch is made in this process: no block is made."""
+    table = StageTable(workers, shared=workers > 0)
     for ds in (dataset, *getattr(dataset, "sources", {}).values()):
         try:
             ds._meter = table
