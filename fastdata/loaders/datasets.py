@@ -174,9 +174,7 @@ class PackedDataset(SamplePipeline, Dataset):
         """
         start = clock()
         batch = self._getitems(indices, stacked_by_caller(self, sys._getframe(1)))
-        if self.reader.url:
-            self._meter.note_requests()
-        self._meter.made(start, len(batch))
+        self._meter.made(start, len(batch), remote=bool(self.reader.url))
         return batch
 
     def _getitems(self, indices: Sequence[int], warn_sizes: bool = False) -> Sequence:

@@ -381,9 +381,7 @@ class ShardedIterableDataset(SamplePipeline, IterableDataset):
             items, taken, error = take_group(records, position, group)
             images = self._convert_all([it[0] for it in items], [it[1] for it in items],
                                        self._convert)
-            if self.reader.url:
-                self._meter.note_requests()
-            self._meter.made(start, len(items), batch=False)
+            self._meter.made(start, len(items), batch=False, remote=bool(self.reader.url))
             for (index, _data, meta), image, done in zip(items, images, taken):
                 position.taken = done
                 yield index, image, meta

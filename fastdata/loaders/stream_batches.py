@@ -115,9 +115,7 @@ def stream_batches(ds, records: Iterator, position, size: int, drop_last: bool
         if items and (len(items) == size or not drop_last or error is not None):
             position.taken = taken[-1]
             batch = _make(ds, items, shape, labels)
-            if ds.reader.url:
-                meter.note_requests()
-            meter.made(start, 0 if batch is None else len(batch))
+            meter.made(start, 0 if batch is None else len(batch), remote=bool(ds.reader.url))
             if batch is not None:
                 if ds._taken is not None:
                     ds._taken.made(position)

@@ -100,9 +100,13 @@ class StageTable:
             row[_BUSY] += seconds
             row[_LAST] = clock()
 
-    def made(self, start: float, samples: int, *, batch: bool = True) -> None:
+    def made(self, start: float, samples: int, *, batch: bool = True,
+             remote: bool = False) -> None:
         """``samples`` made from ``start`` (a :data:`clock` time) to now: a
-        batch, or (``batch`` False) a group of a stream read per sample."""
+        batch, or (``batch`` False) a group of a stream read per sample; read
+        from a URL (``remote``): the process's request counts are copied too."""
+        if remote:
+            self.note_requests()
         now = clock()
         row = self.row()
         row[_BUSY] += now - start
