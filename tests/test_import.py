@@ -123,11 +123,14 @@ FORBIDDEN = {
     "dali": {"loaders", "packers", "bench", "cli", "ops"},
     "meter": {"loaders", "dali", "packers", "formats", "decoding", "order", "bench", "cli",
               "dataset", "ops", "demo"},
+    # The job runner and its executors: under every job (packers, ops).
+    "jobs": {"loaders", "dali", "packers", "formats", "decoding", "order", "bench", "cli",
+             "dataset", "ops", "demo", "meter", "storage"},
 }
 #: Packages that never import torch: only the torch layer (loaders) and the
 #: tools built on it do (DALI only to find the current CUDA device).
 TORCH_FREE = ("formats", "decoding", "order", "storage", "dataset", "packers", "ops",
-              "meter")
+              "meter", "jobs")
 
 
 def _imports(package: str) -> list[tuple[str, int, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from fastdata.cli.cluster import cluster_options
 from fastdata.cli.group import _handle_errors, _print_json, echo, main
 from fastdata.cli.packing import (PackingCommand, echo_summary, echo_warning, images_text,
                                   output_options, pack_options)
@@ -17,16 +18,7 @@ from fastdata.errors import FastDataError
 @click.argument("source", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.argument("output", type=click.Path(path_type=str))
 @output_options()
-@click.option("--scheduler", metavar="ADDRESS", default=None,
-              help="Pack on a Dask cluster: the address of its scheduler (tcp://HOST:8786; "
-                   "start one with 'dask scheduler' and workers with 'dask worker ADDRESS'). "
-                   "The workers read and preprocess the images (tar/tfrecord: they write the "
-                   "shards too), so every worker must see SOURCE and OUTPUT's folder at the "
-                   "same paths as this machine (a shared file system), and fastdata must "
-                   "be installed on the workers and the scheduler. The output is the same, "
-                   "byte for byte, as a local pack's. A worker that dies has its work "
-                   "redone; if the scheduler goes, the finished pieces are kept and --resume "
-                   "continues (with or without --scheduler).")
+@cluster_options
 @click.option("--extensions", metavar="LIST", default=None,
               help="Image file extensions to pack, comma-separated, any letter case "
                    "(gif,jpg,png). Default: torchvision ImageFolder's, "
@@ -54,7 +46,7 @@ from fastdata.errors import FastDataError
                    "the largest) [default: label, when there is one; without a label column "
                    "the records are unlabelled: label -1, no classes].")
 @_handle_errors
-def pack(source, output, scheduler, extensions, path_column, label_column, append_,
+def pack(source, output, scheduler, ray, extensions, path_column, label_column, append_,
          skip_existing, **shared):
     """Pack the image folder (or list, or Parquet) SOURCE into the dataset OUTPUT.
 
@@ -100,23 +92,23 @@ def pack(source, output, scheduler, extensions, path_column, label_column, appen
     if skip_existing and not append_:
         raise FastDataError("--skip-existing applies to --append")
     if append_:
-        _append(source, output, options, skip_existing, shared, scheduler)
+        _append(source, output, options, skip_existing, shared, scheduler or ray)
         return
     summary = run_pack(source, output, options=options, progress=shared["progress"],
-                       on_event=echo_warning, scheduler=scheduler)
+                       on_event=echo_warning, scheduler=scheduler, ray=ray)
     if shared["as_json"]:
         _print_json(summary.to_dict())
         return
     echo_summary(summary, options, f"packed {images_text(summary)}")
 
 
-def _append(source, output, options, skip_existing: bool, shared: dict, scheduler) -> None:
+def _append(source, output, options, skip_existing: bool, shared: dict, cluster) -> None:
     from fastdata.ops.append import append
 
     if options.overwrite:
         raise FastDataError("--append adds to OUTPUT; --overwrite would replace it: give one")
-    if scheduler is not None:
-        raise FastDataError("--append packs on this machine; leave out --scheduler")
+    if cluster is not None:
+        raise FastDataError("--append packs on this machine; leave out --scheduler and --ray")
     result = append(source, output, options=options, skip_existing=skip_existing,
                     progress=shared["progress"], on_event=echo_warning,
                     allow_outside=shared["allow_outside"])

@@ -34,7 +34,7 @@ class PackingCommand(SectionedCommand):
         ("Checks", ("strict", "verify_decode", "max_pixels")),
         ("Resume and append", ("resume", "append_", "skip_existing")),
         ("Performance", ("workers",)),
-        ("Cluster", ("scheduler",)),
+        ("Cluster", ("scheduler", "ray")),
     )
 
     def help_sections(self, ctx: click.Context) -> tuple:

@@ -1,7 +1,8 @@
-"""What a Dask worker runs for a cluster pack (see ``cluster.py``): one task per piece.
+"""What a cluster's worker (Dask or Ray) runs for a cluster pack (see
+``cluster.py``): one task per piece.
 
 Plain top-level functions of picklable arguments, so any worker that can
-import fastdata runs them; nothing here imports dask. A task sees the source
+import fastdata runs them; nothing here imports dask or ray. A task sees the source
 and the partial output at the paths the client gave (a shared file system).
 """
 
@@ -66,13 +67,6 @@ def prepare_piece(number: int, entries: list[SourceEntry], prepare_options: tupl
     return [prepare((entry, *prepare_options)) for entry in entries]
 
 
-def known_keys(prefix: str, dask_worker=None) -> list[str]:
-    """The keys starting with ``prefix`` that this worker still has, in any
-    state (queued, running, cancelled but still running, done); run with
-    ``Client.run``, which passes ``dask_worker``."""
-    return [str(key) for key in dask_worker.state.tasks if str(key).startswith(prefix)]
-
-
 def _check_source(root: str | None, entries: list[SourceEntry]) -> None:
     if any(entry.path is not None for entry in entries):  # bytes held by entries need no files
         _check_visible(root, "SOURCE")
@@ -83,6 +77,6 @@ def _check_visible(path: str | None, what: str) -> None:
     nowhere: say so, naming the machine."""
     if path is not None and not os.path.exists(path):
         raise FastDataError(
-            f"not visible on Dask worker host {socket.gethostname()}: the "
+            f"not visible on worker host {socket.gethostname()}: the "
             f"workers must see {what} at the same path as the machine running the pack "
             "(a shared file system)", path=path)

@@ -20,6 +20,7 @@ from fastdata.errors import FastDataError, SourceError
 from fastdata.formats import FormatSpec, check_local, format_for_output
 from fastdata.formats.remote_files import as_local, is_remote
 from fastdata.image_header import check_max_pixels
+from fastdata.jobs.choose import cluster_asked
 from fastdata.machine import usable_cores
 from fastdata.packers.journal import (
     PackJournal,
@@ -61,6 +62,7 @@ def pack(
     progress: bool | None = None,
     on_event: Callable[[str], None] | None = None,
     scheduler: Any = None,
+    ray: Any = None,
 ) -> PackSummary:
     """Pack ``source`` into ``output``.
 
@@ -86,6 +88,10 @@ def pack(
             (``"tcp://HOST:8786"``) or a ``distributed.Client``. The workers
             must see the source and the output's folder at the same paths; the
             output is the one a local pack gives (see fastdata.packers.cluster).
+        ray: pack on a Ray cluster instead: its address (``"HOST:6379"``,
+            ``"ray://HOST:10001"``, ``"auto"``), or True for the one in
+            ``$FASTDATA_RAY`` (also used when neither is given). The same
+            rules as ``scheduler``.
 
     Returns:
         The summary (``files`` lists what was written). Skipped files,
@@ -100,18 +106,19 @@ def pack(
         UnknownFormatError: the format cannot be chosen, or the output's
             extension contradicts ``options.format``.
         FastDataError: impossible options (for example raw storage of images of
-            different sizes); a scheduler that cannot be reached.
-        SchedulerLost: the scheduler went away during the pack (the finished
+            different sizes); a cluster that cannot be reached.
+        SchedulerLost: the cluster went away during the pack (the finished
             pieces are kept for ``resume``).
     """
     options = options or PackOptions()
+    cluster = cluster_asked(scheduler=scheduler, ray=ray)
     started = time.perf_counter()
     output = as_local(os.fspath(output))
     if is_remote(output):
         from fastdata.packers.upload import pack_to_url
 
-        if scheduler is not None and not os.environ.get("FASTDATA_STAGING_DIR"):
-            raise FastDataError("a pack to a URL on a Dask cluster stages the shards in a "
+        if cluster is not None and not os.environ.get("FASTDATA_STAGING_DIR"):
+            raise FastDataError("a pack to a URL on a cluster stages the shards in a "
                                 "folder the workers share: set FASTDATA_STAGING_DIR to one",
                                 path=output)
 
@@ -120,7 +127,7 @@ def pack(
                                 "local folder with --resume, then upload it", path=output)
 
         return pack_to_url(pack, source, output, options, progress=progress, on_event=on_event,
-                           **({"scheduler": scheduler} if scheduler is not None else {}))
+                           **(cluster or {}))
     check_local(output)
     if not isinstance(source, Source):
         check_local(source)
@@ -165,7 +172,7 @@ def pack(
             manifest, tally, src = _pack_into(writer, spec, journal, source, src, source_root,
                                               extensions, seed, options, writer_options,
                                               workers, progress, on_event, output,
-                                              scheduler)
+                                              cluster)
         except ResumeRefused:
             writer.suspend()  # the interrupted pack stays as it was
             raise
@@ -204,7 +211,7 @@ def pack(
 
 def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed,
                options: PackOptions, writer_options, workers, progress, on_event, output,
-               scheduler=None):
+               cluster: dict | None = None):
     """Scan, plan, prepare and write everything into ``writer``; returns the
     published manifest, the tally and the source."""
     if src is None:
@@ -243,13 +250,13 @@ def _pack_into(writer, spec, journal, source, src, source_root, extensions, seed
         todo_count = total - sum(plan.pieces[k][1] - plan.pieces[k][0] for k in kept)
     else:
         todo, todo_count = iter(src), total
-    if scheduler is not None:
+    if cluster is not None:
         from fastdata.packers.cluster import write_on_cluster
 
         if options.workers is not None:
-            tally.note("workers= applies to a local pack: on a cluster each Dask worker "
+            tally.note("workers= applies to a local pack: on a cluster each worker "
                        "thread prepares one piece at a time")
-        write_on_cluster(scheduler, writer, spec, src, plan, kept, journal, tally, options,
+        write_on_cluster(cluster, writer, spec, src, plan, kept, journal, tally, options,
                          writer_options, source_root, output,
                          lambda: progress_bar(total, f"pack {os.path.basename(output)}",
                                               enabled=progress))

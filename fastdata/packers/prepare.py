@@ -6,8 +6,6 @@ picklable and holds the bytes to store.
 
 from __future__ import annotations
 
-import signal
-import sys
 from dataclasses import dataclass
 
 from fastdata.errors import BadImageError, exception_text
@@ -94,47 +92,16 @@ def printable_key(key: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-#: Signals a worker must not handle with the parent's handlers.
-_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_HAS_SIGMASK = hasattr(signal, "pthread_sigmask")
-
-
 def start_pool(workers: int):
     """A process pool for ``workers`` > 1, else None (work runs inline)."""
     if workers <= 1:
         return None
     import multiprocessing as mp
 
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    # A worker forked while pack() turns SIGTERM into KeyboardInterrupt would run
-    # that handler until its initializer replaces it, and could swallow the
-    # pool's own shutdown signal: keep both signals blocked across the fork;
-    # each worker unblocks them once its own handlers are set.
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if _HAS_SIGMASK else None
-    try:
-        return mp.get_context(method).Pool(workers, initializer=_worker_init)
-    finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    from fastdata.jobs.processes import signals_blocked, start_method, worker_init
 
-
-def _worker_init() -> None:
-    # Ctrl-C goes to the whole process group: let the parent alone handle it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if _HAS_SIGMASK:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-    if "cv2" in sys.modules:
-        # Forked from a parent that loaded OpenCV: its thread pool's threads do
-        # not exist here, and setNumThreads would wait for them forever
-        # (OpenCV's parallel calls themselves work after fork).
-        return
-    try:
-        import cv2
-
-        cv2.setNumThreads(1)  # one process per core already
-    except ImportError:
-        pass
+    with signals_blocked():
+        return mp.get_context(start_method()).Pool(workers, initializer=worker_init)
 
 
 def _metadata(entry: SourceEntry) -> bytes | None:

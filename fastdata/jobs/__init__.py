@@ -1,0 +1,1 @@
+"""Jobs over a whole dataset: pieces, executors and merges."""
