@@ -8,18 +8,23 @@ one digest are the groups. Only the members' keys are looked up. With
 ``against``, a group that holds records of the first dataset and of another
 is content the first shares with it: a validation image in the training set.
 
-What grows with the datasets: about 40 bytes per record in this process
-while the groups are found (its digest, the sort's order and the sorted
-digests); one read of every record's bytes. Near-duplicates (a resized or
+The records are hashed in pieces on an executor (this machine's processes,
+a Dask or a Ray cluster: see fastdata.ops.dedup_pieces and fastdata.jobs);
+each piece writes a sorted run of its digests, and the runs are merged.
+What grows with the datasets: 28 bytes per record on disk while the job
+runs (its work folder); in memory, a chunk of each run and the groups
+found; one read of every record's bytes. Near-duplicates (a resized or
 re-encoded copy) are other bytes and not found here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -115,13 +120,18 @@ class DedupReport:
 
 def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
           near: bool = False, threshold: int | None = None, flip: bool = False,
-          progress: bool | None = None, allow_outside: bool = False) -> DedupReport:
+          progress: bool | None = None, allow_outside: bool = False,
+          scheduler: Any = None, ray: Any = None, workers: int | None = None,
+          resume: bool = False, on_event: Callable[[str], None] | None = None
+          ) -> DedupReport:
     """Find the exact duplicates of the packed dataset ``path``, and with
     ``against`` the records it shares with other datasets (any format, local
     or at a URL).
 
     Every record is read once and checked against its CRC-32 (a damaged one
-    raises ``CorruptDataError``, naming it).
+    raises ``CorruptDataError``, naming it). The records are hashed in
+    pieces, in parallel (see fastdata.ops.dedup_pieces): on ``workers``
+    processes here, or on a cluster; the report is the same wherever they ran.
 
     Args:
         near: find near-duplicates instead: images whose perceptual hashes
@@ -129,6 +139,14 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
             resized, re-encoded or lightly cropped copies; every record is
             decoded small (see fastdata.near_duplicates).
         flip: with ``near``, a mirrored copy counts too.
+        scheduler: hash on a Dask cluster (its scheduler's address or a
+            ``distributed.Client``); ``ray``: on a Ray cluster (its address,
+            or True for ``$FASTDATA_RAY``). The workers must see the datasets
+            and ``$FASTDATA_STAGING_DIR`` at the same paths.
+        workers: processes on this machine (None: one per usable core).
+        resume: continue an interrupted run of the same job (its finished
+            pieces are kept in its work folder, see fastdata.jobs.journal).
+        on_event: called with each note (a run kept or started over).
 
     Returns:
         a :class:`DedupReport`.
@@ -143,30 +161,82 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
             " to the near-duplicate search only: pass near=True (CLI: --near) too, or leave "
             f"{'them' if len(given) > 1 else 'it'} out")
     paths = [os.fspath(path)] + [os.fspath(p) for p in against]
-    digests, hashes, mirrored, counts, readers = [], [], [], [], []
+    datasets, counts = _describe(paths, allow_outside)
+    run = _hash_pieces(datasets, counts, near=near, flip=flip,
+                       threshold=_threshold(threshold) if near else None,
+                       cluster=dict(scheduler=scheduler, ray=ray, workers=workers),
+                       resume=resume, progress=progress, on_event=on_event)
+    readers = []
     try:
         for where in paths:
-            reader = open_reader(where, allow_outside=allow_outside)
-            readers.append(reader)
-            if near:
-                from fastdata.near_duplicates import record_hashes
-
-                h, m = record_hashes(reader, flip=flip, progress=progress)
-                hashes.append(h)
-                mirrored.append(m)
-            else:
-                digests.append(record_digests(reader, progress=progress))
-            counts.append(len(reader))
+            readers.append(open_reader(where, allow_outside=allow_outside))
         if near:
+            hashes, mirrored = _hashes(run, counts, flip)
             groups = _near_groups(hashes, mirrored if flip else None, counts, readers,
                                   _threshold(threshold))
         else:
-            groups = _groups(np.concatenate(digests), counts, readers)
+            groups = _merged_groups(run, readers)
     finally:
         for reader in readers:
             reader.close()
+    run.finish()
     return DedupReport(paths, counts, groups, near_threshold=_threshold(threshold)
                        if near else None, flip=flip)
+
+
+def _describe(paths: list[str], allow_outside: bool) -> tuple[list[dict], list[int]]:
+    """How a piece opens each dataset (the version read now, so that every
+    piece reads the same records), and their record counts. The readers are
+    closed again before pieces run: none is open across a fork."""
+    datasets, counts = [], []
+    for where in paths:
+        reader = open_reader(where, allow_outside=allow_outside)
+        try:
+            version = getattr(reader, "version", None)
+            datasets.append({"path": where, "version": version,
+                             "allow_outside": allow_outside,
+                             "created_at": reader.manifest.created_at})
+            counts.append(len(reader))
+        finally:
+            reader.close()
+    return datasets, counts
+
+
+def _hash_pieces(datasets: list[dict], counts: list[int], *, near: bool, flip: bool,
+                 threshold: int | None, cluster: dict, resume: bool,
+                 progress: bool | None, on_event):
+    """Every record hashed, piece by piece, on the executor ``cluster`` names."""
+    from fastdata.jobs.choose import open_executor
+    from fastdata.jobs.runner import Job, run_job
+    from fastdata.ops.dedup_pieces import (
+        digest_piece,
+        hash_piece,
+        piece_records,
+        plan_pieces,
+    )
+
+    pieces = plan_pieces(counts)
+    fingerprint = {"datasets": [dict(d, records=n) for d, n in zip(datasets, counts)],
+                   "near": near, "flip": flip, "piece_records": piece_records(sum(counts))}
+    job = Job("dedup", fingerprint, hash_piece if near else digest_piece, pieces,
+              common=(datasets, flip) if near else (datasets,),
+              sizes=[end - start for _, start, end in pieces])
+    with contextlib.closing(open_executor(**cluster, on_event=on_event)) as executor:
+        return run_job(job, executor, resume=resume, progress=progress, on_event=on_event)
+
+
+def _hashes(run, counts: list[int], flip: bool) -> tuple[list, list | None]:
+    """Each dataset's near-duplicate hashes (and mirror images'), from the
+    pieces' files, in record order."""
+    from fastdata.jobs.files import load_array
+
+    parts = [load_array(os.path.join(run.work, r["hashes"])) for r in run.results]
+    every = np.concatenate(parts) if parts else np.zeros((0, 2) if flip else 0, np.uint64)
+    firsts = np.cumsum([0] + counts)
+    split = [every[firsts[k]:firsts[k + 1]] for k in range(len(counts))]
+    if not flip:
+        return split, None
+    return [s[:, 0] for s in split], [s[:, 1] for s in split]
 
 
 def _threshold(threshold: int | None) -> int:
@@ -235,29 +305,20 @@ def digest_keys(digests: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(digests).view("V16").ravel()
 
 
-def _groups(digests: np.ndarray, counts: list[int], readers) -> list[DuplicateGroup]:
-    """Runs of equal digests, two records or more, each as a group; a
-    record's dataset and index follow from its position in ``digests`` (the
-    datasets' digests one after another). Besides the digests this holds
-    the sort's order (8 bytes a record), the sorted digests (16) and a flag
-    per record; only the duplicates become Python objects."""
-    if len(digests) < 2:
-        return []
-    keys = digest_keys(digests)
-    order = np.argsort(keys, kind="stable")  # equal digests stay in dataset, index order
-    sorted_keys = keys[order]
-    # Position k of ``repeats``: sorted record k + 1 has record k's digest.
-    repeats = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
-    firsts = np.cumsum([0] + counts[:-1])
+def _merged_groups(run, readers) -> list[DuplicateGroup]:
+    """Runs of equal digests, two records or more, each as a group, from the
+    pieces' sorted runs merged in digest order (members in dataset, index
+    order); only the duplicates become Python objects."""
+    from fastdata.jobs.sorted_runs import combine_runs, equal_runs, merged
+    from fastdata.ops.dedup_pieces import MERGE_CHUNK, MERGE_FAN_IN, ORDER
+
+    paths = combine_runs([os.path.join(run.work, r["run"]) for r in run.results], ORDER,
+                         run.work, fan_in=MERGE_FAN_IN, chunk_rows=MERGE_CHUNK)
     groups = []
-    # A run of consecutive positions k..j is one group: sorted records k..j + 1.
-    breaks = np.flatnonzero(np.diff(repeats) > 1) + 1
-    for run in np.split(repeats, breaks) if len(repeats) else []:
-        members = []
-        for at in order[run[0]:run[-1] + 2].tolist():
-            number = int(np.searchsorted(firsts, at, side="right")) - 1
-            index = at - int(firsts[number])
-            members.append(Member(number, index, readers[number].key_of(index)))
-        groups.append(DuplicateGroup(bytes(sorted_keys[run[0]]).hex(), members))
+    for rows in equal_runs(merged(paths, ORDER, chunk_rows=MERGE_CHUNK), ("hi", "lo")):
+        digest_bytes = np.array([rows["hi"][0], rows["lo"][0]], ">u8").tobytes()
+        members = [Member(int(d), int(i), readers[int(d)].key_of(int(i)))
+                   for d, i in zip(rows["dataset"].tolist(), rows["index"].tolist())]
+        groups.append(DuplicateGroup(digest_bytes.hex(), members))
     groups.sort(key=lambda g: (g.members[0].dataset, g.members[0].index))
     return groups

@@ -89,6 +89,7 @@ DEPENDENCIES: dict[str, Dependency] = {
     "gcp-storage-emulator": Dependency("gcp-storage-emulator", _extra("test"),
                                        ("gcp_storage_emulator",)),
     "distributed": Dependency("Dask distributed", _extra("dask"), ("distributed",)),
+    "ray": Dependency("Ray", _extra("ray"), ("ray",)),
     "pyarrow": Dependency("pyarrow", _extra("parquet"), ("pyarrow", "pyarrow.parquet")),
     "jpeg4py": Dependency("jpeg4py", _extra("jpeg4py"), ("jpeg4py",)),
     # fastdata finds the library itself: the turbojpeg wheel's, $FASTDATA_TURBOJPEG's

@@ -30,3 +30,20 @@ def cluster_options(fn):
              "same, byte for byte, as on this machine. A worker that dies has its work "
              "redone; if the cluster goes, the finished pieces are kept and --resume "
              "continues (on the cluster or not).")(fn)
+
+
+def job_options(fn):
+    """Add the options of a whole-dataset job: ``--workers``, ``--resume``,
+    ``--scheduler`` and ``--ray`` (``workers=``, ``resume=``, ``scheduler=``,
+    ``ray=`` in Python)."""
+    fn = cluster_options(fn)
+    fn = click.option(
+        "--resume", is_flag=True,
+        help="Continue the interrupted run of this same command (a lost cluster, Ctrl-C, "
+             "a crash): the pieces it finished are kept in its work folder (in "
+             "$FASTDATA_STAGING_DIR, else the temporary folder), the rest run, and the "
+             "result is an uninterrupted run's.")(fn)
+    return click.option(
+        "--workers", type=click.IntRange(min=1), default=None, metavar="N",
+        help="Processes on this machine [default: usable cores]. Any N gives the same "
+             "result.")(fn)

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from fastdata.cli.cluster import job_options
 from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option, echo, main
 
 #: Groups listed in the text report (``--json`` lists all).
@@ -38,9 +39,10 @@ SHOWN = 20
 @click.option("--json", "as_json", is_flag=True, help="Print every group as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @allow_outside_option
+@job_options
 @_handle_errors
 def dedup(path, against, near, threshold, flip, fail_on_shared, write_view, overwrite,
-          as_json, progress, allow_outside):
+          as_json, progress, allow_outside, workers, resume, scheduler, ray):
     """Find the records of PATH with the same stored bytes (exact duplicates),
     grouped, each record by index and key; with --against, the records PATH
     shares with other datasets; with --near, images that look the same.
@@ -55,11 +57,13 @@ def dedup(path, against, near, threshold, flip, fail_on_shared, write_view, over
       fastdata dedup train.lmdb --against val.lmdb --against test.lmdb
       fastdata dedup train.lmdb --against val.lmdb --write-view clean.fastdata.json
       fastdata dedup train.lmdb --near --flip
+      fastdata dedup train.tar --scheduler tcp://HOST:8786
     """
     from fastdata.duplicates import dedup as find
 
     report = find(path, against=against, near=near, threshold=threshold, flip=flip,
-                  progress=progress, allow_outside=allow_outside)
+                  progress=progress, allow_outside=allow_outside, workers=workers,
+                  resume=resume, scheduler=scheduler, ray=ray, on_event=lambda note: echo(f"note: {note}", err=True))
     written = None
     if write_view:
         from fastdata.ops.subset import subset

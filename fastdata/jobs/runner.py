@@ -100,7 +100,10 @@ def run_job(job: Job, executor: Executor, *, resume: bool = False,
             f"{lost.message}; the {kept} finished piece{'s are' if kept != 1 else ' is'} "
             f"of {count} kept: the same command with --resume continues the {job.kind}, "
             "on the cluster or not") from None
+    except FastDataError:
+        journal.remove()  # a piece's own failure: a rerun would meet it again
+        raise
     except BaseException:
-        journal.release()
+        journal.release()  # Ctrl-C, a crash: the finished pieces stay for --resume
         raise
     return JobRun([done[n] for n in range(count)], journal)

@@ -1,0 +1,83 @@
+"""Real clusters for the tests of jobs, started on 127.0.0.1 by the tests: a
+Dask scheduler with 2 worker processes, and a Ray head with 2 CPUs (``ray
+start``, its own processes), each as a context manager that stops it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optional
+
+REPO = str(Path(__file__).resolve().parent.parent)
+#: Ray's token authentication is for clusters reachable by others; these
+#: listen on 127.0.0.1 only, for one test run.
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@contextlib.contextmanager
+def dask_cluster():
+    """A client of a LocalCluster: 2 single-thread worker processes."""
+    import copyreg
+
+    # distributed makes every exception pickle through tblib (copyreg), which
+    # other tests' restricted unpicklers refuse (DALI's): the table is put back.
+    saved = dict(copyreg.dispatch_table)
+    dd = optional.require("distributed")
+    try:
+        with dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                             host="127.0.0.1", dashboard_address=":0") as cluster, \
+                dd.Client(cluster) as client:
+            yield client
+    finally:
+        copyreg.dispatch_table.clear()
+        copyreg.dispatch_table.update(saved)
+
+
+@contextlib.contextmanager
+def ray_cluster(port: int):
+    """A Ray head on 127.0.0.1:``port`` with 2 CPUs, its workers importing
+    this checkout; yields its address. This process talks to it with the
+    same environment (``RAY_ENV``), set for the block."""
+    optional.require("ray")
+    env = {**os.environ, **RAY_ENV,
+           "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
+                                         if p)}
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    command = [ray_bin if os.path.exists(ray_bin) else shutil.which("ray") or "ray",
+               "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+               "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    if started.returncode != 0:
+        raise RuntimeError(f"ray start failed: {started.stderr[-2000:]}")
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        subprocess.run([command[0], "stop", "--force"], env=env, capture_output=True,
+                       timeout=120)
+        time.sleep(0.5)
+
+
+def ray_task_pids(name: str) -> list[int]:
+    """Processes of Ray workers running a task named ``name`` now (Ray sets
+    the process title to ``ray::NAME`` while the task runs)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or ())
+        if f"ray::{name}" in cmdline and "IDLE" not in cmdline:
+            found.append(proc.pid)
+    return found

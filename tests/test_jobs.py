@@ -1,0 +1,276 @@
+"""Jobs on every executor (fastdata.jobs): this machine's processes, a real
+Dask cluster and a real Ray cluster on 127.0.0.1. The same report wherever
+the pieces ran; a worker killed mid-job has its pieces run again; a lost
+cluster keeps the finished pieces for ``--resume``."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from clusters import dask_cluster, ray_cluster, ray_task_pids
+
+import fastdata
+from fastdata.cli import main
+from fastdata.demo import synthesize
+from fastdata.errors import FastDataError
+from fastdata.jobs.choose import open_executor
+from fastdata.jobs.runner import JobInterrupted
+
+REPO = Path(__file__).resolve().parent.parent
+#: Records of the dataset: 6 pieces of 256 (see dedup_pieces.piece_records).
+RECORDS = 1_400
+#: (copy, original) positions in the image list: copies in other pieces.
+PLANTED = [(1300, 5), (1301, 5), (900, 260), (640, 641), (1399, 0)]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    """A tar dataset of ``RECORDS`` tiny PNGs with the ``PLANTED`` copies."""
+    tmp = tmp_path_factory.mktemp("jobs")
+    synthesize(tmp / "pool", kind="tiny", n=RECORDS, classes=2, seed=3)
+    pool = sorted((tmp / "pool").rglob("*.png"))
+    folder = tmp / "images" / "all"
+    folder.mkdir(parents=True)
+    for i, path in enumerate(pool):
+        shutil.copy(path, folder / f"{i:05d}.png")
+    for copy, original in PLANTED:
+        shutil.copy(pool[original], folder / f"{copy:05d}.png")
+    return fastdata.pack(tmp / "images", tmp / "all.tar", progress=False,
+                         options=fastdata.PackOptions(shard_size=200)).output
+
+
+@pytest.fixture(scope="module")
+def staging(tmp_path_factory):
+    """$FASTDATA_STAGING_DIR: the folder a cluster's workers share."""
+    folder = tmp_path_factory.mktemp("staging")
+    saved = os.environ.get("FASTDATA_STAGING_DIR")
+    os.environ["FASTDATA_STAGING_DIR"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("FASTDATA_STAGING_DIR", None)
+    else:
+        os.environ["FASTDATA_STAGING_DIR"] = saved
+
+
+@pytest.fixture(scope="module")
+def dask(staging):
+    with dask_cluster() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def ray_address(staging):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ray_cluster(port) as address:
+        yield address
+
+
+def _report(path, **options) -> dict:
+    return fastdata.dedup(path, progress=False, **options).to_dict()
+
+
+#: The groups of the planted copies, by key; pinned.
+EXPECTED = [["all/00000.png", "all/01399.png"],
+            ["all/00005.png", "all/01300.png", "all/01301.png"],
+            ["all/00260.png", "all/00900.png"],
+            ["all/00640.png", "all/00641.png"]]
+
+
+def _keys(report: dict) -> list[list[str]]:
+    return [[m["key"] for m in g["members"]] for g in report["groups"]]
+
+
+@pytest.fixture(scope="module")
+def local_report(planted) -> dict:
+    report = _report(planted, workers=1)
+    assert _keys(report) == EXPECTED
+    assert report["redundant"] == 5
+    return report
+
+
+def test_dedup_on_local_processes_is_the_one_process_report(planted, local_report):
+    assert _report(planted, workers=2) == local_report
+
+
+def test_dedup_on_dask_is_the_local_report(planted, local_report, dask, staging):
+    assert _report(planted, scheduler=dask.scheduler.address) == local_report
+    assert not list(staging.iterdir())  # the work folder goes when the job ends well
+
+
+def test_dedup_on_ray_is_the_local_report(planted, local_report, ray_address, staging):
+    assert _report(planted, ray=ray_address) == local_report
+    assert not list(staging.iterdir())
+
+
+def test_cli_dedup_on_ray_and_dask_prints_the_local_json(planted, local_report, dask,
+                                                         ray_address):
+    runner = CliRunner()
+    for cluster in (["--scheduler", dask.scheduler.address], ["--ray", ray_address]):
+        done = runner.invoke(main, ["dedup", str(planted), "--json", "--no-progress",
+                                    *cluster])
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.output) == local_report
+
+
+class _When(threading.Thread):
+    """Runs ``action`` once ``condition()`` holds (checked every 2 ms)."""
+
+    def __init__(self, condition, action) -> None:
+        super().__init__(daemon=True)
+        self.condition, self.action = condition, action
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 60
+        while not self.done.is_set() and time.monotonic() < deadline:
+            if self.condition():
+                self.action()
+                self.done.set()
+                return
+            time.sleep(0.002)
+
+    def __enter__(self) -> "_When":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fired = self.done.is_set()
+        self.done.set()
+        self.join()
+        self.fired = fired
+
+
+@pytest.fixture(scope="module")
+def near_report(planted) -> dict:
+    report = _report(planted, near=True, workers=1)
+    groups = [set(g) for g in _keys(report)]
+    # Tiny synthetic images look alike: the planted copies are among the groups.
+    assert all(any(set(planted) <= g for g in groups) for planted in EXPECTED)
+    return report
+
+
+def test_a_killed_local_worker_has_its_pieces_run_again(planted, near_report):
+    import psutil
+
+    me = psutil.Process()
+
+    def worker_busy() -> bool:
+        return any(c.cpu_times().user > 0.05 for c in me.children())
+
+    def kill() -> None:
+        os.kill(me.children()[0].pid, signal.SIGKILL)
+
+    with _When(worker_busy, kill) as when:
+        report = _report(planted, near=True, workers=2)
+    assert when.fired
+    assert report == near_report
+
+
+def test_a_killed_dask_worker_has_its_pieces_run_again(planted, near_report, dask):
+    victims = {}
+
+    def busy() -> bool:
+        for worker, keys in dask.processing().items():
+            if any("hash-piece" in str(k) for k in keys):
+                victims["pid"] = dask.run(os.getpid, workers=[worker])[worker]
+                return True
+        return False
+
+    with _When(busy, lambda: os.kill(victims["pid"], signal.SIGKILL)) as when:
+        report = _report(planted, near=True, scheduler=dask.scheduler.address)
+    assert when.fired
+    assert report == near_report
+
+
+def test_a_killed_ray_worker_has_its_pieces_run_again(planted, near_report, ray_address):
+    found = {}
+
+    def busy() -> bool:
+        found["pids"] = ray_task_pids("fastdata-hash_piece")
+        return bool(found["pids"])
+
+    with _When(busy, lambda: os.kill(found["pids"][0], signal.SIGKILL)) as when:
+        report = _report(planted, near=True, ray=ray_address)
+    assert when.fired
+    assert report == near_report
+
+
+def test_a_lost_dask_scheduler_keeps_the_finished_pieces_for_resume(planted, near_report,
+                                                                    staging):
+    import distributed as dd
+
+    cluster = dd.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                              host="127.0.0.1", dashboard_address=":0")
+    address = cluster.scheduler_address
+    journals = []
+
+    def some_done() -> bool:
+        journals[:] = list(staging.glob("fastdata-dedup-*/journal.jsonl"))
+        return bool(journals) and journals[0].read_text().count("\n") >= 2
+
+    try:
+        with _When(some_done, lambda: cluster.close(timeout=5)):
+            with pytest.raises(JobInterrupted, match="--resume continues the dedup"):
+                _report(planted, near=True, scheduler=address)
+    finally:
+        cluster.close(timeout=5)
+    kept = journals[0].read_text().count("\n")
+    assert 2 <= kept < 6
+    resumed = fastdata.dedup(planted, near=True, progress=False, resume=True, workers=1)
+    assert resumed.to_dict() == near_report
+    assert not journals[0].exists()
+
+
+def test_resume_refuses_a_job_of_other_options(planted, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDATA_STAGING_DIR", str(tmp_path))
+    notes = []
+    fastdata.dedup(planted, progress=False, resume=True, workers=1, on_event=notes.append)
+    assert notes == ["no interrupted dedup of these inputs to resume; starting from the "
+                     "start"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_both_clusters_at_once_are_refused():
+    with pytest.raises(FastDataError, match="either a Dask scheduler .* or a Ray cluster"):
+        open_executor(scheduler="tcp://127.0.0.1:1", ray="127.0.0.1:2")
+
+
+def test_ray_true_without_the_environment_variable_says_what_to_set(monkeypatch):
+    monkeypatch.delenv("FASTDATA_RAY", raising=False)
+    with pytest.raises(FastDataError, match=r"\$FASTDATA_RAY, which is not set"):
+        open_executor(ray=True)
+
+
+def test_an_unreachable_ray_cluster_is_one_line_at_once(refused_port):
+    pytest.importorskip("ray")
+    started = time.monotonic()
+    with pytest.raises(FastDataError, match=f"cannot reach the Ray cluster at "
+                                            f"127.0.0.1:{refused_port}"):
+        open_executor(ray=f"127.0.0.1:{refused_port}")
+    assert time.monotonic() - started < 5
+
+
+def test_only_the_executors_import_dask_or_ray():
+    allowed = {"dask_executor.py", "dask_connect.py", "ray_executor.py"}
+    found = []
+    for path in (REPO / "fastdata").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] in ("dask", "distributed", "ray") for n in names):
+                found.append(str(path.relative_to(REPO)))
+    assert found and {Path(f).name for f in found} <= allowed
+    assert all(f.startswith("fastdata/jobs/") for f in found)
