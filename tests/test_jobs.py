@@ -274,3 +274,43 @@ def test_only_the_executors_import_dask_or_ray():
                 found.append(str(path.relative_to(REPO)))
     assert found and {Path(f).name for f in found} <= allowed
     assert all(f.startswith("fastdata/jobs/") for f in found)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes, the manifest's created_at left out."""
+    out = {}
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        if path.name.endswith(".fastdata.json"):
+            manifest = json.loads(data)
+            manifest.pop("created_at", None)
+            data = json.dumps(manifest, sort_keys=True).encode()
+        out[path.name] = data
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(planted) -> Path:
+    return Path(planted).parent / "images"
+
+
+@pytest.mark.parametrize("how", ["pack", "convert"])
+def test_pack_and_convert_on_ray_and_dask_write_the_local_files(images, planted, how,
+                                                                tmp_path, dask,
+                                                                ray_address):
+    def run(name: str, **cluster) -> dict[str, bytes]:
+        out = tmp_path / name
+        out.mkdir()
+        options = fastdata.PackOptions(shard_size=300)
+        if how == "pack":
+            fastdata.pack(images, out / "out.tfrecord", options=options, progress=False,
+                          **cluster)
+        else:
+            fastdata.convert(planted, out / "out.tfrecord", options=options,
+                             progress=False, **cluster)
+        return _files(out)
+
+    local = run("local")
+    assert len([n for n in local if n.endswith(".tfrecord")]) == 5
+    assert run("dask", scheduler=dask.scheduler.address) == local
+    assert run("ray", ray=ray_address) == local

@@ -21,6 +21,8 @@ def convert(
     progress: bool | None = None,
     on_event: Callable[[str], None] | None = None,
     reader_settings: Mapping[str, Any] | None = None,
+    scheduler: Any = None,
+    ray: Any = None,
 ) -> PackSummary:
     """Write the dataset ``source`` again as ``output``, in the format its name
     (or ``options.format``) gives.
@@ -43,6 +45,9 @@ def convert(
         on_event: called with each warning as it happens.
         reader_settings: the source reader's own settings (``feature_keys`` for a
             TFRecord of another tool).
+        scheduler, ray: convert on a Dask or a Ray cluster, as
+            :func:`fastdata.pack` does (this machine reads the records; the
+            workers preprocess them and write the shards).
 
     Raises:
         SourceError: ``output`` is ``source`` (or would write over its files).
@@ -52,7 +57,8 @@ def convert(
     """
     if not isinstance(source, DatasetSource):
         source = DatasetSource(source, reader_settings=reader_settings)
-    return pack(source, output, options=options, progress=progress, on_event=on_event)
+    return pack(source, output, options=options, progress=progress, on_event=on_event,
+                scheduler=scheduler, ray=ray)
 
 
 __all__ = ["convert"]
