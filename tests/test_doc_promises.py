@@ -133,6 +133,11 @@ PROMISES: dict[tuple[str, str], list[str]] = {
     ("docs/packing/bad-input.md", "Ctrl-C or `kill` during a pack"): [
         "tests/test_cli.py::test_interrupted_pack_keeps_its_state_for_resume",
         "tests/test_pack_resume.py::test_ctrl_c_keeps_the_pieces_and_says_how_to_resume"],
+    # docs/jobs.md
+    ("docs/jobs.md", "A piece that kills every worker it runs on stops the job"): [
+        "tests/test_jobs.py::test_a_piece_that_kills_every_worker_stops_the_job_naming_it"],
+    ("docs/jobs.md", "stops on an error a rerun would meet again"): [
+        "tests/test_jobs.py::test_a_job_stopped_by_a_damaged_record_leaves_no_work_folder"],
     ("docs/packing/cluster.md", "stops with one `error:` line naming those that cannot"): [
         "tests/test_doc_promises.py::test_a_worker_without_fastdata_stops_the_pack_in_one_line"],
     ("docs/packing/cluster.md", "A worker that cannot see them fails"): [

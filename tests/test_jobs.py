@@ -314,3 +314,37 @@ def test_pack_and_convert_on_ray_and_dask_write_the_local_files(images, planted,
     assert len([n for n in local if n.endswith(".tfrecord")]) == 5
     assert run("dask", scheduler=dask.scheduler.address) == local
     assert run("ray", ray=ray_address) == local
+
+
+def _dies(number: int, arg, *common) -> None:
+    """A piece that kills the process running it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_piece_that_kills_every_worker_stops_the_job_naming_it():
+    executor = open_executor(workers=2)
+    try:
+        with pytest.raises(FastDataError, match=r"piece [01]: every worker process that ran "
+                                                r"it died \(4 times"):
+            list(executor.results(_dies, [(0, None), (1, None)], (), in_order=False))
+    finally:
+        executor.close()
+
+
+def test_a_job_stopped_by_a_damaged_record_leaves_no_work_folder(planted, tmp_path,
+                                                                 monkeypatch):
+    from fastdata.errors import CorruptDataError
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(Path(planted).parent, folder,
+                    ignore=shutil.ignore_patterns("pool", "images"))
+    shard = sorted(folder.glob("all-*.tar"))[3]
+    data = bytearray(shard.read_bytes())
+    data[2000] ^= 0xFF  # inside the shard's first record's payload
+    shard.write_bytes(bytes(data))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setenv("FASTDATA_STAGING_DIR", str(staging))
+    with pytest.raises(CorruptDataError, match="'all/00600.png': record 600 fails its CRC32"):
+        fastdata.dedup(folder / "all.tar.fastdata.json", progress=False, workers=2)
+    assert not list(staging.iterdir())

@@ -32,8 +32,8 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise FastDataError("running on a Ray cluster needs the ray package: pip install "
-                            "ray (or fastdata's extra: pip install -e '.[ray]')") from None
+        raise FastDataError("running on a Ray cluster needs the ray package: install "
+                            "fastdata's extra (pip install -e '.[ray]')") from None
     return ray
 
 
