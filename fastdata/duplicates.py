@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.dataset.resolve import open_reader
+from fastdata.ops.piece_readers import describe
 from fastdata.progress import progress_bar
 
 
@@ -161,7 +162,7 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
             " to the near-duplicate search only: pass near=True (CLI: --near) too, or leave "
             f"{'them' if len(given) > 1 else 'it'} out")
     paths = [os.fspath(path)] + [os.fspath(p) for p in against]
-    datasets, counts = _describe(paths, allow_outside)
+    datasets, counts = describe(paths, allow_outside)
     run = _hash_pieces(datasets, counts, near=near, flip=flip,
                        threshold=_threshold(threshold) if near else None,
                        cluster=dict(scheduler=scheduler, ray=ray, workers=workers),
@@ -182,24 +183,6 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
     run.finish()
     return DedupReport(paths, counts, groups, near_threshold=_threshold(threshold)
                        if near else None, flip=flip)
-
-
-def _describe(paths: list[str], allow_outside: bool) -> tuple[list[dict], list[int]]:
-    """How a piece opens each dataset (the version read now, so that every
-    piece reads the same records), and their record counts. The readers are
-    closed again before pieces run: none is open across a fork."""
-    datasets, counts = [], []
-    for where in paths:
-        reader = open_reader(where, allow_outside=allow_outside)
-        try:
-            version = getattr(reader, "version", None)
-            datasets.append({"path": where, "version": version,
-                             "allow_outside": allow_outside,
-                             "created_at": reader.manifest.created_at})
-            counts.append(len(reader))
-        finally:
-            reader.close()
-    return datasets, counts
 
 
 def _hash_pieces(datasets: list[dict], counts: list[int], *, near: bool, flip: bool,

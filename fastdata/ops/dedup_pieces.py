@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from fastdata.ops.piece_readers import piece_reader
+
 #: The most records of a piece: its rows (28 B each) are sorted in memory.
 PIECE_RECORDS = 1 << 18
 #: The fewest (the last piece of a dataset apart), and the pieces a job
@@ -77,7 +79,7 @@ def digest_piece(number: int, piece: tuple, work: str, datasets: list[dict]) -> 
 
     dataset, start, end = piece
     found = np.empty((end - start, 16), np.uint8)
-    reader = _reader(datasets[dataset])
+    reader = piece_reader(datasets[dataset])
     for at in range(start, end, READ_BATCH):
         batch = range(at, min(at + READ_BATCH, end))
         for i, data in zip(batch, reader.read_many(batch, check=True)):
@@ -102,7 +104,7 @@ def hash_piece(number: int, piece: tuple, work: str, datasets: list[dict],
     from fastdata.near_duplicates import image_hash
 
     dataset, start, end = piece
-    reader = _reader(datasets[dataset])
+    reader = piece_reader(datasets[dataset])
     shape = reader.manifest.raw_shape
     hashes = np.zeros((end - start, 2), np.uint64)
     for at in range(start, end, READ_BATCH):
@@ -117,26 +119,3 @@ def hash_piece(number: int, piece: tuple, work: str, datasets: list[dict],
     name = f"hashes-{number:06d}.npy"
     save_array(os.path.join(work, name), hashes if flip else hashes[:, 0])
     return {"hashes": name, "records": end - start}
-
-
-#: Readers this process opened for pieces, by (process, dataset): a worker
-#: running many pieces opens each dataset once; the least recently used of
-#: more than ``OPEN_READERS`` is closed.
-_READERS: dict = {}
-OPEN_READERS = 4
-
-
-def _reader(spec: dict):
-    from fastdata.dataset.resolve import open_reader
-
-    key = (os.getpid(), spec["path"], spec.get("version"), spec.get("allow_outside"))
-    reader = _READERS.pop(key, None)
-    if reader is None:
-        for old in [k for k in _READERS if k[0] != os.getpid()]:
-            del _READERS[old]  # a forked parent's: never used across fork
-        while len(_READERS) >= OPEN_READERS:  # a long-lived worker of many jobs
-            _READERS.pop(next(iter(_READERS))).close()
-        reader = open_reader(spec["path"], version=spec.get("version"),
-                             allow_outside=spec.get("allow_outside"))
-    _READERS[key] = reader  # the most recent last
-    return reader
