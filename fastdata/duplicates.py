@@ -204,7 +204,8 @@ def _hash_pieces(datasets: list[dict], counts: list[int], *, near: bool, flip: b
     job = Job("dedup", fingerprint, hash_piece if near else digest_piece, pieces,
               common=(datasets, flip) if near else (datasets,),
               sizes=[end - start for _, start, end in pieces])
-    with contextlib.closing(open_executor(**cluster, on_event=on_event)) as executor:
+    with contextlib.closing(open_executor(**cluster, on_event=on_event,
+                                          pieces=len(pieces))) as executor:
         return run_job(job, executor, resume=resume, progress=progress, on_event=on_event)
 
 

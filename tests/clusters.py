@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -43,21 +44,25 @@ def dask_cluster():
 def ray_cluster(port: int):
     """A Ray head on 127.0.0.1:``port`` with 2 CPUs, its workers importing
     this checkout; yields its address. This process talks to it with the
-    same environment (``RAY_ENV``), set for the block."""
+    same environment (``RAY_ENV``), set for the block. The head runs in the
+    foreground of a process group of its own (``ray start --block``), which
+    is stopped at the end: ``ray stop`` would stop every Ray cluster of the
+    machine."""
     optional.require("ray")
     env = {**os.environ, **RAY_ENV,
            "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
                                          if p)}
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     command = [ray_bin if os.path.exists(ray_bin) else shutil.which("ray") or "ray",
-               "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-               "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
-    started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    if started.returncode != 0:
-        raise RuntimeError(f"ray start failed: {started.stderr[-2000:]}")
+               "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+               f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+               "--disable-usage-stats"]
+    head = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
     try:
+        _wait_for_head(head, port)
         yield f"127.0.0.1:{port}"
     finally:
         for key, value in saved.items():
@@ -65,9 +70,41 @@ def ray_cluster(port: int):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        subprocess.run([command[0], "stop", "--force"], env=env, capture_output=True,
-                       timeout=120)
-        time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+        _kill_leftovers(port)
+
+
+def _wait_for_head(head: subprocess.Popen, port: int) -> None:
+    """Until the head answers on ``port`` (its GCS), or fail with its output."""
+    import socket
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start failed: {head.stderr.read()[-2000:]!r}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            time.sleep(1.0)  # the GCS listens before the raylet has registered
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the Ray head did not answer within 120 s")
+
+
+def _kill_leftovers(port: int) -> None:
+    """Workers of this head that outlived its process group (Ray starts
+    some in sessions of their own): those whose command line names its port."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or ())
+        if f"127.0.0.1:{port}" in cmdline and proc.pid != os.getpid():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def ray_task_pids(name: str) -> list[int]:

@@ -348,3 +348,38 @@ def test_a_job_stopped_by_a_damaged_record_leaves_no_work_folder(planted, tmp_pa
     with pytest.raises(CorruptDataError, match="'all/00600.png': record 600 fails its CRC32"):
         fastdata.dedup(folder / "all.tar.fastdata.json", progress=False, workers=2)
     assert not list(staging.iterdir())
+
+
+@pytest.fixture(scope="module")
+def damaged(planted, tmp_path_factory) -> Path:
+    """The planted dataset with one record's payload flipped (shard 3) and
+    shard 5's last byte changed (its SHA-256)."""
+    folder = tmp_path_factory.mktemp("damaged")
+    for path in Path(planted).parent.iterdir():
+        if path.is_file() and path.name.startswith("all"):
+            shutil.copy(path, folder / path.name)
+    for number, at in ((3, 2000), (5, -1)):
+        shard = folder / f"all-{number:06d}.tar"
+        data = bytearray(shard.read_bytes())
+        data[at] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    return folder / "all.tar.fastdata.json"
+
+
+def _verified(path, **options) -> dict:
+    from fastdata.ops.verify import verify_dataset
+
+    result = verify_dataset(path, progress=False, **options).to_dict()
+    result["problems"] = [dict(p, path=Path(p["path"]).name) for p in result["problems"]]
+    return result
+
+
+def test_verify_in_pieces_is_the_one_process_report(damaged, dask, ray_address):
+    one = _verified(damaged, workers=1)
+    assert [(p["index"], p["key"], p["path"]) for p in one["problems"]] == [
+        (600, "all/00600.png", "all.tar.fastdata.json"),
+        (None, None, "all-000003.tar"), (None, None, "all-000005.tar")]
+    assert one["checked"] == RECORDS and one["damaged"] == 1 and not one["ok"]
+    assert _verified(damaged, workers=2) == one
+    assert _verified(damaged, scheduler=dask.scheduler.address) == one
+    assert _verified(damaged, ray=ray_address) == one

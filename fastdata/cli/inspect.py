@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from fastdata.cli.cluster import job_options
 from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option, echo, main
 from fastdata.machine import human_bytes
 
@@ -313,18 +314,29 @@ def _source_text(source: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @allow_outside_option
+@job_options
 @_handle_errors
-def verify(path, decode, as_json, progress, allow_outside):
+def verify(path, decode, as_json, progress, allow_outside, workers, resume, scheduler, ray):
     """Check every byte of PATH that its manifest covers.
 
     Each record against its stored CRC32; labels, CRC32s, keys and the index
     against their SHA-256; tar/TFRecord shards against their SHA-256 and the
     TFRecord .idx files against the index. Exits 1 when anything is damaged,
-    listing each problem on one line.
+    listing each problem on one line. Records and shard files are checked in
+    pieces, in parallel, on this machine (from 65,536 records) or on a
+    cluster (--scheduler, --ray); LMDB in one child process.
+
+    \b
+    Examples:
+      fastdata verify train.lmdb
+      fastdata verify train.tar --decode --workers 8
+      fastdata verify /shared/train.tar --scheduler tcp://HOST:8786
     """
     from fastdata.ops.verify import verify_dataset
 
-    result = verify_dataset(path, decode=decode, progress=progress, allow_outside=allow_outside)
+    result = verify_dataset(path, decode=decode, progress=progress, allow_outside=allow_outside,
+                            workers=workers, resume=resume, scheduler=scheduler, ray=ray,
+                            on_event=lambda note: echo(f"note: {note}", err=True))
     if as_json:
         _print_json(result.to_dict())
     else:

@@ -171,9 +171,11 @@ class Reader(RecordMetadata):
         dicts ``{"index": record or None, "path", "reason"}``; none by default."""
         return []
 
-    def check_files(self, on_bytes: Callable[[int], None] | None = None) -> list[dict]:
+    def check_files(self, on_bytes: Callable[[int], None] | None = None,
+                    shards: range | None = None) -> list[dict]:
         """Problems with whole files against the manifest (checksums, side files),
-        as :meth:`check_layout` gives them; ``on_bytes(n)`` reports bytes read."""
+        as :meth:`check_layout` gives them; ``on_bytes(n)`` reports bytes read;
+        ``shards``: only those shards' files (a piece of a job; None: all)."""
         return []
 
     def child_options(self) -> dict:

@@ -140,21 +140,12 @@ def _verify_task(reader, args: dict, out) -> None:
 def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
                   on_progress: Callable[[int], None], progress: bool | None = False) -> int:
     """Run the checks 2-4 of the module doc on an open reader; the records checked."""
-    layout = [_with_key(reader, p) for p in reader.check_layout()]
-    for problem in layout:
-        on_problem(problem)
-    try:
-        reader.keys  # noqa: B018 (loading them checks their SHA-256)
-        check_pieces = getattr(reader, "check_key_pieces", None)
-        if check_pieces is not None:
-            check_pieces()
-    except CorruptDataError as exc:
-        on_problem(_error_problem(reader, None, exc))
+    located = check_index(reader, on_problem)
     # Records cannot be located through a damaged index: the walk would read
     # the wrong bytes (and report the damage again, record by record).
-    checked = 0 if layout else _check_records(reader, decode, on_problem, on_progress)
-    if not layout:
-        _check_metadata(reader, on_problem)
+    checked = _check_records(reader, decode, on_problem, on_progress) if located else 0
+    if located:
+        check_metadata(reader, on_problem)
     bars = []
 
     def on_bytes(n: int) -> None:  # a bar only for formats that hash files
@@ -165,24 +156,60 @@ def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
 
     try:
         for problem in reader.check_files(on_bytes=on_bytes):
-            on_problem(_with_key(reader, problem))
+            on_problem(with_key(reader, problem))
     finally:
         for bar in bars:
             bar.close()
     return checked
 
 
+def check_index(reader, on_problem: Callable[[dict], None]) -> bool:
+    """Check 2 of the module doc: the tables that locate records and the
+    keys; whether the records can be located (no layout problem)."""
+    layout = [with_key(reader, p) for p in reader.check_layout()]
+    for problem in layout:
+        on_problem(problem)
+    try:
+        reader.keys  # noqa: B018 (loading them checks their SHA-256)
+        check_pieces = getattr(reader, "check_key_pieces", None)
+        if check_pieces is not None:
+            check_pieces()
+    except CorruptDataError as exc:
+        on_problem(_error_problem(reader, None, exc))
+    return not layout
+
+
 def _check_records(reader, decode: bool, on_problem, on_progress) -> int:
+    # The walk, and past damage every readable record one at a time.
+    return _check_walk(reader, salvage.walk(reader), len(reader), decode, on_problem,
+                       on_progress)
+
+
+def check_record_range(reader, start: int, end: int, *, decode: bool,
+                       on_problem: Callable[[dict], None],
+                       on_progress: Callable[[int], None]) -> int:
+    """Check 3 of the module doc for records ``start``..``end - 1`` (a piece
+    of a verify job, see fastdata.ops.verify_pieces): read in batches, past
+    damage one at a time; the records checked."""
+    def read_many(batch: list[int]) -> list:
+        return reader.read_many(batch, check=False)
+
+    items = salvage.read_batches(range(start, end), read_many,
+                                 lambda i: read_many([i])[0])
+    return _check_walk(reader, items, end, decode, on_problem, on_progress)
+
+
+def _check_walk(reader, items, end: int, decode: bool, on_problem, on_progress) -> int:
+    """Check each ``(index, data, error)`` of ``items`` (records before ``end``)."""
     # Raw records are pixels of the manifest's shape, not an encoded image.
     decode_one = StrictDecoder(raw_shape=reader.manifest.raw_shape) if decode else None
     checked = run = 0
-    # The walk, and past damage every readable record one at a time.
-    for index, data, exc in salvage.walk(reader):
+    for index, data, exc in items:
         on_progress(1)
         if exc is not None:
             on_problem(_error_problem(reader, index, exc))
             run += 1
-            if run >= MAX_UNREADABLE_RUN and index + 1 < len(reader):
+            if run >= MAX_UNREADABLE_RUN and index + 1 < end:
                 on_problem({"index": None, "key": None, "path": exc.path or reader.path,
                             "reason": f"{run} records in a row are damaged: records "
                                       f"{index + 1}.. were not checked; re-pack the dataset"})
@@ -194,7 +221,7 @@ def _check_records(reader, decode: bool, on_problem, on_progress) -> int:
     return checked
 
 
-def _check_metadata(reader, on_problem) -> None:
+def check_metadata(reader, on_problem) -> None:
     """Each record's metadata against its CRC32, and as JSON."""
     try:
         if not reader.has_metadata:
@@ -238,15 +265,18 @@ def _problem(reader, index: int | None, reason: str, path: str | None = None) ->
 
 def _error_problem(reader, index: int | None, exc: CorruptDataError) -> dict:
     """A problem from an error: its file named when it is another one (a shard),
-    and its byte offset when the message does not say it already."""
+    and the record and its byte offset when the message does not say them
+    already (a read by index names the offset only)."""
     reason = exc.message
     where = os.path.basename(exc.path) if exc.path and exc.path != reader.path else ""
     if exc.offset is not None and f"byte offset {exc.offset}" not in reason:
-        where = f"{where} at byte offset {exc.offset}".strip()
+        record = f" record {index}" if index is not None and \
+            f"record {index}" not in reason else ""
+        where = f"{where}{record} at byte offset {exc.offset}".strip()
     return _problem(reader, index, f"{where}: {reason}" if where else reason, exc.path)
 
 
-def _with_key(reader, problem: dict) -> dict:
+def with_key(reader, problem: dict) -> dict:
     index = problem.get("index")
     return {"index": index, "key": reader.key_of(index) if index is not None else None,
             "path": problem.get("path") or reader.path, "reason": problem["reason"]}

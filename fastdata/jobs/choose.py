@@ -13,11 +13,13 @@ from fastdata.jobs.executor import RAY_ENV, Executor
 
 
 def open_executor(*, scheduler: Any = None, ray: Any = None, workers: int | None = None,
-                  on_event: Callable[[str], None] | None = None) -> Executor:
+                  on_event: Callable[[str], None] | None = None,
+                  pieces: int | None = None) -> Executor:
     """The executor the options name: a Dask scheduler (its address or a
     ``distributed.Client``), a Ray cluster (its address, ``"auto"``, or
     ``True`` for the address in ``$FASTDATA_RAY``), else ``workers``
-    processes of this machine (None: one per usable core).
+    processes of this machine (None: one per usable core, and no more than
+    the job's ``pieces``; one runs them in this process).
 
     Raises:
         FastDataError: both a scheduler and a Ray cluster, a cluster that
@@ -35,6 +37,10 @@ def open_executor(*, scheduler: Any = None, ray: Any = None, workers: int | None
         return RayExecutor(ray, on_event)
     from fastdata.jobs.local_executor import LocalExecutor
 
+    if workers is None and pieces is not None:
+        from fastdata.machine import usable_cores
+
+        workers = max(1, min(usable_cores(), pieces))
     return LocalExecutor(workers)
 
 

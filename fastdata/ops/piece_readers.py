@@ -35,10 +35,12 @@ def describe(paths: list[str], allow_outside: bool) -> tuple[list[dict], list[in
 
 
 def piece_reader(spec: dict):
-    """The reader of the dataset ``spec`` (from :func:`describe`) in this process."""
+    """The reader of the dataset ``spec`` (from :func:`describe`; a
+    ``verify`` entry opens it with that setting) in this process."""
     from fastdata.dataset.resolve import open_reader
 
-    key = (os.getpid(), spec["path"], spec.get("version"), spec.get("allow_outside"))
+    key = (os.getpid(), spec["path"], spec.get("version"), spec.get("allow_outside"),
+           spec.get("verify"))
     reader = _READERS.pop(key, None)
     if reader is None:
         for old in [k for k in _READERS if k[0] != os.getpid()]:
@@ -46,6 +48,7 @@ def piece_reader(spec: dict):
         while len(_READERS) >= OPEN_READERS:  # a long-lived worker of many jobs
             _READERS.pop(next(iter(_READERS))).close()
         reader = open_reader(spec["path"], version=spec.get("version"),
-                             allow_outside=spec.get("allow_outside"))
+                             allow_outside=spec.get("allow_outside"),
+                             verify=spec.get("verify"))
     _READERS[key] = reader  # the most recent last
     return reader

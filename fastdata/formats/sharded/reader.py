@@ -300,12 +300,13 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
         return check_inside(path, self._layout().directory, field=repr(os.path.basename(path)),
                             where=self.path, allow_outside=self.allow_outside, kind="file")
 
-    def check_files(self, on_bytes=None) -> list[dict]:
+    def check_files(self, on_bytes=None, shards: range | None = None) -> list[dict]:
         self._ensure_index()
+        shards = range(len(self._shard_paths)) if shards is None else shards
         # Checked whole: downloaded once.
-        local = [self.shard_copy(n) for n in range(len(self._shard_paths))]
-        problems = shard_problems(self.manifest.shards, local, on_bytes)
-        named = dict(zip(local, self._shard_paths))
+        local = [self.shard_copy(n) for n in shards]
+        problems = shard_problems([self.manifest.shards[n] for n in shards], local, on_bytes)
+        named = dict(zip(local, (self._shard_paths[n] for n in shards)))
         for problem in problems:
             problem["path"] = named.get(problem["path"], problem["path"])
         return problems

@@ -159,11 +159,11 @@ class TFRecordReader(ShardedReader):
 
     # -- ShardedReader hooks ----------------------------------------------------------
 
-    def check_files(self, on_bytes=None) -> list[dict]:
-        problems = super().check_files(on_bytes)
+    def check_files(self, on_bytes=None, shards: range | None = None) -> list[dict]:
+        problems = super().check_files(on_bytes, shards)
         if self.manifest.extra.get("foreign"):
             return problems  # other tools' .idx files are theirs
-        for shard in range(len(self.shard_paths)):
+        for shard in range(len(self.shard_paths)) if shards is None else shards:
             rows = self.shard_rows(shard, checked=False)
             idx = self.side_path(shard, SHARD_INDEX_SUFFIX)
             try:
