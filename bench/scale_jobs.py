@@ -13,6 +13,9 @@ a fresh cluster is started, and each job runs in a fresh driver process:
 
 - ``dedup``: ``fastdata.dedup`` (exact), its group count checked against
   the planted copies;
+- ``verify``: ``fastdata.ops.verify.verify_dataset``, every record checked;
+- ``info``: ``fastdata info --json`` (this machine only: it reads the
+  manifest);
 - ``pack``: ``fastdata.pack`` of the same records (a Source in memory) into
   TFRecord, its shards' SHA-256 compared across executors.
 
@@ -39,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 #: One record in this many is a copy of the one before it.
 PLANT_EVERY = 100_003
-JOBS = ("dedup", "pack")
+JOBS = ("dedup", "verify", "info", "pack")
 EXECUTORS = ("local", "dask", "ray")
 
 
@@ -114,6 +117,16 @@ start = time.perf_counter()
 if job == "dedup":
     report = fastdata.dedup(path, progress=False, **cluster)
     result = {"groups": len(report.groups)}
+elif job == "verify":
+    from fastdata.ops.verify import verify_dataset
+    checked = verify_dataset(path, progress=False, **cluster)
+    result = {"ok": checked.ok, "checked": checked.checked}
+elif job == "info":
+    import contextlib, io
+    from fastdata.cli import main
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(["info", path, "--json"], standalone_mode=False)
+    result = {}
 else:
     options = fastdata.PackOptions(shard_size=10_000, workers=cluster.pop("workers", None))
     fastdata.pack(PlantedSource(n), out, options=options, progress=False, **cluster)
@@ -202,9 +215,13 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
                 staging = tempfile.mkdtemp(dir=folder, prefix=f"staging-{kind}-")
                 with cluster(kind, staging) as (options, workers):
                     for job in jobs:
+                        if job == "info" and kind != "local":
+                            continue  # no pieces: nothing runs on a cluster
                         out = os.path.join(folder, f"pack-{kind}-{n}", "out.tfrecord")
                         os.makedirs(os.path.dirname(out), exist_ok=True)
                         r = run_job(job, path, n, options, workers, out)
+                        if job == "verify" and not (r["ok"] and r["checked"] == n):
+                            raise RuntimeError(f"verify: {r}")
                         if job == "dedup" and r["groups"] != planted_groups(n):
                             raise RuntimeError(f"dedup found {r['groups']} groups, "
                                                f"{planted_groups(n)} planted")
@@ -218,7 +235,9 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
 
 
 def _line(r: dict) -> str:
-    extra = f", groups {r['groups']}" if "groups" in r else f", shards {r.get('shards')}"
+    extra = f", groups {r['groups']}" if "groups" in r else \
+        f", checked {r['checked']:,}" if "checked" in r else \
+        f", shards {r['shards']}" if "shards" in r else ""
     return (f"{r['records']:>12,} {r['executor']:<5} {r['job']:<5} {r['seconds']:7.1f} s, "
             f"{r['records'] / r['seconds']:9,.0f} rec/s, driver peak "
             f"{r['peak'] / 2**20:6.1f} MB (+{(r['peak'] - r['base']) / 2**20:.1f}), worker "
