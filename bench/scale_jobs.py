@@ -86,6 +86,8 @@ def write_dataset(folder: str, n: int) -> str:
     from fastdata.records import Manifest, Record
 
     out = os.path.join(folder, f"records{n}.tfrecord")
+    if os.path.exists(out + ".fastdata.json"):
+        return out  # written by an earlier run into the same --dir
     source = PlantedSource(n)
     writer = get_format("tfrecord").load_writer()(out, shard_size=10_000)
     for i, entry in enumerate(source):
@@ -205,7 +207,8 @@ def _shards_digest(out: str) -> str:
 
 def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | None) -> None:
     rows = []
-    with tempfile.TemporaryDirectory(dir=base) as folder:
+    # With --dir the datasets stay there and a later run takes them again.
+    with (contextlib.nullcontext(base) if base else tempfile.TemporaryDirectory()) as folder:
         for n in sizes:
             started = time.perf_counter()
             path = write_dataset(folder, n)
@@ -213,7 +216,9 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
                   flush=True)
             for kind in executors:
                 staging = tempfile.mkdtemp(dir=folder, prefix=f"staging-{kind}-")
-                with cluster(kind, staging) as (options, workers):
+                cleanup = contextlib.ExitStack()
+                cleanup.callback(subprocess.run, ["rm", "-rf", staging])
+                with cleanup, cluster(kind, staging) as (options, workers):
                     for job in jobs:
                         if job == "info" and kind != "local":
                             continue  # no pieces: nothing runs on a cluster
@@ -263,7 +268,9 @@ def add_parser(sub) -> None:
     jobs.add_argument("--sizes", default="1000000,10000000")
     jobs.add_argument("--executors", default=",".join(EXECUTORS))
     jobs.add_argument("--jobs", default=",".join(JOBS))
-    jobs.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
+    jobs.add_argument("--dir", default=None,
+                      help="where to write the datasets, kept for the next run (default: "
+                           "a temporary folder, removed)")
 
 
 def run_jobs(args) -> None:

@@ -383,3 +383,19 @@ def test_verify_in_pieces_is_the_one_process_report(damaged, dask, ray_address):
     assert _verified(damaged, workers=2) == one
     assert _verified(damaged, scheduler=dask.scheduler.address) == one
     assert _verified(damaged, ray=ray_address) == one
+
+
+def test_verify_in_pieces_reads_the_keys_in_pieces_and_finds_their_damage(planted,
+                                                                          tmp_path):
+    for path in Path(planted).parent.iterdir():
+        if path.is_file() and path.name.startswith("all"):
+            shutil.copy(path, tmp_path / path.name)
+    keys = tmp_path / "all.tar.fastdata.keys.json"
+    data = bytearray(keys.read_bytes())
+    data[len(data) // 2] ^= 0x01  # a key's letter changed: still JSON
+    keys.write_bytes(bytes(data))
+    one = _verified(tmp_path / "all.tar.fastdata.json", workers=1)
+    assert [(p["index"], p["path"]) for p in one["problems"]] == [
+        (None, "all.tar.fastdata.keys.json")]
+    assert "SHA-256" in one["problems"][0]["reason"]
+    assert _verified(tmp_path / "all.tar.fastdata.json", workers=2) == one

@@ -163,13 +163,19 @@ def check_dataset(reader, *, decode: bool, on_problem: Callable[[dict], None],
     return checked
 
 
-def check_index(reader, on_problem: Callable[[dict], None]) -> bool:
+def check_index(reader, on_problem: Callable[[dict], None], *,
+                streamed: bool = False) -> bool:
     """Check 2 of the module doc: the tables that locate records and the
-    keys; whether the records can be located (no layout problem)."""
+    keys; whether the records can be located (no layout problem).
+    ``streamed``: read the keys file in pieces where the format can, not
+    every key into memory (a job's machine, at any record count)."""
     layout = [with_key(reader, p) for p in reader.check_layout()]
     for problem in layout:
         on_problem(problem)
     try:
+        streamer = getattr(reader, "check_keys_streamed", None) if streamed else None
+        if streamer is not None and streamer():
+            return not layout
         reader.keys  # noqa: B018 (loading them checks their SHA-256)
         check_pieces = getattr(reader, "check_key_pieces", None)
         if check_pieces is not None:

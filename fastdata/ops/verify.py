@@ -79,7 +79,7 @@ def _verify_in_pieces(reader, spec: dict, *, decode: bool, progress, executor: d
     from fastdata.ops.verify_pieces import plan_pieces, verify_piece
 
     problems: list[dict] = []
-    located = check_index(reader, problems.append)
+    located = check_index(reader, problems.append, streamed=True)
     shards = len(reader.shard_paths) if isinstance(reader, ShardedReader) else None
     pieces = plan_pieces(len(reader) if located else 0, shards)
     job = Job("verify", {"dataset": spec, "records": len(reader), "decode": decode}, verify_piece,

@@ -101,6 +101,17 @@ class KeyPieces:
                                    f"dataset", path=self.path, record=first)
         return keys
 
+    def check_file(self, f, size: int) -> None:
+        """Check every piece against the keys file open as ``f`` (``size``
+        bytes), one piece in memory at a time (``verify`` in pieces)."""
+        if int(self.rows[-1]["offset"]) != size - 1:
+            raise CorruptDataError("the keys' pieces file does not end where the keys do; "
+                                   "re-pack the dataset", path=self.path)
+        for piece in range(len(self.rows) - 1):
+            lo, hi = int(self.rows[piece]["offset"]), int(self.rows[piece + 1]["offset"])
+            f.seek(lo)
+            self.parse(piece, f.read(hi - lo))
+
     def check_all(self, raw: bytes) -> None:
         """Check every piece against the whole keys file ``raw`` (``verify``)."""
         if int(self.rows[-1]["offset"]) != len(raw) - 1:
@@ -166,6 +177,26 @@ class ShardedKeys:
         local = local_copy(self._keys_path, limit=keys_limit(self.manifest.count))
         with open(local, "rb") as f:
             self._load_key_pieces(local).check_all(f.read())
+
+    def check_keys_streamed(self) -> bool:
+        """Check the keys file against its SHA-256 and every piece of it,
+        reading it in pieces: no key held in memory (``verify`` in pieces).
+        False when the dataset has no pieces file (then load :attr:`keys`).
+
+        Raises:
+            CorruptDataError: a file is damaged, or they disagree.
+        """
+        if getattr(self, "_keys_pieces_path", None) is None or self._records is not None \
+                or self._foreign_keys is not None:
+            return False
+        from fastdata.formats.integrity import check_file_sha256
+
+        local = local_copy(self._keys_path, limit=keys_limit(self.manifest.count))
+        check_file_sha256(self.manifest, os.path.basename(self._keys_path), local,
+                          what="the keys")
+        with open(local, "rb") as f:
+            self._load_key_pieces(local).check_file(f, os.path.getsize(local))
+        return True
 
     def _load_key_pieces(self, keys: str, read_range=None) -> KeyPieces:
         """The dataset's :class:`KeyPieces` over the keys file ``keys``."""
