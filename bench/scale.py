@@ -5,6 +5,7 @@
     python bench/scale.py startup               # open 10^9 records in 10^5 shards (sparse)
     python bench/scale.py startup --url         # the same at an http:// URL
     python bench/scale.py write                 # memory of writing and packing 10^6 records
+    python bench/scale.py jobs                  # dedup, verify, info, pack at 10^6 and 10^7
 
 ``plan`` needs no data: for each size and order mode (a permutation of every
 record, as map-style reading has it; blocks of 16 in windows of 8192, as a
@@ -29,6 +30,9 @@ and the requests and bytes each open asked for are printed per file.
 shards) and, in a fresh process per size, opens the dataset shuffled and
 reads its first batch: the memory after import, after open and after the
 batch, and the growth per record between the sizes.
+
+``jobs`` runs whole-dataset jobs over tiny records on this machine's
+processes, a local Dask and a local Ray cluster: see ``bench/scale_jobs.py``.
 
 ``write`` writes ``N`` tiny records (the same records, TFRecord, 10,000
 per shard) in a fresh process per size, two ways: the format's writer alone
@@ -376,9 +380,13 @@ def main() -> None:
     write = sub.add_parser("write", help="write and pack tiny records: memory per record")
     write.add_argument("--sizes", default="200000,1000000")
     write.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from scale_jobs import add_parser, run_jobs  # jobs on local, Dask and Ray executors
+
+    add_parser(sub)
     args = parser.parse_args()
     {"plan": run_plan, "open": run_open, "startup": run_startup,
-     "write": run_write}[args.what](args)
+     "write": run_write, "jobs": run_jobs}[args.what](args)
 
 
 if __name__ == "__main__":
