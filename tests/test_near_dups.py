@@ -21,10 +21,20 @@ from PIL import Image
 
 import fastdata
 from fastdata.cli import main
+from fastdata.dataset.resolve import open_reader
 from fastdata.demo import synthesize
 from fastdata.errors import CorruptDataError, FastDataError
-from fastdata.dataset.resolve import open_reader
-from fastdata.near_duplicates import HASH_BITS, choose_bands, image_hash, near_pairs
+from fastdata.near_duplicates import (
+    HASH_BITS,
+    choose_scheme,
+    components,
+    group_labels,
+    image_hash,
+    near_pairs,
+    near_pairs_from_runs,
+    scheme_for,
+)
+from fastdata.near_groups import KEY_BITS, write_hashes
 
 KINDS = ("resized", "reencoded", "cropped", "mirrored")
 
@@ -160,9 +170,145 @@ def test_edge_sizes_and_bands():
     assert near_pairs(np.asarray([5, 5, 5], np.uint64), 0).tolist() == \
         [[0, 1, 0], [0, 2, 0], [1, 2, 0]]
     for n, threshold in itertools.product((10, 10_000, 10**6), (0, 8, 12, 24)):
-        assert 3 <= choose_bands(n, threshold) <= 8
+        assert choose_scheme(n, threshold).radius <= 2
     with pytest.raises(ValueError, match="bands"):
         near_pairs(np.asarray([1, 2], np.uint64), 8, bands=2)  # 32-bit bands
+
+
+def test_the_scheme_is_exact_for_every_spread_of_the_differing_bits():
+    """The pigeonhole bound behind every scheme: however ``threshold`` bits
+    spread over ``m`` blocks, the ``j`` blocks with the fewest hold at most
+    ``2 * radius`` of them."""
+    def spreads(left, blocks):
+        if blocks == 1:
+            yield (left,)
+            return
+        for first in range(left + 1):
+            for rest in spreads(left - first, blocks - 1):
+                yield (first,) + rest
+
+    for threshold, m, j in itertools.product((0, 3, 8, 12), (1, 3, 5, 9), (1, 2, 3)):
+        if j > m:
+            continue
+        scheme = scheme_for(m, j, threshold)
+        worst = max(sum(sorted(spread)[:j]) for spread in spreads(threshold, m))
+        assert worst <= 2 * scheme.radius, (threshold, m, j)
+        assert all(scheme.width(t) <= KEY_BITS for t in range(len(scheme.tables)))
+
+
+def test_the_rule_widens_the_keys_as_records_grow():
+    small, million, huge = (choose_scheme(n, 8) for n in (1_000, 10**6, 10**9))
+    assert small.radius == 0 and len(small.tables) == 9  # a pure sort: 9 bands of 7 bits
+    assert million.radius == 1 and [million.width(t) for t in range(3)] == [21, 21, 21]
+    assert min(huge.width(t) for t in range(len(huge.tables))) > 21  # wider keys at 10^9
+    assert choose_scheme(10**6, 8, queries=1).radius <= 1
+
+
+class InProcess:
+    """An executor as fastdata.jobs' are (results(fn, pieces, common,
+    in_order=)), run here, that counts the pieces."""
+
+    def __init__(self):
+        self.calls = []
+
+    def results(self, fn, pieces, common, *, in_order):
+        for number, arg in pieces:
+            self.calls.append(fn.__name__)
+            yield number, fn(number, arg, *common)
+
+
+@pytest.mark.parametrize("scheme", [None, (5, 2), (9, 1), (3, 1)])
+def test_pairs_from_pieces_of_hashes(planted_hashes, tmp_path, scheme):
+    """Hashes written as pieces (as workers do) give the pairs near_pairs gives,
+    whatever the scheme: tables of 2 of 5 blocks, 9 bands of radius 0, 3 of radius 1."""
+    hashes, other = planted_hashes
+    threshold = 8
+    cuts = [0, 100, 101, 700, len(hashes)]  # uneven pieces, one of one record
+    files = [write_hashes(str(tmp_path / f"h{k}.npy"), hashes[a:b], start=a,
+                          queries=[other[a:b]])
+             for k, (a, b) in enumerate(itertools.pairwise(cuts))]
+    executor = InProcess()
+    found = near_pairs_from_runs(files, str(tmp_path / "job"), threshold, executor=executor,
+                                 scheme=scheme and scheme_for(*scheme, threshold))
+    pairs = np.load(found.path, allow_pickle=False)
+    rows = {(int(i), int(j), int(d)) for i, j, d in pairs[["i", "j", "distance"]].tolist()}
+    assert rows == brute_force(hashes, threshold, [other])
+    assert found.records == len(hashes) and found.pairs == len(pairs)
+    assert found.rows >= 2 * len(hashes) * len(found.scheme.tables) and found.checked > 0
+    assert executor.calls.count("index_piece") == 4
+    assert executor.calls.count("pairs_part") >= len(found.scheme.tables)
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["pairs.npy"]
+
+
+def test_many_pieces_are_merged_before_the_pairs(planted_hashes, tmp_path):
+    """More runs per table than a part reads at once: merged first, a piece
+    per group of them, and the pairs are the same."""
+    hashes, other = planted_hashes
+    cuts = list(range(0, len(hashes), 40)) + [len(hashes)]  # 38 pieces
+    files = [write_hashes(str(tmp_path / f"h{k}.npy"), hashes[a:b], start=a,
+                          queries=[other[a:b]])
+             for k, (a, b) in enumerate(itertools.pairwise(cuts))]
+    executor = InProcess()
+    found = near_pairs_from_runs(files, str(tmp_path / "job"), 8, executor=executor,
+                                 scheme=scheme_for(3, 1, 8))
+    pairs = np.load(found.path, allow_pickle=False)
+    assert {(int(i), int(j), int(d)) for i, j, d in pairs[["i", "j", "distance"]].tolist()} \
+        == brute_force(hashes, 8, [other])
+    assert executor.calls.count("merge_piece") == 3 * 3  # 38 runs a table: 3 groups of 16
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["pairs.npy"]
+
+
+def test_one_hash_many_times_and_groups_of_every_size():
+    """Groups far larger than the rest (300 copies of one hash, 40 of another
+    8 bits away) next to groups of every size: every pair, each once."""
+    rng = np.random.default_rng(11)
+    hashes = rng.integers(0, 1 << HASH_BITS, 2000, dtype=np.uint64)
+    hashes[rng.choice(2000, 300, replace=False)] = hashes[0]
+    far = rng.choice(np.flatnonzero(hashes != hashes[0]), 40, replace=False)
+    hashes[far] = flipped(rng, int(hashes[0]), 8)
+    for threshold in (0, 8):
+        got = check_rows(near_pairs(hashes, threshold))
+        assert got == brute_force(hashes, threshold)
+        assert len(got) >= 301 * 300 // 2 + (40 * 39 // 2 if threshold else 0)
+
+
+def test_bad_pieces_of_hashes_are_named(tmp_path):
+    np.save(tmp_path / "odd.npy", np.zeros(3, [("hash", "<u8")]))
+    with pytest.raises(FastDataError, match="odd.npy.*write_hashes"):
+        near_pairs_from_runs([str(tmp_path / "odd.npy")], str(tmp_path / "job"), 8)
+    a = write_hashes(str(tmp_path / "a.npy"), np.arange(3, dtype=np.uint64))
+    b = write_hashes(str(tmp_path / "b.npy"), np.arange(3, dtype=np.uint64), start=3,
+                     queries=[np.arange(3, dtype=np.uint64)])
+    with pytest.raises(FastDataError, match="same queries"):
+        near_pairs_from_runs([a, b], str(tmp_path / "job"), 8)
+    with pytest.raises(ValueError, match="63 bits"):
+        write_hashes(str(tmp_path / "c.npy"), np.asarray([1 << 63], np.uint64))
+
+
+def test_groups_are_the_connected_components():
+    rng = np.random.default_rng(3)
+    pairs = rng.integers(0, 300, (400, 2))
+    pairs = np.sort(pairs[pairs[:, 0] != pairs[:, 1]], axis=1)
+    parent = {}
+
+    def root(x):
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in pairs.tolist():
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    members, labels = group_labels(pairs)
+    assert members.tolist() == sorted(set(pairs.ravel().tolist()))
+    assert labels.tolist() == [root(x) for x in members.tolist()]
+    groups = components(pairs, 300)
+    assert [g[0] for g in groups] == sorted({root(x) for x in members.tolist()})
+    assert sorted(x for g in groups for x in g) == members.tolist()
+    assert components(np.zeros((0, 3), np.int64)) == []
+    chain = np.stack([np.arange(999, 0, -1), np.arange(1000, 1, -1)], 1)  # one long path
+    assert components(chain) == [list(range(1, 1001))]
 
 
 # -- 2. the mirror hash ------------------------------------------------------------------

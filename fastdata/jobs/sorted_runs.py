@@ -169,13 +169,15 @@ class RunWriter:
         return list(self.paths)
 
 
-class _Run:
-    """One run file read a chunk at a time with plain reads: a memory map would
-    keep every page read in this process's resident set, so its peak would grow
-    with the runs' size."""
+class RunFile:
+    """A run (any ``.npy`` of rows with the ``order`` fields) read a chunk at a
+    time with plain reads (``pread``, the file kept open until :meth:`close`):
+    a memory map would keep every page read in this process's resident set,
+    so its peak would grow with the runs' size."""
 
     def __init__(self, path: str, order: Sequence[str]) -> None:
         self.path = path
+        self._fd = -1
         try:
             with open(path, "rb") as f:
                 version = np.lib.format.read_magic(f)
@@ -184,22 +186,41 @@ class _Run:
                 shape, fortran, dtype = read(f)
                 self.offset = f.tell()
             size = os.path.getsize(path)
+            self._fd = os.open(path, os.O_RDONLY)
         except (OSError, ValueError) as exc:
             raise FastDataError(f"not a readable sorted run ({exc}); write the run again",
                                 path=path) from None
-        if len(shape) != 1 or fortran:
-            raise FastDataError(f"a sorted run holds one row per element, not shape {shape}; "
-                                "write the run again with write_run", path=path)
-        _check_fields(dtype, order, path)
+        if len(shape) != 1 or fortran or dtype.names is None or \
+                self.offset + shape[0] * dtype.itemsize > size:
+            self.close()
+            raise FastDataError(f"not a run of {shape} rows in {size} bytes: cut short or not "
+                                "written by write_run; write the run again", path=path)
         self.dtype, self.rows = dtype, shape[0]
-        if self.offset + self.rows * dtype.itemsize > size:
-            raise FastDataError(f"the run is cut short ({size} bytes for {self.rows} rows); "
-                                "write it again", path=path)
         self.begin, self.end = 0, self.rows
+        try:
+            _check_fields(dtype, order, path)
+        except ValueError:
+            self.close()
+            raise
 
     def read(self, start: int, count: int) -> np.ndarray:
-        return np.fromfile(self.path, dtype=self.dtype, count=count,
-                           offset=self.offset + start * self.dtype.itemsize)
+        """Rows ``start`` .. ``start + count`` (fewer at the end; read-only)."""
+        count = max(0, min(count, self.rows - start))
+        size = count * self.dtype.itemsize
+        data = os.pread(self._fd, size, self.offset + start * self.dtype.itemsize) if count \
+            else b""
+        if len(data) != size:
+            raise FastDataError(f"the run ended early (rows {start}+{count}); write it again",
+                                path=self.path)
+        return np.frombuffer(data, self.dtype)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
 
     def key(self, at: int, order: Sequence[str]) -> tuple:
         row = self.read(at, 1)[0]
@@ -236,7 +257,16 @@ def merged(paths: Sequence[str], order: tuple[str, ...], *, chunk_rows: int = 1 
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows is 1 or more, not {chunk_rows}")
-    runs = [_Run(path, order) for path in paths]
+    runs = [RunFile(path, order) for path in paths]
+    try:
+        yield from _merge(runs, order, chunk_rows, start, stop)
+    finally:
+        for run in runs:
+            run.close()
+
+
+def _merge(runs: list[RunFile], order: tuple[str, ...], chunk_rows: int, start, stop
+           ) -> Iterator[np.ndarray]:
     for run in runs[1:]:
         if run.dtype != runs[0].dtype:
             raise FastDataError(f"its rows are {run.dtype}, those of {runs[0].path} are "
@@ -263,7 +293,7 @@ def merged(paths: Sequence[str], order: tuple[str, ...], *, chunk_rows: int = 1 
     yield from _emit(buffers, order, chunk_rows)
 
 
-def _restrict(run: _Run, order: Sequence[str], start: int | None, stop: int | None) -> None:
+def _restrict(run: RunFile, order: Sequence[str], start: int | None, stop: int | None) -> None:
     """Narrow ``run`` to the rows whose first field is in ``[start, stop)``
     (a binary search over the file: a few reads)."""
     def first(at: int):
@@ -304,7 +334,9 @@ def combine_runs(paths: Sequence[str], order: tuple[str, ...], folder: str, *,
         for number, at in enumerate(range(0, len(paths), fan_in)):
             group = paths[at:at + fan_in]
             path = os.path.join(folder, f"{prefix}-{level}-{number:06d}.npy")
-            dtype = _Run(group[0], order).dtype
+            first = RunFile(group[0], order)
+            dtype = first.dtype
+            first.close()
             save_chunks(path, merged(group, order, chunk_rows=chunk_rows), dtype)
             out.append(path)
         paths, level = out, level + 1
