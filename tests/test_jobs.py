@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import optional
 import pytest
 from click.testing import CliRunner
 from clusters import dask_cluster, ray_cluster, ray_task_pids
@@ -255,7 +256,7 @@ def test_ray_true_without_the_environment_variable_says_what_to_set(monkeypatch)
 
 
 def test_an_unreachable_ray_cluster_is_one_line_at_once(refused_port):
-    pytest.importorskip("ray")
+    optional.require("ray")
     started = time.monotonic()
     with pytest.raises(FastDataError, match=f"cannot reach the Ray cluster at "
                                             f"127.0.0.1:{refused_port}"):

@@ -35,10 +35,15 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False,
         allow_outside: follow links that lead out of the dataset's folder (see
             :class:`fastdata.formats.reader.Reader`).
         version: check this version (None: the current one).
-        scheduler, ray, workers, resume, on_event: where the pieces run and
-            how an interrupted run continues, as for :func:`fastdata.dedup`.
-            LMDB, whose library can die on a damaged file, is walked in one
-            child process here instead (its death is reported as damage).
+        scheduler: check in pieces on a Dask cluster, as
+            :func:`fastdata.dedup` does. LMDB, whose library can die on a
+            damaged file, is walked in one child process here instead (its
+            death is reported as damage).
+        ray: on a Ray cluster instead.
+        workers: processes on this machine (None: one per usable core, in
+            pieces from 65,536 records; 1: this process).
+        resume: continue an interrupted run of the same job.
+        on_event: called with each note.
 
     Returns:
         The result; damaged records and files are listed, not raised.

@@ -45,9 +45,10 @@ def convert(
         on_event: called with each warning as it happens.
         reader_settings: the source reader's own settings (``feature_keys`` for a
             TFRecord of another tool).
-        scheduler, ray: convert on a Dask or a Ray cluster, as
-            :func:`fastdata.pack` does (this machine reads the records; the
-            workers preprocess them and write the shards).
+        scheduler: convert on a Dask cluster, as :func:`fastdata.pack` does
+            (this machine reads the records; the workers preprocess them and
+            write the shards).
+        ray: convert on a Ray cluster instead (see :func:`fastdata.pack`).
 
     Raises:
         SourceError: ``output`` is ``source`` (or would write over its files).
