@@ -39,8 +39,9 @@ def piece_reader(spec: dict):
     ``verify`` entry opens it with that setting) in this process."""
     from fastdata.dataset.resolve import open_reader
 
+    # created_at: a dataset packed again at the same path is another dataset.
     key = (os.getpid(), spec["path"], spec.get("version"), spec.get("allow_outside"),
-           spec.get("verify"))
+           spec.get("verify"), spec.get("created_at"))
     reader = _READERS.pop(key, None)
     if reader is None:
         for old in [k for k in _READERS if k[0] != os.getpid()]:
