@@ -25,7 +25,10 @@ def describe(paths: list[str], allow_outside: bool) -> tuple[list[dict], list[in
     for where in paths:
         reader = open_reader(where, allow_outside=allow_outside)
         try:
-            datasets.append({"path": where, "version": getattr(reader, "version", None),
+            record = getattr(reader, "record", None)
+            view = record is not None and record.kind == "view"  # its file is one version
+            datasets.append({"path": where,
+                             "version": None if view else getattr(reader, "version", None),
                              "allow_outside": allow_outside,
                              "created_at": reader.manifest.created_at})
             counts.append(len(reader))
