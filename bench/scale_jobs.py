@@ -39,6 +39,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from scale import TinySource  # noqa: E402 (beside this file)
 REPO = os.path.dirname(HERE)
 #: One record in this many is a copy of the one before it.
 PLANT_EVERY = 100_003
@@ -46,15 +48,9 @@ JOBS = ("dedup", "verify", "info", "pack")
 EXECUTORS = ("local", "dask", "ray")
 
 
-class PlantedSource:
-    """``n`` records of 12 bytes (the record's number, with planted copies)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.classes = [f"c{k}" for k in range(10)]
-
-    def __len__(self) -> int:
-        return self.n
+class PlantedSource(TinySource):
+    """``n`` records of 12 bytes (the record's number, with planted copies);
+    the rest as ``bench/scale.py``'s TinySource."""
 
     def __iter__(self):
         from fastdata.packers.source import SourceEntry
@@ -65,9 +61,6 @@ class PlantedSource:
 
     def describe(self) -> dict:
         return {"root": None, "files": self.n, "kind": "bench/scale_jobs.py records"}
-
-    def warnings(self) -> list[str]:
-        return []
 
 
 def record_bytes(i: int) -> bytes:
