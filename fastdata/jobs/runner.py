@@ -101,7 +101,10 @@ def run_job(job: Job, executor: Executor, *, resume: bool = False,
             f"of {count} kept: the same command with --resume continues the {job.kind}, "
             "on the cluster or not") from None
     except FastDataError:
-        journal.remove()  # a piece's own failure: a rerun would meet it again
+        # A piece's own failure: a rerun would meet it again. The pieces still
+        # out are stopped first, or they write into the folder as it goes.
+        executor.close()
+        journal.remove()
         raise
     except BaseException:
         journal.release()  # Ctrl-C, a crash: the finished pieces stay for --resume
