@@ -240,6 +240,9 @@ def main(argv=None) -> None:
     if log is not None:
         log.close()
     if world > 1:
+        # Every rank past its last collective before any tears the group down:
+        # a peer closing its connections mid-exchange aborts the other rank.
+        dist.barrier()
         dist.destroy_process_group()
 
 

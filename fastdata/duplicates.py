@@ -14,7 +14,11 @@ each piece writes a sorted run of its digests, and the runs are merged.
 What grows with the datasets: 28 bytes per record on disk while the job
 runs (its work folder); in memory, a chunk of each run and the groups
 found; one read of every record's bytes. Near-duplicates (a resized or
-re-encoded copy) are other bytes and not found here.
+re-encoded copy) are other bytes: ``near=True`` hashes the images in pieces
+into files of hashes and finds the pairs from sorted runs on the same
+executor (fastdata.near_groups): 16 bytes per record and index table on
+disk (twice with ``flip``), in memory a block of index rows per piece and
+the pairs found.
 """
 
 from __future__ import annotations
@@ -163,64 +167,41 @@ def dedup(path: str | os.PathLike, *, against: Sequence[str | os.PathLike] = (),
             f"{'them' if len(given) > 1 else 'it'} out")
     paths = [os.fspath(path)] + [os.fspath(p) for p in against]
     datasets, counts = describe(paths, allow_outside)
-    run = _hash_pieces(datasets, counts, near=near, flip=flip,
-                       threshold=_threshold(threshold) if near else None,
-                       cluster=dict(scheduler=scheduler, ray=ray, workers=workers),
-                       resume=resume, progress=progress, on_event=on_event)
-    readers = []
-    try:
-        for where in paths:
-            readers.append(open_reader(where, allow_outside=allow_outside))
-        if near:
-            hashes, mirrored = _hashes(run, counts, flip)
-            groups = _near_groups(hashes, mirrored if flip else None, counts, readers,
-                                  _threshold(threshold))
-        else:
-            groups = _merged_groups(run, readers)
-    finally:
-        for reader in readers:
-            reader.close()
-    run.finish()
-    return DedupReport(paths, counts, groups, near_threshold=_threshold(threshold)
-                       if near else None, flip=flip)
-
-
-def _hash_pieces(datasets: list[dict], counts: list[int], *, near: bool, flip: bool,
-                 threshold: int | None, cluster: dict, resume: bool,
-                 progress: bool | None, on_event):
-    """Every record hashed, piece by piece, on the executor ``cluster`` names."""
     from fastdata.jobs.choose import open_executor
-    from fastdata.jobs.runner import Job, run_job
-    from fastdata.ops.dedup_pieces import (
-        digest_piece,
-        hash_piece,
-        piece_records,
-        plan_pieces,
-    )
+    from fastdata.ops.dedup_pieces import plan_pieces
 
+    threshold = _threshold(threshold) if near else None
     pieces = plan_pieces(counts)
+    with contextlib.closing(open_executor(scheduler=scheduler, ray=ray, workers=workers,
+                                          on_event=on_event, pieces=len(pieces))) as executor:
+        run = _hash_pieces(datasets, counts, pieces, near=near, flip=flip, executor=executor,
+                           resume=resume, progress=progress, on_event=on_event)
+        with run.merging(executor), contextlib.ExitStack() as readers:
+            opened = [readers.enter_context(contextlib.closing(
+                open_reader(where, allow_outside=allow_outside))) for where in paths]
+            if near:
+                groups = _near_groups(run, counts, opened, threshold, executor)
+            else:
+                groups = _merged_groups(run, opened)
+    run.finish()
+    return DedupReport(paths, counts, groups, near_threshold=threshold, flip=flip)
+
+
+def _hash_pieces(datasets: list[dict], counts: list[int], pieces: list[tuple], *, near: bool,
+                 flip: bool, executor, resume: bool, progress: bool | None, on_event):
+    """Every record hashed, piece by piece, on ``executor``."""
+    from fastdata.jobs.runner import Job, run_job
+    from fastdata.ops.dedup_pieces import digest_piece, hash_piece, piece_records
+
+    firsts = np.cumsum([0] + counts[:-1]).tolist()
     fingerprint = {"datasets": [dict(d, records=n) for d, n in zip(datasets, counts)],
                    "near": near, "flip": flip, "piece_records": piece_records(sum(counts))}
+    if near:
+        fingerprint["hashes"] = "near_groups.write_hashes"  # the pieces' file layout
     job = Job("dedup", fingerprint, hash_piece if near else digest_piece, pieces,
-              common=(datasets, flip) if near else (datasets,),
+              common=(datasets, flip, firsts) if near else (datasets,),
               sizes=[end - start for _, start, end in pieces])
-    with contextlib.closing(open_executor(**cluster, on_event=on_event,
-                                          pieces=len(pieces))) as executor:
-        return run_job(job, executor, resume=resume, progress=progress, on_event=on_event)
-
-
-def _hashes(run, counts: list[int], flip: bool) -> tuple[list, list | None]:
-    """Each dataset's near-duplicate hashes (and mirror images'), from the
-    pieces' files, in record order."""
-    from fastdata.jobs.files import load_array
-
-    parts = [load_array(os.path.join(run.work, r["hashes"])) for r in run.results]
-    every = np.concatenate(parts) if parts else np.zeros((0, 2) if flip else 0, np.uint64)
-    firsts = np.cumsum([0] + counts)
-    split = [every[firsts[k]:firsts[k + 1]] for k in range(len(counts))]
-    if not flip:
-        return split, None
-    return [s[:, 0] for s in split], [s[:, 1] for s in split]
+    return run_job(job, executor, resume=resume, progress=progress, on_event=on_event)
 
 
 def _threshold(threshold: int | None) -> int:
@@ -236,33 +217,46 @@ def _threshold(threshold: int | None) -> int:
     return threshold
 
 
-def _near_groups(hashes: list, mirrored: list | None, counts: list[int], readers,
-                 threshold: int) -> list[DuplicateGroup]:
+def _near_groups(run, counts: list[int], readers, threshold: int,
+                 executor) -> list[DuplicateGroup]:
     """Groups of records joined by near pairs (every dataset's records in one
-    index); a group whose members' bytes are equal is exact."""
-    from fastdata.near_duplicates import components, near_pairs
+    index: fastdata.near_groups, run on ``executor`` from the pieces' hash
+    files); a group whose members' bytes are equal is exact. In memory: the
+    pairs found and their records, never a value per record."""
+    from fastdata.near_duplicates import group_labels, near_pairs_from_runs
+    from fastdata.near_groups import open_piece
 
-    every = np.concatenate(hashes)
-    queries = [np.concatenate(mirrored)] if mirrored is not None else []
-    pairs = near_pairs(every, threshold, queries)
+    files = [os.path.join(run.work, r["hashes"]) for r in run.results]
+    if not files:
+        return []
+    found = near_pairs_from_runs(files, os.path.join(run.work, "near"), threshold,
+                                 executor=executor)
+    pairs = np.load(found.path, allow_pickle=False)
+    if not len(pairs):
+        return []
+    members, labels = group_labels(np.stack([pairs["i"], pairs["j"]], 1))
+    order = np.lexsort((members, labels))
+    members, labels = members[order], labels[order]
+    # A group's widest pair: the largest distance among the pairs it holds.
+    by_member = np.argsort(members)
+    pair_label = labels[by_member][np.searchsorted(members[by_member], pairs["i"])]
+    starts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]])
+    widest = np.zeros(len(starts), np.int64)
+    np.maximum.at(widest, np.searchsorted(labels[starts], pair_label), pairs["distance"])
     firsts = np.cumsum([0] + counts[:-1])
-    widest: dict[int, int] = {}
+    piece_starts = np.cumsum([0] + [r["records"] for r in run.results])
     groups = []
-    members_of = components(pairs, len(every))
-    group_of = {x: k for k, g in enumerate(members_of) for x in g}
-    for a, _b, d in pairs.tolist():
-        k = group_of[a]
-        widest[k] = max(widest.get(k, 0), d)
-    for k, flat in enumerate(members_of):
-        members = []
-        for at in flat:
+    for k, flat in enumerate(np.split(members, starts[1:])):
+        group = []
+        for at in flat.tolist():
             number = int(np.searchsorted(firsts, at, side="right")) - 1
             index = at - int(firsts[number])
-            members.append(Member(number, index, readers[number].key_of(index)))
-        payloads = {digest(readers[m.dataset].read(m.index)).tobytes() for m in members}
+            group.append(Member(number, index, readers[number].key_of(index)))
+        payloads = {digest(readers[m.dataset].read(m.index)).tobytes() for m in group}
         kind = "exact" if len(payloads) == 1 else "near"
-        groups.append(DuplicateGroup(f"{int(every[flat[0]]):016x}", members, kind,
-                                     widest.get(k, 0)))
+        piece = int(np.searchsorted(piece_starts, flat[0], side="right")) - 1
+        first_hash = open_piece(files[piece], mmap=True)["hash"][flat[0] - piece_starts[piece]]
+        groups.append(DuplicateGroup(f"{int(first_hash):016x}", group, kind, int(widest[k])))
     groups.sort(key=lambda g: (g.members[0].dataset, g.members[0].index))
     return groups
 

@@ -8,12 +8,15 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import optional
+import pytest
 
 REPO = str(Path(__file__).resolve().parent.parent)
 #: Ray's token authentication is for clusters reachable by others; these
@@ -107,6 +110,18 @@ def _kill_leftovers(port: int) -> None:
                 proc.kill()
 
 
+def kill_ray_head(port: int) -> None:
+    """Kill the process group of the head that ``ray_cluster(port)`` started
+    (its GCS, raylet and workers), as a lost node would go."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or ())
+        if "--block" in cmdline and f"--port={port}" in cmdline:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+
+
 def ray_task_pids(name: str) -> list[int]:
     """Processes of Ray workers running a task named ``name`` now (Ray sets
     the process title to ``ray::NAME`` while the task runs)."""
@@ -118,3 +133,63 @@ def ray_task_pids(name: str) -> list[int]:
         if f"ray::{name}" in cmdline and "IDLE" not in cmdline:
             found.append(proc.pid)
     return found
+
+
+@pytest.fixture(scope="module")
+def staging(tmp_path_factory):
+    """$FASTDATA_STAGING_DIR: the folder a cluster's workers share."""
+    folder = tmp_path_factory.mktemp("staging")
+    saved = os.environ.get("FASTDATA_STAGING_DIR")
+    os.environ["FASTDATA_STAGING_DIR"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("FASTDATA_STAGING_DIR", None)
+    else:
+        os.environ["FASTDATA_STAGING_DIR"] = saved
+
+
+@pytest.fixture(scope="module")
+def dask(staging):
+    """A client of a local Dask cluster, for one test module."""
+    with dask_cluster() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def ray_address(staging):
+    """The address of a Ray head on a free port, for one test module."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ray_cluster(port) as address:
+        yield address
+
+
+class When(threading.Thread):
+    """Runs ``action`` once ``condition()`` holds (checked every 2 ms, for at
+    most a minute); ``fired`` says, after the block, whether it ran."""
+
+    def __init__(self, condition, action) -> None:
+        super().__init__(daemon=True)
+        self.condition, self.action = condition, action
+        self.done = threading.Event()
+        self.fired = False
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 60
+        while not self.done.is_set() and time.monotonic() < deadline:
+            if self.condition():
+                self.action()
+                self.done.set()
+                return
+            time.sleep(0.002)
+
+    def __enter__(self) -> "When":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fired = self.done.is_set()
+        self.done.set()
+        self.join()
+        self.fired = fired

@@ -43,6 +43,7 @@ import allowed_skips
 import numpy as np
 import pytest
 import toyformat
+from clusters import dask, ray_address, staging  # noqa: F401
 from emulators import azure_env, azure_server, gcs_env, gcs_server  # noqa: F401
 from PIL import Image
 from servers import http_server, s3_env, s3_server, s3_server_auth, s3_server_fresh  # noqa: F401

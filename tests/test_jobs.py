@@ -10,14 +10,15 @@ import json
 import os
 import shutil
 import signal
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import optional
 import pytest
 from click.testing import CliRunner
-from clusters import dask_cluster, ray_cluster, ray_task_pids
+from clusters import When, kill_ray_head, ray_cluster, ray_task_pids
 
 import fastdata
 from fastdata.cli import main
@@ -47,36 +48,6 @@ def planted(tmp_path_factory) -> Path:
         shutil.copy(pool[original], folder / f"{copy:05d}.png")
     return fastdata.pack(tmp / "images", tmp / "all.tar", progress=False,
                          options=fastdata.PackOptions(shard_size=200)).output
-
-
-@pytest.fixture(scope="module")
-def staging(tmp_path_factory):
-    """$FASTDATA_STAGING_DIR: the folder a cluster's workers share."""
-    folder = tmp_path_factory.mktemp("staging")
-    saved = os.environ.get("FASTDATA_STAGING_DIR")
-    os.environ["FASTDATA_STAGING_DIR"] = str(folder)
-    yield folder
-    if saved is None:
-        os.environ.pop("FASTDATA_STAGING_DIR", None)
-    else:
-        os.environ["FASTDATA_STAGING_DIR"] = saved
-
-
-@pytest.fixture(scope="module")
-def dask(staging):
-    with dask_cluster() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def ray_address(staging):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with ray_cluster(port) as address:
-        yield address
 
 
 def _report(path, **options) -> dict:
@@ -126,34 +97,6 @@ def test_cli_dedup_on_ray_and_dask_prints_the_local_json(planted, local_report, 
         assert json.loads(done.output) == local_report
 
 
-class _When(threading.Thread):
-    """Runs ``action`` once ``condition()`` holds (checked every 2 ms)."""
-
-    def __init__(self, condition, action) -> None:
-        super().__init__(daemon=True)
-        self.condition, self.action = condition, action
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        deadline = time.monotonic() + 60
-        while not self.done.is_set() and time.monotonic() < deadline:
-            if self.condition():
-                self.action()
-                self.done.set()
-                return
-            time.sleep(0.002)
-
-    def __enter__(self) -> "_When":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fired = self.done.is_set()
-        self.done.set()
-        self.join()
-        self.fired = fired
-
-
 @pytest.fixture(scope="module")
 def near_report(planted) -> dict:
     report = _report(planted, near=True, workers=1)
@@ -174,7 +117,7 @@ def test_a_killed_local_worker_has_its_pieces_run_again(planted, near_report):
     def kill() -> None:
         os.kill(me.children()[0].pid, signal.SIGKILL)
 
-    with _When(worker_busy, kill) as when:
+    with When(worker_busy, kill) as when:
         report = _report(planted, near=True, workers=2)
     assert when.fired
     assert report == near_report
@@ -190,7 +133,7 @@ def test_a_killed_dask_worker_has_its_pieces_run_again(planted, near_report, das
                 return True
         return False
 
-    with _When(busy, lambda: os.kill(victims["pid"], signal.SIGKILL)) as when:
+    with When(busy, lambda: os.kill(victims["pid"], signal.SIGKILL)) as when:
         report = _report(planted, near=True, scheduler=dask.scheduler.address)
     assert when.fired
     assert report == near_report
@@ -203,7 +146,7 @@ def test_a_killed_ray_worker_has_its_pieces_run_again(planted, near_report, ray_
         found["pids"] = ray_task_pids("fastdata-hash_piece")
         return bool(found["pids"])
 
-    with _When(busy, lambda: os.kill(found["pids"][0], signal.SIGKILL)) as when:
+    with When(busy, lambda: os.kill(found["pids"][0], signal.SIGKILL)) as when:
         report = _report(planted, near=True, ray=ray_address)
     assert when.fired
     assert report == near_report
@@ -223,13 +166,72 @@ def test_a_lost_dask_scheduler_keeps_the_finished_pieces_for_resume(planted, nea
         return bool(journals) and journals[0].read_text().count("\n") >= 2
 
     try:
-        with _When(some_done, lambda: cluster.close(timeout=5)):
+        with When(some_done, lambda: cluster.close(timeout=5)):
             with pytest.raises(JobInterrupted, match="--resume continues the dedup"):
                 _report(planted, near=True, scheduler=address)
     finally:
         cluster.close(timeout=5)
     kept = journals[0].read_text().count("\n")
     assert 2 <= kept < 6
+    resumed = fastdata.dedup(planted, near=True, progress=False, resume=True, workers=1)
+    assert resumed.to_dict() == near_report
+    assert not journals[0].exists()
+
+
+def test_a_scheduler_lost_while_pairing_keeps_every_hashed_piece(planted, near_report,
+                                                                   staging):
+    """The near pairs are found on the cluster too: a scheduler lost then keeps
+    the hashes, and --resume pairs them without hashing again."""
+    import distributed as dd
+
+    cluster = dd.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                              host="127.0.0.1", dashboard_address=":0")
+    address = cluster.scheduler_address
+
+    def pairing() -> bool:
+        return bool(list(staging.glob("fastdata-dedup-*/near/index/*.npy")))
+
+    try:
+        with When(pairing, lambda: cluster.close(timeout=5)) as when:
+            with pytest.raises(JobInterrupted, match="the 6 finished pieces of 6 are kept"):
+                _report(planted, near=True, scheduler=address)
+    finally:
+        cluster.close(timeout=5)
+    assert when.fired
+    journal, = staging.glob("fastdata-dedup-*/journal.jsonl")
+    assert journal.read_text().count("\n") == 6
+    resumed = fastdata.dedup(planted, near=True, progress=False, resume=True, workers=1)
+    assert resumed.to_dict() == near_report
+    assert not journal.exists()
+
+
+def test_a_lost_ray_head_stops_the_job_with_its_resume_line(planted, near_report, staging):
+    """Ray ends a driver whose head has been gone for 60 s: the job stops
+    first, with the line that names --resume, and the hashes are kept."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ray_cluster(port) as address:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastdata.cli", "dedup", str(planted), "--near",
+             "--ray", address, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        journals = []
+
+        def some_done() -> bool:
+            journals[:] = list(staging.glob("fastdata-dedup-*/journal.jsonl"))
+            return bool(journals) and journals[0].read_text().count("\n") >= 1
+
+        try:
+            with When(some_done, lambda: kill_ray_head(port)) as when:
+                _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert when.fired
+    assert proc.returncode == 1, err[-2000:]
+    assert "does not answer" in err and "--resume continues the dedup" in err, err[-2000:]
     resumed = fastdata.dedup(planted, near=True, progress=False, resume=True, workers=1)
     assert resumed.to_dict() == near_report
     assert not journals[0].exists()

@@ -11,12 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import optional
 import pytest
+from clusters import When
 from conftest import build_tree, list_partials, run_python, uniform_spec
 
 import fastdata
@@ -167,30 +166,6 @@ def test_strict_names_the_first_bad_image_in_plan_order(cluster, source, tmp_pat
     assert not list((tmp_path / "out").glob(".*.pack-state"))
 
 
-class _When(threading.Thread):
-    """Runs ``action`` once ``condition()`` holds (checked every 2 ms)."""
-
-    def __init__(self, condition, action) -> None:
-        super().__init__(daemon=True)
-        self.condition, self.action = condition, action
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            if self.condition():
-                self.action()
-                return
-            time.sleep(0.002)
-
-    def __enter__(self) -> "_When":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.join()
-
-
 def _journaled(folder: Path) -> int:
     """Pieces the pack to ``folder`` has journaled so far."""
     journals = list(folder.glob(".*.pack-state/journal.jsonl"))
@@ -210,7 +185,7 @@ def test_a_killed_worker_has_its_pieces_redone(cluster, source, local_packs, tmp
         os.kill(victim_pid, signal.SIGKILL)
         seen["journaled"] = _journaled(tmp_path)
 
-    with _When(victim_has_a_piece, kill):
+    with When(victim_has_a_piece, kill):
         fastdata.pack(source, _output(tmp_path, "tar"), options=_options("tar", "resize"),
                       progress=False, scheduler=cluster.scheduler.address)
     assert seen["journaled"] < 12  # it died with its piece, in the middle of the pack
@@ -232,7 +207,7 @@ def test_workers_that_cannot_see_the_output_folder_fail_in_one_line(cluster, sou
             os.rename(partial, gone)
             shutil.rmtree(gone, ignore_errors=True)
 
-    with _When(lambda: _journaled(tmp_path), remove_partial), \
+    with When(lambda: _journaled(tmp_path), remove_partial), \
             pytest.raises(FastDataError) as err:
         fastdata.pack(source, _output(tmp_path, "tar"), options=_options("tar", "keep"),
                       progress=False, scheduler=cluster)
@@ -280,7 +255,7 @@ def test_a_lost_scheduler_keeps_the_finished_pieces(dd, cluster, source, local_p
 
     out = _output(folder, "tar")
     try:
-        with _When(lambda: _journaled(folder), lose_scheduler), \
+        with When(lambda: _journaled(folder), lose_scheduler), \
                 pytest.raises(FastDataError) as err:
             fastdata.pack(source, out, options=_options("tar", "keep"), progress=False,
                           scheduler=lost.address)

@@ -59,7 +59,7 @@ class JobJournal:
 
     def __init__(self, folder: str, kind: str, fingerprint: dict, pieces: int) -> None:
         self.folder = folder
-        self._kind, self._fingerprint, self._pieces = kind, fingerprint, pieces
+        self.kind, self._fingerprint, self._pieces = kind, fingerprint, pieces
         self._lock = None
 
     def begin(self, *, resume: bool, on_event=None) -> dict[int, object]:
@@ -76,14 +76,14 @@ class JobJournal:
         if resume and saved is not None:
             if saved != self._description():
                 raise FastDataError(
-                    f"the interrupted {self._kind} kept in {self.folder} has other inputs or "
+                    f"the interrupted {self.kind} kept in {self.folder} has other inputs or "
                     "options; run without --resume to start over", path=self.folder)
             return self._results()
         if resume and on_event is not None:
-            on_event(f"no interrupted {self._kind} of these inputs to resume; starting from "
+            on_event(f"no interrupted {self.kind} of these inputs to resume; starting from "
                      "the start")
         elif saved is not None and on_event is not None:
-            on_event(f"an interrupted {self._kind} of these inputs was kept; starting over "
+            on_event(f"an interrupted {self.kind} of these inputs was kept; starting over "
                      "(--resume would have continued it)")
         self._clear()
         _write_json(os.path.join(self.folder, JOB_FILE), self._description())
@@ -113,12 +113,12 @@ class JobJournal:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock.close()
-            raise FastDataError(f"the same {self._kind} runs already (its work folder is "
+            raise FastDataError(f"the same {self.kind} runs already (its work folder is "
                                 "locked); wait for it to end", path=self.folder) from None
         self._lock = lock
 
     def _description(self) -> dict:
-        return {"kind": self._kind, "pieces": self._pieces, "fingerprint": self._fingerprint}
+        return {"kind": self.kind, "pieces": self._pieces, "fingerprint": self._fingerprint}
 
     def _saved(self) -> dict | None:
         try:

@@ -26,6 +26,9 @@ PIECES_PER_CPU = 2
 DRAIN_SECONDS = 20.0
 #: Seconds to wait for a cluster that does not answer.
 CONNECT_SECONDS = 10.0
+#: How long the head may not answer before the job stops with its --resume
+#: line (Ray itself ends a driver whose head is gone for 60 s).
+HEAD_SILENT_SECONDS = 10.0
 
 
 def import_ray():
@@ -60,6 +63,7 @@ class RayExecutor:
                 raise FastDataError(f"cannot reach {self.where} ({exc}); start one with "
                                     "'ray start --head' and give its address") from None
         self._cpus, self._counted_at = 0.0, 0.0
+        self._head = _gcs_address(ray) or address
         if on_event is not None and self._cpu_count() == 0:
             on_event(f"{self.where} has no CPUs yet; the job starts when workers join")
 
@@ -78,13 +82,14 @@ class RayExecutor:
                 number, arg = next(pieces, (None, None))
                 if number is None:
                     return
+                self._wait_for_head()  # a submit to a lost head waits for it
                 ref = task.remote(number, arg, *common)
                 self._refs[ref] = number
                 queue.append(ref)
 
         submit_more()
         while self._refs:
-            ref = queue[0] if in_order else self._first_done()
+            ref = self._first_done([queue[0]] if in_order else list(self._refs))
             number = self._refs[ref]
             result = self._result(ref, number)
             del self._refs[ref]
@@ -92,12 +97,32 @@ class RayExecutor:
             submit_more()
             yield number, result
 
-    def _first_done(self):
-        try:
-            ready, _ = self._ray.wait(list(self._refs), num_returns=1)
-        except Exception as exc:  # noqa: BLE001 - the connection's errors vary by version
-            raise self._lost(str(exc) or type(exc).__name__) from None
-        return ready[0]
+    def _wait_for_head(self) -> None:
+        """Return once the head answers; ClusterLost after
+        ``HEAD_SILENT_SECONDS`` of silence."""
+        since = time.monotonic()
+        while not _answers(self._head):
+            if time.monotonic() - since > HEAD_SILENT_SECONDS:
+                raise self._lost(f"its head at {self._head} does not answer")
+            time.sleep(0.5)
+
+    def _first_done(self, refs: list):
+        """The first of ``refs`` to finish; ClusterLost once the head has not
+        answered for ``HEAD_SILENT_SECONDS`` (Ray's own wait would outlast it)."""
+        silent_since = None
+        while True:
+            try:
+                ready, _ = self._ray.wait(refs, num_returns=1, timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - the connection's errors vary by version
+                raise self._lost(str(exc) or type(exc).__name__) from None
+            if ready:
+                return ready[0]
+            if _answers(self._head):
+                silent_since = None
+            elif silent_since is None:
+                silent_since = time.monotonic()
+            elif time.monotonic() - silent_since > HEAD_SILENT_SECONDS:
+                raise self._lost(f"its head at {self._head} does not answer")
 
     def _result(self, ref, number: int):
         """The task's result, its error as one clear line, or ClusterLost."""
@@ -129,7 +154,8 @@ class RayExecutor:
     def _window(self) -> int:
         """Pieces in flight: bounded, so memory is, and enough to keep every
         CPU busy (counted again every few seconds: nodes come and go)."""
-        if time.monotonic() - self._counted_at > 2.0:
+        # Asked only of a head that answers: Ray's call would wait for a lost one.
+        if time.monotonic() - self._counted_at > 2.0 and _answers(self._head):
             self._cpus = self._cpu_count()
         return max(2, int(PIECES_PER_CPU * self._cpus))
 
@@ -164,6 +190,23 @@ class RayExecutor:
         finally:
             if self._own and ray.is_initialized():
                 ray.shutdown()
+
+
+def _gcs_address(ray) -> str | None:
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - an older Ray, or a client connection
+        return None
+
+
+def _answers(address: str) -> bool:
+    """Whether HOST:PORT takes a TCP connection within a second."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except (OSError, ValueError):
+        return "://" in address or not host  # not a HOST:PORT to ask
+    return True
 
 
 def _probe(address: str) -> None:

@@ -12,6 +12,7 @@ same values whichever executor ran the pieces, and whether they ran now.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,26 @@ class JobRun:
     def finish(self) -> None:
         self.journal.remove()
 
+    @contextlib.contextmanager
+    def merging(self, executor: Executor):
+        """Around the work that follows the pieces (more pieces on
+        ``executor``, a merge): a lost cluster keeps the folder for
+        ``--resume`` (the pieces journaled are not run again), a failure
+        removes it, as :func:`run_job` does for the pieces."""
+        try:
+            yield self
+        except ClusterLost as lost:
+            self.journal.release()
+            count = len(self.results)
+            raise _interrupted(lost, self.journal.kind, count, count) from None
+        except FastDataError:
+            executor.close()
+            self.finish()
+            raise
+        except BaseException:
+            self.journal.release()
+            raise
+
 
 def run_job(job: Job, executor: Executor, *, resume: bool = False,
             progress: bool | None = None,
@@ -95,11 +116,7 @@ def run_job(job: Job, executor: Executor, *, resume: bool = False,
                 bar.update(sizes[number])
     except ClusterLost as lost:
         journal.release()
-        kept = len(done)
-        raise JobInterrupted(
-            f"{lost.message}; the {kept} finished piece{'s are' if kept != 1 else ' is'} "
-            f"of {count} kept: the same command with --resume continues the {job.kind}, "
-            "on the cluster or not") from None
+        raise _interrupted(lost, job.kind, len(done), count) from None
     except FastDataError:
         # A piece's own failure: a rerun would meet it again. The pieces still
         # out are stopped first, or they write into the folder as it goes.
@@ -110,3 +127,10 @@ def run_job(job: Job, executor: Executor, *, resume: bool = False,
         journal.release()  # Ctrl-C, a crash: the finished pieces stay for --resume
         raise
     return JobRun([done[n] for n in range(count)], journal)
+
+
+def _interrupted(lost: ClusterLost, kind: str, kept: int, count: int) -> JobInterrupted:
+    return JobInterrupted(
+        f"{lost.message}; the {kept} finished piece{'s' if kept != 1 else ''} of {count} "
+        f"{'are' if kept != 1 else 'is'} kept: the same command with --resume continues the {kind}, "
+        "on the cluster or not")

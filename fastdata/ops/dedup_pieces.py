@@ -91,17 +91,19 @@ def digest_piece(number: int, piece: tuple, work: str, datasets: list[dict]) -> 
 
 
 def hash_piece(number: int, piece: tuple, work: str, datasets: list[dict],
-               flip: bool) -> dict:
+               flip: bool, firsts: list[int]) -> dict:
     """The near-duplicate hash (and with ``flip`` the mirror image's) of the
-    records of ``piece``, written as ``uint64`` arrays into ``work``.
+    records of ``piece``, written into ``work`` as a piece of hashes for
+    ``fastdata.near_duplicates.near_pairs_from_runs`` (positions counted over
+    every dataset: dataset ``d``'s record ``i`` is ``firsts[d] + i``).
 
     Raises:
         CorruptDataError: a damaged record (named).
         FastDataError: a record that does not decode (named).
     """
     from fastdata.errors import FastDataError
-    from fastdata.jobs.files import save_array
     from fastdata.near_duplicates import image_hash
+    from fastdata.near_groups import write_hashes
 
     dataset, start, end = piece
     reader = piece_reader(datasets[dataset])
@@ -117,5 +119,6 @@ def hash_piece(number: int, piece: tuple, work: str, datasets: list[dict],
                                     f"hash ({exc})", path=reader.path,
                                     key=reader.key_of(i), record=i) from None
     name = f"hashes-{number:06d}.npy"
-    save_array(os.path.join(work, name), hashes if flip else hashes[:, 0])
+    write_hashes(os.path.join(work, name), hashes[:, 0], start=firsts[dataset] + start,
+                 queries=[hashes[:, 1]] if flip else [])
     return {"hashes": name, "records": end - start}
