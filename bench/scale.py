@@ -2,9 +2,11 @@
 
     python bench/scale.py plan                  # 10^9 and 10^10 samples, 4,096 ranks x 8 workers
     python bench/scale.py open --sizes 200000,2000000   # pack tiny records, open, first batch
+    python bench/scale.py open --format lmdb,hdf5       # the same for other formats
     python bench/scale.py startup               # open 10^9 records in 10^5 shards (sparse)
     python bench/scale.py startup --url         # the same at an http:// URL
     python bench/scale.py write                 # memory of writing and packing 10^6 records
+    python bench/scale.py pages                 # LMDB pages a batch maps, by page cache state
     python bench/scale.py jobs                  # dedup, verify, info, pack at 10^6 and 10^7
 
 ``plan`` needs no data: for each size and order mode (a permutation of every
@@ -26,10 +28,24 @@ the start-up, payload reads left out (the records are empty). With
 with one cache folder (a fresh machine, then the machine's second process),
 and the requests and bytes each open asked for are printed per file.
 
-``open`` packs ``N`` tiny records (1x1 raw pixels, TFRecord, ``N / 10,000``
-shards) and, in a fresh process per size, opens the dataset shuffled and
-reads its first batch: the memory after import, after open and after the
-batch, and the growth per record between the sizes.
+``open`` packs ``N`` tiny records (1x1 raw pixels; TFRecord by default,
+``--format lmdb,hdf5,tar,tfrecord`` for others; tar and TFRecord in
+``N / 10,000`` shards) and, in a fresh process per size, opens the dataset
+shuffled and reads its first batch: the memory (RSS) after import, after
+open and after the batch, and the growth per record between the sizes. Each
+figure is split into what the process allocated (RssAnon) and the pages of
+files it maps (RssFile: LMDB's memory map, HDF5 columns read in place; page
+cache that every process of the machine shares). Each size is opened twice:
+with the files in the page cache as the pack left them (warm: a mapped page
+brings its whole folio of the cache along, up to megabytes), then dropped
+from it (cold: only the pages read come in).
+
+``pages`` packs ``--records`` tiny records into LMDB once and, in a fresh
+process per case, gets what opening and a shuffled batch of 256 get with
+plain ``lmdb``: the ``Rss`` and ``FilePmdMapped`` of ``data.mdb``'s mapping
+(``/proc/self/smaps``) with the page cache as the pack left it (readahead
+off and on, and with ``MADV_NOHUGEPAGE``), filled by reading the file
+whole, dropped, and holding only what the cold run read.
 
 ``jobs`` runs whole-dataset jobs over tiny records on this machine's
 processes, a local Dask and a local Ray cluster: see ``bench/scale_jobs.py``.
@@ -81,24 +97,6 @@ print(json.dumps({"seconds": seconds, "one_rank_s": one_rank_s, "one_rank_peak":
                   "positions": int(every.size), "distinct": int(np.unique(every).size),
                   "firsts": firsts}))
 """
-
-OPEN = r"""
-import json, os, sys
-def rss(field="VmRSS:"):
-    with open("/proc/self/status") as f:
-        return next(int(x.split()[1]) * 1024 for x in f if x.startswith(field))
-import fastdata, torch
-after_import = rss()
-path = sys.argv[1]
-ds = fastdata.open_dataset(path, order=fastdata.Order(shuffle=True, batch_size=256))
-after_open = rss()
-batch = next(iter(fastdata.loader(ds, device="cpu")))
-after_batch = rss()
-print(json.dumps({"records": len(ds), "after_import": after_import, "after_open": after_open,
-                  "after_batch": after_batch,
-                  "peak_rss": rss("VmHWM:")}))
-"""
-
 
 class TinySource:
     """``n`` records of 1x1 raw RGB pixels in 10 classes (a fastdata Source)."""
@@ -310,35 +308,6 @@ def run_plan(args) -> None:
                   f"{firsts['0'][:3]} | {firsts[str(args.ranks - 1)][:3]}")
 
 
-def run_open(args) -> None:
-    import fastdata
-    from fastdata.packers.options import PackOptions
-
-    rows = []
-    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
-        for n in map(int, args.sizes.split(",")):
-            out = os.path.join(folder, f"tiny{n}.tfrecord")
-            t = time.perf_counter()
-            fastdata.pack(TinySource(n), out,
-                          options=PackOptions(shard_size=max(1, n // max(1, n // 10_000))),
-                          progress=False)
-            packed = time.perf_counter() - t
-            manifest = os.path.join(folder, f"tiny{n}.tfrecord.fastdata.json")
-            result = subprocess.run([sys.executable, "-c", OPEN, manifest], capture_output=True,
-                                    text=True, check=True)
-            r = json.loads(result.stdout)
-            rows.append(r)
-            print(f"{n:>10,} records (packed in {packed:.0f} s): after import "
-                  f"{r['after_import'] / 2**20:.0f} MB, open +"
-                  f"{(r['after_open'] - r['after_import']) / 2**20:.1f} MB, first batch +"
-                  f"{(r['after_batch'] - r['after_open']) / 2**20:.1f} MB")
-    for a, b in zip(rows, rows[1:]):
-        grow = (b["after_batch"] - b["after_import"]) - (a["after_batch"] - a["after_import"])
-        print(f"growth {a['records']:,} -> {b['records']:,} records: "
-              f"{grow / 2**20:+.1f} MB, {grow / (b['records'] - a['records']):.1f} bytes "
-              f"per record")
-
-
 def run_write(args) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     print("peak: VmHWM of a fresh process, less its peak before writing (imports)")
@@ -367,9 +336,6 @@ def main() -> None:
     plan.add_argument("--ranks", type=int, default=4096)
     plan.add_argument("--workers", type=int, default=8)
     plan.add_argument("--batch", type=int, default=256)
-    opened = sub.add_parser("open", help="pack tiny records, open, read the first batch")
-    opened.add_argument("--sizes", default="200000,2000000")
-    opened.add_argument("--dir", default=None, help="where to pack (default: the temp folder)")
     startup = sub.add_parser("startup", help="open a synthetic 10^9-record dataset")
     startup.add_argument("--records", default="1e9")
     startup.add_argument("--shards", default="1e5")
@@ -381,12 +347,15 @@ def main() -> None:
     write.add_argument("--sizes", default="200000,1000000")
     write.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from scale_jobs import add_parser, run_jobs  # jobs on local, Dask and Ray executors
+    import scale_jobs  # jobs on local, Dask and Ray executors
+    import scale_open  # open and the first batch, per format; LMDB's pages
 
-    add_parser(sub)
+    scale_jobs.add_parser(sub)
+    scale_open.add_parser(sub)
     args = parser.parse_args()
-    {"plan": run_plan, "open": run_open, "startup": run_startup,
-     "write": run_write, "jobs": run_jobs}[args.what](args)
+    {"plan": run_plan, "open": scale_open.run_open, "startup": run_startup,
+     "write": run_write, "jobs": scale_jobs.run_jobs,
+     "pages": scale_open.run_pages}[args.what](args)
 
 
 if __name__ == "__main__":

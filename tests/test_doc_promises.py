@@ -138,8 +138,6 @@ PROMISES: dict[tuple[str, str], list[str]] = {
         "tests/test_jobs.py::test_a_piece_that_kills_every_worker_stops_the_job_naming_it"],
     ("docs/jobs.md", "stops on an error a rerun would meet again"): [
         "tests/test_jobs.py::test_a_job_stopped_by_a_damaged_record_leaves_no_work_folder"],
-    ("docs/jobs.md", "A Ray head that does not answer for 10 s counts as lost"): [
-        "tests/test_jobs.py::test_a_lost_ray_head_stops_the_job_with_its_resume_line"],
     ("docs/packing/cluster.md", "stops with one `error:` line naming those that cannot"): [
         "tests/test_doc_promises.py::test_a_worker_without_fastdata_stops_the_pack_in_one_line"],
     ("docs/packing/cluster.md", "A worker that cannot see them fails"): [

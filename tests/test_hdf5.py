@@ -37,6 +37,7 @@ from fastdata.formats.hdf5.schema import (
     PAYLOAD,
     SCHEMA,
     SCHEMA_ATTR,
+    SCHEMA_FULL,
 )
 from fastdata.formats.hdf5.writer import HDF5Writer
 from fastdata.packers.pack import PackOptions
@@ -101,7 +102,7 @@ def test_layouts_and_manifest(shared):
     for out, layout in ((small, "contiguous"), (chunked, "chunked")):
         m = fastdata.formats.read_manifest(out)
         assert m.format == "hdf5" and m.count == len(tree.samples)
-        assert m.extra["layout"] == layout and m.extra["schema"] == SCHEMA
+        assert m.extra["layout"] == layout and m.extra["schema"] == SCHEMA_FULL
         # The manifest states the exact size of the file it lives in.
         assert m.bytes["on_disk"] == os.path.getsize(out)
         assert m.shards == [{"path": out.name, "count": len(tree.samples),
@@ -165,10 +166,10 @@ def test_read_many_random_order_with_duplicates(shared):
 
 
 def test_many_runs_read_in_slices(shared, monkeypatch):
-    from fastdata.formats.hdf5 import reader as hdf5_loader
+    from fastdata.formats.hdf5 import runs
 
     tree, _, chunked = shared
-    monkeypatch.setattr(hdf5_loader, "RUNS_PER_READ", 3)
+    monkeypatch.setattr(runs, "RUNS_PER_READ", 3)
     reader = HDF5Reader(chunked, merge_gap=0)
     idx = [15, 0, 3, 3, 9, 1, 12, 5, 7, 14, 2, 11]
     assert reader.read_many(idx) == [tree.samples[i].data for i in idx]
@@ -407,8 +408,12 @@ def test_missing_or_inconsistent_arrays(packed):
     out2 = packed(".h5", name="offsets")
     with h5py.File(out2, "r+") as f:
         f[OFFSETS][-1] = 10**9
-    with pytest.raises(CorruptDataError, match="offsets"):
-        HDF5Reader(out2)
+    # The offsets are checked by piece: the file opens, its last piece fails when read.
+    reader = HDF5Reader(out2)
+    with pytest.raises(CorruptDataError, match="offsets") as info:
+        reader.read(len(reader) - 1)
+    assert "fail their CRC-32" in str(info.value) and info.value.path == str(out2)
+    reader.close()
 
 
 def test_truncated_file(packed):

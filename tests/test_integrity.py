@@ -2,10 +2,10 @@
 or abort the process:
 
 - labels, CRC32s, offsets and keys are under a SHA-256 in the manifest,
-  checked on open (keys when loaded); the sharded index is under a CRC-32 per
-  piece of rows, each piece checked when a record of it is first read; labels
-  outside the classes are refused even without one (datasets packed before
-  these checksums);
+  checked on open (keys when loaded); the sharded index and the LMDB and HDF5
+  columns are under a CRC-32 per piece of rows, each piece checked when a
+  record of it is first read; labels outside the classes are refused even
+  without one (datasets packed before these checksums);
 - a copied index row is refused when its piece is first read, and ``verify``
   finds one in an index without a checksum; TFRecord messages name the record
   and the byte offset apart;
@@ -87,10 +87,12 @@ def set_label(path: Path, fmt: str, index: int, value: int) -> None:
         with h5py.File(path, "r") as f:
             at = f["labels"].id.get_offset()
         overwrite(path, at + 8 * index, struct.pack("<q", value))
-    elif fmt == "lmdb":
+    elif fmt == "lmdb":  # the whole value and its piece (key schema 1.1), which reads use
         labels = np.frombuffer(lmdb_get(path, b"__labels__"), dtype="<i8").copy()
         labels[index] = value
-        lmdb_put(path, {b"__labels__": labels.tobytes()})
+        piece = b"__labels__/%010d" % (index // 128)
+        lmdb_put(path, {b"__labels__": labels.tobytes(),
+                        piece: labels[index // 128 * 128:][:128].tobytes()})
     else:
         rows = np.load(sidecar(path, "index"), allow_pickle=False)
         rows["label"][index] = value
@@ -124,13 +126,14 @@ def as_packed_before_checksums(path: Path, fmt: str) -> None:
     def change(manifest: dict) -> None:
         manifest["checksums"].pop("metadata_sha256", None)
         manifest.get("extra", {}).pop("index_pieces", None)
+        manifest.get("extra", {}).pop("column_pieces", None)
 
     edit_manifest(path, fmt, change)
 
 
 def first_use_error(path: Path) -> CorruptDataError:
-    """The error of reading a damaged sharded dataset's record 3 (the dataset opens:
-    its index is checked a piece at a time, when first used)."""
+    """The error of reading a damaged dataset's record 3 (the dataset opens: its
+    index or columns are checked a piece at a time, when first used)."""
     ds = fastdata.open_dataset(path, decode=Decode(output="bytes"))
     with pytest.raises(CorruptDataError) as info:
         ds[3]
@@ -146,17 +149,26 @@ def shard_paths(path: Path) -> list[Path]:
 
 @pytest.mark.parametrize("fmt", sorted(EXTENSIONS))
 @pytest.mark.parametrize("value", [10**15, 1], ids=["huge", "another-class"])
-def test_a_changed_label_fails_on_open_and_in_verify(tree, tmp_path, fmt, value):
+def test_a_changed_label_fails_on_first_use_and_in_verify(tree, tmp_path, fmt, value):
     path = packed(tree, tmp_path, fmt)
     set_label(path, fmt, 3, value)  # record 3 is of class 0
+    error = first_use_error(path)
     if fmt in SHARDED:
-        error = first_use_error(path)
         assert "rows 0..19 of the dataset index fail their CRC-32" in str(error)
         assert error.path == str(sidecar(path, "index"))
-        result = verify_cli(path)
-        assert result.exit_code == 1 and "CRC-32" in result.output
-        assert str(sidecar(path, "index")) in result.output
-        return
+    else:
+        assert "records 0..19 (piece 0) in the labels" in str(error)
+        assert "fail their CRC-32" in str(error) and error.path == str(path)
+    result = verify_cli(path)
+    assert result.exit_code == 1 and "CRC-32" in result.output
+    assert error.path in result.output
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_a_changed_label_of_a_file_without_pieces_fails_on_open(tree, tmp_path, fmt):
+    path = packed(tree, tmp_path, fmt)
+    edit_manifest(path, fmt, lambda m: m["extra"].pop("column_pieces"))  # checked whole
+    set_label(path, fmt, 3, 1)
     with pytest.raises(CorruptDataError, match="SHA-256") as info:
         fastdata.open_dataset(path)
     assert info.value.path == str(path) and "labels" in str(info.value)
@@ -170,10 +182,11 @@ def test_a_changed_label_fails_on_open_and_in_verify(tree, tmp_path, fmt, value)
                                       ("hdf5", "offsets")])
 def test_crc32_and_offset_arrays_are_covered(tree, tmp_path, fmt, name):
     path = packed(tree, tmp_path, fmt)
-    if fmt == "lmdb":
-        crcs = bytearray(lmdb_get(path, name.encode()))
+    if fmt == "lmdb":  # the piece reads use
+        key = name.encode() + b"/0000000000"
+        crcs = bytearray(lmdb_get(path, key))
         crcs[8] ^= 0x01
-        lmdb_put(path, {name.encode(): bytes(crcs)})
+        lmdb_put(path, {key: bytes(crcs)})
     else:
         import h5py
 
@@ -183,8 +196,11 @@ def test_crc32_and_offset_arrays_are_covered(tree, tmp_path, fmt, name):
             f.seek(at)
             byte = f.read(1)[0]
         overwrite(path, at, bytes([byte ^ 0x01]))
-    with pytest.raises(CorruptDataError, match=f"SHA-256.*{name}|{name}.*SHA-256"):
-        fastdata.formats.open_reader(path)
+    with fastdata.formats.open_reader(path) as reader:  # checked by piece, when read
+        with pytest.raises(CorruptDataError, match=f"{name}.*fail their CRC-32") as info:
+            reader.read_many(range(len(reader)))
+    assert info.value.path == str(path)
+    assert verify_cli(path).exit_code == 1
 
 
 def _damage_keys(path: Path, fmt: str) -> None:

@@ -162,8 +162,11 @@ def test_plain_lmdb_key_schema(tmp_path, image_tree):
             keys = [bytes(k) for k, _ in txn.cursor()]
             sample_keys = [f"{i:010d}".encode() for i in range(n)]
             # Sample keys first, in record order, then the metadata keys.
-            assert keys == sample_keys + [b"__crc32__", b"__keys__", b"__labels__",
-                                          b"__manifest__"]
+            # The columns whole, in pieces of 128 values (one here), their pieces' CRC-32s.
+            assert keys == sample_keys + [
+                b"__crc32__", b"__crc32__/0000000000", b"__crc32_pieces__", b"__keys__",
+                b"__labels__", b"__labels__/0000000000", b"__labels_pieces__",
+                b"__manifest__"]
             for i, s in enumerate(image_tree.samples):
                 assert txn.get(f"{i:010d}".encode()) == s.data
             labels = np.frombuffer(txn.get(b"__labels__"), dtype="<i8")
@@ -174,7 +177,14 @@ def test_plain_lmdb_key_schema(tmp_path, image_tree):
             manifest = json.loads(txn.get(b"__manifest__").decode("utf-8"))
             assert manifest["kind"] == "fastdata-manifest"
             assert manifest["count"] == n and manifest["format"] == "lmdb"
-            assert manifest["extra"]["key_schema"] == "fastdata-lmdb-1"
+            assert manifest["extra"]["key_schema"] == "fastdata-lmdb-1.1"
+            for column in (b"__labels__", b"__crc32__"):
+                assert txn.get(column + b"/0000000000") == txn.get(column)
+                sums = np.frombuffer(txn.get(column[:-2] + b"_pieces__"), dtype="<u4")
+                assert sums.tolist() == [zlib.crc32(txn.get(column))]
+            assert manifest["extra"]["column_pieces"] == {
+                "rows": 128, "checksums": {"__labels__": "__labels_pieces__",
+                                            "__crc32__": "__crc32_pieces__"}}
     finally:
         env.close()
 
@@ -443,13 +453,16 @@ def test_undecodable_payload_with_matching_crc(packed, image_tree):
     garbage = b"definitely not an image" * 3
     crcs = np.frombuffer(lmdb_get(out, b"__crc32__"), dtype="<u4").copy()
     crcs[bad] = zlib.crc32(garbage)
-    # The CRC32 array is under a SHA-256 in the manifest: record the new one too,
-    # as a pack of these bytes would have.
+    # The CRC32 array is under a CRC-32 per piece, and both under a SHA-256 in the
+    # manifest: record the new ones too, as a pack of these bytes would have.
+    sums = np.asarray([zlib.crc32(crcs.tobytes())], dtype="<u4").tobytes()
     manifest = json.loads(lmdb_get(out, b"__manifest__"))
-    manifest["checksums"]["metadata_sha256"]["__crc32__"] = hashlib.sha256(
-        crcs.tobytes()).hexdigest()
+    digests = manifest["checksums"]["metadata_sha256"]
+    digests["__crc32__"] = hashlib.sha256(crcs.tobytes()).hexdigest()
+    digests["__crc32_pieces__"] = hashlib.sha256(sums).hexdigest()
     lmdb_put(out, {f"{bad:010d}".encode(): garbage, b"__crc32__": crcs.tobytes(),
-                     b"__manifest__": json.dumps(manifest).encode()})
+                   b"__crc32__/0000000000": crcs.tobytes(), b"__crc32_pieces__": sums,
+                   b"__manifest__": json.dumps(manifest).encode()})
 
     ds = LMDBDataset(out)
     with pytest.raises(DecodeError) as info:

@@ -16,10 +16,17 @@ array, as the format stores it, to the SHA-256 of its bytes:
 - tar and TFRecord: the whole files ``NAME.fastdata.index.npy`` and
   ``NAME.fastdata.keys.json``, header included.
 
-Readers check everything but the keys on open (a few milliseconds for a
-million records) and the keys when they are first loaded (they are loaded
-lazily and only then can be used). A name the manifest does not list is not
-checked: datasets packed before these checksums open as they did.
+Per-record arrays are also checked a piece at a time, so that a read by
+position checks what it reads and nothing more: the sharded index
+(:func:`piece_crc32s` of every 128 rows, the ``-crc.npy`` file) and, from
+LMDB key schema 1.1 and HDF5 schema 1.1 on, the label, CRC32 and offset
+columns (every :data:`COLUMN_PIECE_ROWS` values; the manifest's
+``extra["column_pieces"]`` names the arrays of checksums, which are under
+a SHA-256 themselves). Such columns are checked when their pieces are read
+and whole by ``verify``; the other arrays on open (a few milliseconds for a
+million records), the keys when first loaded (they are loaded lazily and
+only then can be used). A name the manifest does not list is not checked:
+datasets packed before these checksums open as they did.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -39,6 +47,12 @@ from fastdata.records import Manifest
 METADATA_SHA256 = "metadata_sha256"
 
 _READ_BLOCK = 1 << 20
+#: Manifest field (in ``extra``) describing a format's per-piece column checksums.
+COLUMN_PIECES = "column_pieces"
+#: Values per checked piece of an LMDB or HDF5 column (as the sharded index: 128 rows).
+COLUMN_PIECE_ROWS = 128
+#: The type of a piece checksum as stored (a CRC-32, little-endian).
+PIECE_SUM_DTYPE = np.dtype("<u4")
 
 
 def sha256_hex(data) -> str:
@@ -63,6 +77,63 @@ def keys_json(keys) -> bytes:
     form in which HDF5's keys (variable-length strings) are hashed."""
     # surrogatepass: a key from an undecodable file name must not stop a checksum
     return json.dumps(list(keys), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def piece_crc32s(values: np.ndarray, rows: int) -> np.ndarray:
+    """The CRC-32 (zlib) of every piece of ``rows`` values of the 1-D array
+    ``values`` as stored (its bytes in order; the last piece may be
+    shorter): one checksum per piece, as :data:`PIECE_SUM_DTYPE`."""
+    raw = np.ascontiguousarray(values).view(np.uint8)
+    step = rows * values.dtype.itemsize
+    return np.fromiter((zlib.crc32(raw[k:k + step]) for k in range(0, len(raw), step)),
+                       dtype=PIECE_SUM_DTYPE, count=-(-len(raw) // step))
+
+
+def column_pieces(manifest: Manifest, names: dict[str, str], *,
+                  path: str) -> tuple[int, dict[str, str]] | None:
+    """The per-piece checksums a manifest gives for a format's columns:
+    (values per piece, {column: array of its checksums}), or None for a
+    dataset packed before them (its columns are checked whole).
+
+    Args:
+        names: each column this fastdata checks by piece, and the name its
+            format gives the array of checksums.
+
+    Raises:
+        ManifestError: the field is malformed or names an array this
+            fastdata does not know.
+    """
+    extra = manifest.extra if isinstance(manifest.extra, dict) else {}
+    field = extra.get(COLUMN_PIECES)
+    if field is None:
+        return None
+    rows = field.get("rows") if isinstance(field, dict) else None
+    listed = field.get("checksums") if isinstance(field, dict) else None
+    if type(rows) is not int or rows < 1 or not isinstance(listed, dict):
+        raise ManifestError(f"manifest field extra.{COLUMN_PIECES} is not "
+                            f"{{\"rows\": N, \"checksums\": {{...}}}}; re-pack the dataset",
+                            path=path)
+    for column, name in listed.items():
+        if names.get(column) != name:
+            raise ManifestError(f"manifest field extra.{COLUMN_PIECES} names checksums "
+                                f"{name!r} of column {column!r}, which this fastdata does not "
+                                f"read; upgrade fastdata or re-pack the dataset", path=path)
+    return rows, dict(listed)
+
+
+def piece_sums(manifest: Manifest, name: str, raw, pieces: int, *, path: str,
+               what: str) -> np.ndarray:
+    """The stored checksums ``raw`` (bytes, None when missing) of ``pieces``
+    pieces, checked against the manifest's SHA-256 of array ``name``.
+
+    Raises:
+        CorruptDataError: missing, of another length, or failing the SHA-256.
+    """
+    if raw is None or len(raw) != pieces * PIECE_SUM_DTYPE.itemsize:
+        raise CorruptDataError(f"{what} are missing or not {pieces} checksums; re-pack the "
+                               f"dataset", path=path, key=name)
+    check_sha256(manifest, name, raw, path=path, what=what)
+    return np.frombuffer(bytes(raw), dtype=PIECE_SUM_DTYPE)
 
 
 def with_metadata_sha256(manifest: Manifest, digests: dict[str, str]) -> Manifest:
@@ -101,7 +172,7 @@ def check_sha256(manifest: Manifest, name: str, data, *, path: str, what: str) -
     if data is None:
         raise CorruptDataError(f"{what} are missing, though the manifest records their "
                                f"SHA-256: the file is damaged; re-pack it", path=path)
-    _compare(expected, sha256_hex(data), path=path, what=what)
+    check_digest(expected, sha256_hex(data), path=path, what=what)
 
 
 def check_file_sha256(manifest: Manifest, name: str, file_path: str, *, what: str) -> None:
@@ -114,10 +185,15 @@ def check_file_sha256(manifest: Manifest, name: str, file_path: str, *, what: st
     except OSError as exc:
         raise CorruptDataError(f"cannot read {what} ({exc.strerror or exc}); re-pack it",
                                path=file_path) from None
-    _compare(expected, actual, path=file_path, what=what)
+    check_digest(expected, actual, path=file_path, what=what)
 
 
-def _compare(expected: str, actual: str, *, path: str, what: str) -> None:
+def check_digest(expected: str, actual: str | None, *, path: str, what: str) -> None:
+    """Raise CorruptDataError unless ``actual`` (a SHA-256 hex digest; None:
+    the array is missing) is the ``expected`` one the manifest records."""
+    if actual is None:
+        raise CorruptDataError(f"{what} are missing, though the manifest records their "
+                               f"SHA-256: the file is damaged; re-pack it", path=path)
     if actual != expected:
         raise CorruptDataError(
             f"{what} fail the SHA-256 check (the manifest records {expected[:16]}..., the "
@@ -135,17 +211,37 @@ def check_labels(labels: np.ndarray, manifest: Manifest, *, path: str) -> None:
     check_label_range(labels, n_classes, path=path)
     if n_classes == 0:
         return
+    if len(labels):
+        check_class_counts(np.bincount(labels, minlength=n_classes), manifest, path=path)
+
+
+def check_class_counts(actual: np.ndarray, manifest: Manifest, *, path: str) -> None:
+    """Raise CorruptDataError when the records per class the labels give
+    (``actual``, a count per class) differ from the manifest's counts."""
     counts = manifest.class_counts
-    if (isinstance(counts, list) and len(counts) == n_classes and len(labels)
+    n_classes = len(manifest.classes) if isinstance(manifest.classes, list) else 0
+    if not (n_classes and isinstance(counts, list) and len(counts) == n_classes
             and all(type(c) is int for c in counts)):
-        actual = np.bincount(labels, minlength=n_classes)
-        differ = np.flatnonzero(actual != np.asarray(counts, dtype=np.int64))
-        if len(differ):
-            c = int(differ[0])
-            raise CorruptDataError(
-                f"the labels give {int(actual[c])} records of class {manifest.classes[c]!r} "
-                f"but the manifest counts {counts[c]}: the labels are damaged; re-pack it",
-                path=path)
+        return
+    differ = np.flatnonzero(actual != np.asarray(counts, dtype=np.int64))
+    if len(differ):
+        c = int(differ[0])
+        raise CorruptDataError(
+            f"the labels give {int(actual[c])} records of class {manifest.classes[c]!r} "
+            f"but the manifest counts {counts[c]}: the labels are damaged; re-pack it",
+            path=path)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRange:
+    """The check of a piece of labels (a picklable callable): each a class
+    index of ``classes`` classes, -1 when there are none."""
+
+    classes: int
+    path: str
+
+    def __call__(self, first: int, labels: np.ndarray) -> None:
+        check_label_range(labels, self.classes, path=self.path, first=first)
 
 
 def check_label_range(labels: np.ndarray, n_classes: int, *, path: str, first: int = 0) -> None:

@@ -29,8 +29,10 @@ PIECE_RECORDS = 1 << 18
 #: aims at below ``PIECE_RECORDS``: enough to keep a cluster busy.
 MIN_PIECE_RECORDS, TARGET_PIECES = 256, 256
 #: Runs a merge reads at once (more are first combined into longer runs),
-#: and rows it loads of each at a time: about 3 × 64 × 8,192 rows of 28 B.
-MERGE_FAN_IN, MERGE_CHUNK = 64, 8192
+#: and rows it loads of each at a time: about 3 × 64 × 2,048 rows of 28 B
+#: (11 MB). Pieces hold more rows from about 5 × 10^5 records on, so the merge's
+#: memory stops growing there.
+MERGE_FAN_IN, MERGE_CHUNK = 64, 2048
 #: Records read at a time by a piece.
 READ_BATCH = 256
 #: A digest row: the 16 digest bytes as two big-endian halves (so that

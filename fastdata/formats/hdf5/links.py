@@ -19,11 +19,12 @@ from fastdata.formats.hdf5.schema import (
     METADATA_OFFSETS,
     OFFSETS,
     PAYLOAD,
+    PIECES,
 )
 
 #: The root datasets a reader opens.
 READ_DATASETS = (MANIFEST, PAYLOAD, OFFSETS, LABELS, CRC32, KEYS, METADATA, METADATA_OFFSETS,
-                 METADATA_CRC32)
+                 METADATA_CRC32, *PIECES.values())
 _FIX = "fastdata reads only data stored inside the dataset's own file; re-pack it"
 
 

@@ -1,10 +1,9 @@
 """HDF5 reader (no torch). The schema lives in ``schema.py``.
 
-The small per-record arrays (offsets, labels, CRC32s) are loaded into numpy on
-open. A batch is read with one HDF5 call: the requested records are sorted,
-merged into contiguous runs (records less than ``merge_gap`` bytes apart share
-a run), and the union of the runs is read into one buffer (one call per 256
-runs for larger batches).
+The per-record columns (offsets, labels, CRC32s) are read and checked a
+piece at a time (schema 1.1, ``columns.py``), or loaded into numpy and
+checked whole on open (schema 1). Records are read by batch and in order as
+``runs.py`` describes.
 
 The payload dataset is opened without a chunk cache: a cached chunk is read
 whole (1 MiB for one 2 KB record) while an uncached one is read for just the
@@ -20,13 +19,16 @@ child opens its own.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError, UnsafeNameError
+from fastdata.formats.column import PieceColumn, column_problems
+from fastdata.formats.hdf5.columns import HDF5Columns, OffsetsCheck, piece_column
 from fastdata.formats.hdf5.heap import check_vlen_dataset, read_root_attribute
 from fastdata.formats.hdf5.links import check_stored_inside
+from fastdata.formats.hdf5.runs import H5_ERRORS, RunReads, h5_message
 from fastdata.formats.hdf5.schema import (
     CRC32,
     CRC32_DTYPE,
@@ -41,28 +43,33 @@ from fastdata.formats.hdf5.schema import (
     OFFSET_DTYPE,
     OFFSETS,
     PAYLOAD,
+    PIECES,
     SCHEMA,
     SCHEMA_ATTR,
     SCHEMA_PREFIX,
     SCHEMA_VERSION,
 )
-from fastdata.formats.integrity import check_sha256, keys_json
+from fastdata.formats.integrity import LabelRange, check_sha256, column_pieces, keys_json
 from fastdata.formats.reader import Reader
 
 #: Handles inherited from a parent process: referenced so they are never
 #: closed here, and never used.
 _INHERITED: list = []
-#: What h5py raises for damaged metadata: OSError, KeyError ("bad object header
-#: version number"), RuntimeError ("bad local heap signature"), ValueError.
-H5_ERRORS = (OSError, KeyError, RuntimeError, ValueError)
-#: Ranges per HDF5 read: building a union of hyperslabs costs time quadratic in
-#: the number of ranges (~2 us per range at 256, ~500 us at 16k), so a huge
-#: batch is read in slices of this many ranges.
-RUNS_PER_READ = 256
 
 
-class HDF5Reader(Reader):
+class HDF5Reader(RunReads, Reader):
     """Reads a fastdata HDF5 file.
+
+    The offset, label and CRC32 columns (schema 1.1) are read a piece of
+    128 values at a time, the pieces a batch touches, each checked against
+    its CRC-32 the first time (``columns.py``); the last 2,048 pieces read
+    of each column stay in memory (at most 5 MiB for the three). What grows
+    with the dataset, per process: the pieces' checksums, read and checked
+    against the manifest's SHA-256 on open (4 bytes per 128 records per
+    column: 94 MB for the three columns of 10^9 records), and a flag per
+    piece (1 byte per 128 records per column). A schema 1 file (no piece
+    checksums) has its columns read and checked whole on open: 20 bytes per
+    record.
 
     Args:
         path: the ``.h5``/``.hdf5`` file.
@@ -91,8 +98,10 @@ class HDF5Reader(Reader):
         self.rdcc_nbytes = rdcc_nbytes
         self.merge_gap = merge_gap
         self.block_bytes = block_bytes
-        self._offsets: np.ndarray | None = None
-        self._meta_offsets: np.ndarray | None = None
+        self._offsets: np.ndarray | PieceColumn | None = None
+        self._meta_offsets: np.ndarray | PieceColumn | None = None
+        self._columns: HDF5Columns | None = None
+        self._pieces: tuple[int, dict[str, str]] | None = None
         super().__init__(path, verify=verify, allow_outside=allow_outside)
 
     # -- handles ----------------------------------------------------------------
@@ -116,6 +125,12 @@ class HDF5Reader(Reader):
             handle[0].close()
         except OSError:
             pass  # closing a read-only file loses nothing
+
+    def close(self) -> None:
+        columns = getattr(self, "_columns", None)
+        if columns is not None:
+            columns.close()  # opened again if its columns are read again
+        super().close()
 
     def _get_file(self):
         """The open h5py.File of this process, opened on first use."""
@@ -152,7 +167,7 @@ class HDF5Reader(Reader):
             raise
         except (*H5_ERRORS, TypeError) as exc:
             file.close()
-            raise CorruptDataError(f"cannot open dataset {PAYLOAD!r} ({_h5_message(exc)}); the "
+            raise CorruptDataError(f"cannot open dataset {PAYLOAD!r} ({h5_message(exc)}); the "
                                    f"file is damaged, re-pack it", path=self.path,
                                    key=PAYLOAD) from None
         return file, payload
@@ -181,7 +196,7 @@ class HDF5Reader(Reader):
             try:
                 self._load_from(f)
             except H5_ERRORS as exc:
-                raise CorruptDataError(f"HDF5 metadata cannot be read ({_h5_message(exc)}); "
+                raise CorruptDataError(f"HDF5 metadata cannot be read ({h5_message(exc)}); "
                                        f"the file is damaged, re-pack it", path=self.path) from None
         except FastDataError:
             # Do not keep a refused file open (the error's traceback holds this reader).
@@ -210,24 +225,54 @@ class HDF5Reader(Reader):
             raise CorruptDataError(f"dataset {PAYLOAD!r} is {payload.dtype} of shape "
                                    f"{payload.shape}, expected 1-D uint8", path=self.path,
                                    key=PAYLOAD)
-        offsets = self._array(f, OFFSETS, n + 1).astype(np.int64, copy=False)
-        labels = self._array(f, LABELS, n).astype(LABEL_DTYPE, copy=False)
-        crcs = self._array(f, CRC32, n).astype(CRC32_DTYPE, copy=False)
-        if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != payload.shape[0]:
-            raise CorruptDataError(
-                f"dataset {OFFSETS!r} does not describe the {payload.shape[0]} payload bytes "
-                f"(it must start at 0, never decrease and end at the payload size); re-pack it",
-                path=self.path, key=OFFSETS)
-        for name, array, dtype in ((OFFSETS, offsets, OFFSET_DTYPE), (LABELS, labels, LABEL_DTYPE),
-                                   (CRC32, crcs, CRC32_DTYPE)):
-            check_sha256(manifest, name, array.astype(dtype, copy=False).tobytes(),
-                         path=self.path, what=f"the {name} (dataset {name!r})")
+        self._pieces = column_pieces(manifest, PIECES, path=self.path)
+        self._columns = HDF5Columns(self.path, self._pieces[0] if self._pieces else 1)
+        offsets = self._column(f, manifest, OFFSETS, n + 1, OFFSET_DTYPE, OffsetsCheck(
+            self.path, OFFSETS, n + 1, payload.shape[0], "the payload"))
+        pieced = self._pieces is not None and LABELS in self._pieces[1]
+        labels = self._column(f, manifest, LABELS, n, LABEL_DTYPE,
+                              LabelRange(len(manifest.classes), self.path) if pieced else None)
+        crcs = self._column(f, manifest, CRC32, n, CRC32_DTYPE)
         self._manifest = manifest
         self._offsets = offsets
-        self._labels = labels.astype(np.int64, copy=False)
+        self._labels = labels if pieced else labels.astype(np.int64, copy=False)
         self._crcs = crcs
 
+    def _column(self, f, manifest, name: str, length: int, stored, check=None):
+        """Dataset ``name`` (``length`` integers, stored as ``stored``): a
+        :class:`PieceColumn` when the file has its pieces' checksums, else
+        read whole and checked (its SHA-256, then ``check(0, values)``)."""
+        if self._pieces is not None and name in self._pieces[1]:
+            self._array_shape(f, name, length)
+            return piece_column(self._columns, f, manifest, self._pieces[0], name, length,
+                                stored, PIECES[name], check)
+        array = self._array(f, name, length).astype(stored, copy=False)
+        check_sha256(manifest, name, array.tobytes(), path=self.path,
+                     what=f"the {name} (dataset {name!r})")
+        if check is not None:
+            check(0, array)
+        return array
+
+    def check_layout(self) -> list[dict]:
+        """Every piece of the columns checked by piece (and each column
+        against its SHA-256, the labels against the class counts)."""
+        self._offsets_array()
+        columns = [self._offsets, self._labels, self._crcs]
+        if self.has_metadata:
+            try:
+                columns.append(self.metadata_crcs())
+                columns.append(self._meta_offsets)
+            except CorruptDataError:
+                pass  # reported by verify's metadata check
+        labels = self._labels if isinstance(self._labels, PieceColumn) else None
+        return column_problems([c for c in columns if isinstance(c, PieceColumn)],
+                               self.manifest, labels)
+
     def _array(self, f, name: str, length: int) -> np.ndarray:
+        return self._array_shape(f, name, length)[()]
+
+    def _array_shape(self, f, name: str, length: int):
+        """Dataset ``name`` once checked to be ``length`` integers (not read)."""
         if name not in f:
             raise CorruptDataError(f"dataset {name!r} is missing; re-pack it",
                                    path=self.path, key=name)
@@ -235,7 +280,7 @@ class HDF5Reader(Reader):
         if dset.shape != (length,) or dset.dtype.kind not in "iu":
             raise CorruptDataError(f"dataset {name!r} is {dset.dtype} of shape {dset.shape}, "
                                    f"expected {length} integers", path=self.path, key=name)
-        return dset[()]
+        return dset
 
     def _load_keys(self) -> list[str]:
         f = self._get_file()
@@ -251,7 +296,7 @@ class HDF5Reader(Reader):
             check_vlen_dataset(f, dset, self.path, KEYS)  # before HDF5 walks the heap
             keys = dset.asstr()[()]
         except H5_ERRORS as exc:
-            raise CorruptDataError(f"dataset {KEYS!r} cannot be read ({_h5_message(exc)}); the "
+            raise CorruptDataError(f"dataset {KEYS!r} cannot be read ({h5_message(exc)}); the "
                                    f"file is damaged, re-pack it", path=self.path,
                                    key=KEYS) from None
         keys = keys.tolist()
@@ -259,7 +304,7 @@ class HDF5Reader(Reader):
                      what=f"the keys (dataset {KEYS!r})")
         return keys
 
-    def _load_metadata_crcs(self) -> np.ndarray:
+    def _load_metadata_crcs(self):
         """The metadata CRC32s, loading the metadata offsets with them (both
         checked against the manifest, the offsets against the JSON bytes)."""
         f = self._get_file()
@@ -269,20 +314,14 @@ class HDF5Reader(Reader):
             if data is None or data.ndim != 1 or data.dtype != np.uint8:
                 raise CorruptDataError(f"dataset {METADATA!r} is missing or not 1-D uint8; "
                                        f"re-pack it", path=self.path, key=METADATA)
-            offsets = self._array(f, METADATA_OFFSETS, n + 1).astype(np.int64, copy=False)
-            crcs = self._array(f, METADATA_CRC32, n).astype(CRC32_DTYPE, copy=False)
+            offsets = self._column(f, self.manifest, METADATA_OFFSETS, n + 1, OFFSET_DTYPE,
+                                   OffsetsCheck(self.path, METADATA_OFFSETS, n + 1,
+                                                data.shape[0], repr(METADATA)))
+            crcs = self._column(f, self.manifest, METADATA_CRC32, n, CRC32_DTYPE)
         except H5_ERRORS as exc:
-            raise CorruptDataError(f"the metadata cannot be read ({_h5_message(exc)}); the "
+            raise CorruptDataError(f"the metadata cannot be read ({h5_message(exc)}); the "
                                    f"file is damaged, re-pack it", path=self.path,
                                    key=METADATA) from None
-        for name, array, dtype in ((METADATA_OFFSETS, offsets, OFFSET_DTYPE),
-                                   (METADATA_CRC32, crcs, CRC32_DTYPE)):
-            check_sha256(self.manifest, name, array.astype(dtype, copy=False).tobytes(),
-                         path=self.path, what=f"the {name} (dataset {name!r})")
-        if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != data.shape[0]:
-            raise CorruptDataError(
-                f"dataset {METADATA_OFFSETS!r} does not describe the {data.shape[0]} bytes of "
-                f"{METADATA!r}; re-pack it", path=self.path, key=METADATA_OFFSETS)
         self._meta_offsets = offsets
         return crcs
 
@@ -299,7 +338,7 @@ class HDF5Reader(Reader):
         except H5_ERRORS as exc:
             i = indices[len(out)]
             raise CorruptDataError(f"the metadata of record {i} cannot be read "
-                                   f"({_h5_message(exc)}); the file is damaged, re-pack it",
+                                   f"({h5_message(exc)}); the file is damaged, re-pack it",
                                    path=self.path, key=self.key_of(i), record=i) from None
         return out
 
@@ -307,106 +346,6 @@ class HDF5Reader(Reader):
         if self._offsets is None:
             self._load()
         return self._offsets
-
-    # -- reading ----------------------------------------------------------------
-
-    def _read_many(self, indices: Sequence[int]) -> list[bytes]:
-        if len(indices) == 0:
-            return []
-        offsets = self._offsets_array()
-        self._get_file()
-        if len(indices) == 1:
-            # One record: h5py's cached simple-slice reader beats building a selection.
-            i = indices[0]
-            a, b = int(offsets[i]), int(offsets[i + 1])
-            try:
-                return [self._payload[a:b].tobytes()]
-            except H5_ERRORS as exc:
-                raise self._read_error(exc, [a], [b], [i]) from None
-        idx = np.asarray(indices, dtype=np.int64)
-        starts = offsets[idx]
-        ends = offsets[idx + 1]
-        order = np.argsort(starts, kind="stable")
-        s, e = starts[order], ends[order]
-        # A new run starts where a record begins more than merge_gap bytes past
-        # everything before it; duplicates and neighbours fall into one run.
-        reach = np.maximum.accumulate(e)
-        new = np.ones(len(s), dtype=bool)
-        new[1:] = s[1:] > reach[:-1] + self.merge_gap
-        first = np.flatnonzero(new)
-        run_start = s[first]
-        run_end = np.maximum.reduceat(e, first)
-        run_len = run_end - run_start
-        run_pos = np.zeros(len(first), dtype=np.int64)
-        np.cumsum(run_len[:-1], out=run_pos[1:])
-        run_of = np.cumsum(new) - 1
-        pos = np.empty(len(idx), dtype=np.int64)
-        pos[order] = run_pos[run_of] + (s - run_start[run_of])
-        buf = self._read_runs(run_start, run_end, int(run_len.sum()), idx[order][first])
-        view = memoryview(buf)
-        return [view[p:p + n].tobytes() for p, n in zip(pos.tolist(), (ends - starts).tolist())]
-
-    def _read_runs(self, run_start: np.ndarray, run_end: np.ndarray, total: int,
-                   first_records: np.ndarray) -> np.ndarray:
-        """Read the byte ranges ``[run_start[k], run_end[k])`` (sorted, disjoint)
-        back to back into one buffer, one HDF5 read per ``RUNS_PER_READ`` ranges."""
-        import h5py
-
-        buf = np.empty(total, dtype=np.uint8)
-        dset = self._payload
-        starts, ends = run_start.tolist(), run_end.tolist()
-        pos = 0
-        for g in range(0, len(starts), RUNS_PER_READ):
-            group = [(a, b) for a, b in zip(starts[g:g + RUNS_PER_READ],
-                                            ends[g:g + RUNS_PER_READ]) if b > a]
-            size = sum(b - a for a, b in group)
-            if size == 0:
-                continue
-            try:
-                space = dset.id.get_space()
-                space.select_none()
-                for a, b in group:
-                    space.select_hyperslab((a,), (b - a,), op=h5py.h5s.SELECT_OR)
-                dset.id.read(h5py.h5s.create_simple((size,)), space, buf[pos:pos + size])
-            except H5_ERRORS as exc:
-                raise self._read_error(exc, run_start, run_end, first_records) from None
-            pos += size
-        return buf
-
-    def _read_error(self, exc: Exception, run_start, run_end, first_records) -> CorruptDataError:
-        # Name the first range that fails on its own, so the message points at a record.
-        bad = 0
-        for k, (a, b) in enumerate(zip(run_start, run_end)):
-            try:
-                self._payload[a:b]
-            except H5_ERRORS:
-                bad = k
-                break
-        index = int(first_records[bad])
-        return CorruptDataError(
-            f"record {index} cannot be read (payload bytes {int(run_start[bad])}.."
-            f"{int(run_end[bad])}; h5py: {exc}): the file is damaged; re-pack it or read "
-            f"with on_error='skip'", path=self.path, key=self.key_of(index), record=index)
-
-    def _iter_payloads(self) -> Iterator[tuple[int, bytes]]:
-        offsets = self._offsets_array()
-        self._get_file()
-        n = len(offsets) - 1
-        i = 0
-        while i < n:
-            start = int(offsets[i])
-            # Whole records up to block_bytes, and at least one record.
-            j = int(np.searchsorted(offsets, start + self.block_bytes, side="right")) - 1
-            j = min(max(j, i + 1), n)
-            end = int(offsets[j])
-            try:
-                view = memoryview(self._payload[start:end])
-            except H5_ERRORS as exc:
-                raise self._read_error(exc, [start], [end], [i]) from None
-            for k in range(i, j):
-                yield k, view[int(offsets[k]) - start:int(offsets[k + 1]) - start].tobytes()
-            i = j
-
 
 def _dataset(dsid):
     import h5py
@@ -418,19 +357,14 @@ def _dataset(dsid):
         return h5py.Dataset(dsid)
 
 
-def _h5_message(exc: Exception) -> str:
-    # h5py's KeyError repr adds quotes; the text alone reads better in one line.
-    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-
-
 def _check_schema(value, path: str) -> None:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     if not isinstance(value, str) or not value.startswith(SCHEMA_PREFIX):
         raise ManifestError(f"HDF5 file has no {SCHEMA_ATTR!r} attribute of the form "
                             f"{SCHEMA!r}: it was not written by fastdata", path=path)
-    try:
-        version = int(value[len(SCHEMA_PREFIX):])
+    try:  # MAJOR or MAJOR.MINOR: a minor version adds only what a reader may ignore
+        version = int(value[len(SCHEMA_PREFIX):].split(".", 1)[0])
     except ValueError:
         raise ManifestError(f"unknown HDF5 schema {value!r}", path=path) from None
     if version > SCHEMA_VERSION:

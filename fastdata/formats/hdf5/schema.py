@@ -33,6 +33,17 @@ and the root attribute ``fastdata_schema`` (``"fastdata-hdf5-1"``). The manifest
 is a dataset, not an attribute: attributes in compact storage are limited to
 64 KiB, which the class list of a large dataset can exceed.
 
+Schema 1.1 (the manifest's ``extra["schema"]``; the attribute keeps the
+major version, which is what a reader must understand) adds, for each of
+``offsets``, ``labels``, ``crc32``, ``metadata_offsets`` and
+``metadata_crc32`` present, a dataset ``NAME_pieces``: uint32 LE, the zlib
+CRC-32 of each piece of the column's values as stored (values 0-127,
+128-255, ...; the manifest's ``extra["column_pieces"]`` gives the values
+per piece and names them). A reader checks the pieces it reads, never a
+whole column on open; the columns are contiguous datasets, so it reads a
+piece with one ``pread`` of the file. Schema 1 files have no pieces: their columns are
+read and checked whole by their SHA-256 on open.
+
 One flat byte array plus offsets, rather than one variable-length array per
 sample, lets a batch be read with one HDF5 call over a few contiguous ranges
 instead of one call per sample (see ``bench/hdf5_read.py``). The payload
@@ -43,11 +54,15 @@ first write buffer (``FLUSH_BYTES``) is stored contiguous, at its exact size.
 
 from __future__ import annotations
 
-#: Schema name and version, stored in the ``fastdata_schema`` root attribute.
+#: Schema name and major version, stored in the ``fastdata_schema`` root attribute.
 SCHEMA = "fastdata-hdf5-1"
 SCHEMA_PREFIX = "fastdata-hdf5-"
 SCHEMA_VERSION = 1
 SCHEMA_ATTR = "fastdata_schema"
+#: The minor version this fastdata writes: 1 adds the columns' piece checksums.
+SCHEMA_MINOR = 1
+#: The full version (major.minor), in the manifest's ``extra["schema"]``.
+SCHEMA_FULL = f"{SCHEMA}.{SCHEMA_MINOR}"
 
 PAYLOAD = "payload"
 OFFSETS = "offsets"
@@ -58,6 +73,9 @@ MANIFEST = "manifest"
 METADATA = "metadata"
 METADATA_OFFSETS = "metadata_offsets"
 METADATA_CRC32 = "metadata_crc32"
+#: Each column checked by piece (from 1.1 on), and the dataset of its pieces' CRC-32s.
+PIECES = {name: f"{name}_pieces"
+          for name in (OFFSETS, LABELS, CRC32, METADATA_OFFSETS, METADATA_CRC32)}
 
 PAYLOAD_DTYPE = "u1"
 OFFSET_DTYPE = "<i8"

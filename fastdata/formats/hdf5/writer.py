@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 
 import numpy as np
 
 from fastdata.errors import FastDataError
+from fastdata.formats.hdf5.finish import end_columns, with_digests, write_end
 from fastdata.formats.hdf5.pieces import read_side, remove_side, remove_sides, write_side
 from fastdata.formats.hdf5.schema import (
-    CRC32,
-    CRC32_DTYPE,
     DEFAULT_CHUNK_BYTES,
     FLUSH_BYTES,
-    KEY_ENCODING,
-    KEYS,
-    LABEL_DTYPE,
-    LABELS,
-    MANIFEST,
     METADATA,
     METADATA_CRC32,
     METADATA_OFFSETS,
-    OFFSET_DTYPE,
-    OFFSETS,
     PAYLOAD,
     PAYLOAD_DTYPE,
     SCHEMA,
     SCHEMA_ATTR,
-    SIZE_DIGITS,
 )
-from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
+from fastdata.formats.integrity import sha256_hex
 from fastdata.formats.output import fsync_file
 from fastdata.formats.writer import PieceLost, Writer, check_piece_payload
 from fastdata.records import Manifest, PieceRecord, Record
@@ -154,47 +143,18 @@ class HDF5Writer(Writer):
         self._written += n
 
     def _close(self, manifest: Manifest) -> Manifest:
-        import h5py
-
         self._flush(final=True)
         if self._payload is None:  # no payload bytes at all
             self._create_payload(0)
-        f = self._file
-        n = self.count
         # Every column is stored whole: the facts and the keys read once.
         facts, keys = self.facts(), self.keys_json()
-        offsets = np.zeros(n + 1, dtype=OFFSET_DTYPE)
-        np.cumsum(facts["size"].astype(np.int64), out=offsets[1:])
-        if int(offsets[-1]) != self._written:
-            raise FastDataError(f"payload holds {self._written} bytes, offsets add up to "
-                                f"{int(offsets[-1])}", path=self.path)
-        meta_arrays = _metadata_arrays(self, facts) if self.has_metadata else {}
-        manifest = with_metadata_sha256(manifest,
-                                        _array_digests(offsets, facts, keys, meta_arrays))
+        ends = end_columns(facts, self._written,
+                           self._metadata_bytes() if self.has_metadata else None,
+                           path=self.path)
+        manifest = with_digests(manifest, ends, keys)
         try:
-            f.create_dataset(OFFSETS, data=offsets, track_times=False)
-            f.create_dataset(LABELS, data=facts["label"].astype(LABEL_DTYPE),
-                             track_times=False)
-            f.create_dataset(CRC32, data=facts["crc32"].astype(CRC32_DTYPE),
-                             track_times=False)
-            f.create_dataset(KEYS, data=np.asarray(json.loads(keys), dtype=object), shape=(n,),
-                             dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
-            for name, array in meta_arrays.items():
-                f.create_dataset(name, data=array, track_times=False)
-            # The manifest names the file size, known only once the manifest's own
-            # space is allocated: write a placeholder of the final length, flush,
-            # then fill it in place (a fixed-length dataset keeps the file size).
-            placeholder = _manifest_text(_with_layout(manifest, self, 0))
-            length = len(placeholder) + SIZE_DIGITS
-            dset = f.create_dataset(MANIFEST, shape=(),
-                                    dtype=h5py.string_dtype(KEY_ENCODING, length),
-                                    track_times=False)
-            dset[()] = placeholder.ljust(length)
-            f.flush()
-            on_disk = int(f.id.get_filesize())
-            manifest = _with_layout(manifest, self, on_disk)
-            dset[()] = _manifest_text(manifest).ljust(length)
-            f.close()
+            manifest = write_end(self._file, manifest, ends, keys, layout=self._layout_fields())
+            self._file.close()
         except (OSError, RuntimeError) as exc:  # h5py reports failed flushes as RuntimeError
             self._discard()
             raise FastDataError(f"writing the HDF5 file failed ({exc})", path=self.path) from exc
@@ -202,6 +162,21 @@ class HDF5Writer(Writer):
         self._payload = None
         remove_sides(self.temp_path)
         return manifest
+
+    def _metadata_bytes(self) -> bytes:
+        """Every record's metadata JSON, one after another, from the spool."""
+        self._metadata.flush()
+        with open(self._metadata.name, "rb") as f:
+            return f.read()
+
+    def _layout_fields(self) -> dict:
+        """The manifest's fields of this file's layout (see ``finish.write_end``)."""
+        fields = {"path": self.path, "layout": self._layout,
+                  "chunk_bytes": self._chunk if self._layout == "chunked" else None}
+        if self.has_metadata:
+            fields["metadata"] = {"records": self.metadata_records, "data": METADATA,
+                                  "offsets": METADATA_OFFSETS, "crc32": METADATA_CRC32}
+        return fields
 
     def _discard(self) -> None:
         # Forget the handles first, so a failed close is never retried.
@@ -381,54 +356,3 @@ def _is_side(data: bytes | None, state: dict) -> bool:
     """Whether ``data`` is the side file a piece's ``state`` describes."""
     return (data is not None and len(data) == state.get("side_bytes")
             and sha256_hex(data) == state.get("side_sha256"))
-
-
-def _array_digests(offsets: np.ndarray, facts: np.ndarray, keys_json: bytes,
-                   meta_arrays: dict[str, np.ndarray]) -> dict[str, str]:
-    """SHA-256 of each per-record dataset's bytes as stored (see fastdata.formats.integrity):
-    ``facts`` the writer's record facts, ``keys_json`` the keys' JSON list."""
-    digests = {
-        OFFSETS: sha256_hex(offsets.astype(OFFSET_DTYPE).tobytes()),
-        LABELS: sha256_hex(facts["label"].astype(LABEL_DTYPE).tobytes()),
-        CRC32: sha256_hex(facts["crc32"].astype(CRC32_DTYPE).tobytes()),
-        KEYS: sha256_hex(keys_json),
-    }
-    if meta_arrays:  # the JSON itself is covered by its per-record CRC32
-        digests.update({name: sha256_hex(meta_arrays[name].tobytes())
-                        for name in (METADATA_OFFSETS, METADATA_CRC32)})
-    return digests
-
-
-def _metadata_arrays(writer: HDF5Writer, facts: np.ndarray) -> dict[str, np.ndarray]:
-    """The metadata datasets: the JSON bytes, their offsets and CRC32s."""
-    sizes = facts["metadata_size"]
-    offsets = np.zeros(len(sizes) + 1, dtype=OFFSET_DTYPE)
-    np.cumsum(sizes, out=offsets[1:])
-    writer._metadata.flush()
-    with open(writer._metadata.name, "rb") as f:
-        data = f.read()
-    return {METADATA: np.frombuffer(data, dtype=np.uint8),
-            METADATA_OFFSETS: offsets,
-            METADATA_CRC32: facts["metadata_crc32"].astype(CRC32_DTYPE)}
-
-
-def _manifest_text(manifest: Manifest) -> bytes:
-    # Compact and ASCII-only: its length in bytes is its length in characters.
-    return json.dumps(manifest.to_dict(), separators=(",", ":")).encode("ascii")
-
-
-def _with_layout(manifest: Manifest, writer: HDF5Writer, on_disk: int) -> Manifest:
-    size = dict(manifest.bytes, on_disk=on_disk)
-    return dataclasses.replace(
-        manifest,
-        bytes=size,
-        shards=[{"path": os.path.basename(writer.path), "count": manifest.count,
-                 "bytes": on_disk}],
-        extra={"schema": SCHEMA, "payload": PAYLOAD, "offsets": OFFSETS, "labels": LABELS,
-               "crc32": CRC32, "keys": KEYS, "manifest": MANIFEST,
-               "layout": writer._layout,
-               "chunk_bytes": writer._chunk if writer._layout == "chunked" else None,
-               **({"metadata": {"records": writer.metadata_records, "data": METADATA,
-                                "offsets": METADATA_OFFSETS, "crc32": METADATA_CRC32}}
-                  if writer.has_metadata else {})},
-    )

@@ -1,96 +1,59 @@
 """LMDB reader (no torch). The key schema lives in ``schema.py``.
 
-One LMDB environment is shared per path per process: lmdb refuses to open the
-same path twice in one process, and train/val views of one file are common.
-An environment inherited across fork is closed in the child (never used) and
-opened afresh.
+One LMDB environment is shared per path per process (see ``envs.py``): lmdb
+refuses to open the same path twice in one process, and train/val views of
+one file are common.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from fastdata.contained import check_inside
 from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.formats.column import PieceColumn, column_problems
+from fastdata.formats.integrity import check_sha256, column_pieces
+from fastdata.formats.lmdb.columns import LMDBColumns, piece_column
+from fastdata.formats.lmdb.envs import acquire_env, release_env
 from fastdata.formats.lmdb.schema import (
     CRC32_DTYPE,
     CRC32_KEY,
     DATA_FILE,
+    KEY_SCHEMA_MAJOR,
+    KEY_SCHEMA_PREFIX,
     KEYS_KEY,
     LABEL_DTYPE,
     LABELS_KEY,
     MANIFEST_KEY,
     METADATA_CRC32_KEY,
+    PIECES_KEYS,
     metadata_key,
     sample_key,
 )
-from fastdata.formats.integrity import check_sha256
 from fastdata.formats.reader import Reader
 
-# (device, inode) of the data file -> [pid, env, users]; guarded by _LOCK
-# (thread-pool decoders share readers; re-entrant, because a reader that the
-# garbage collector frees inside _acquire_env releases its environment here). lmdb itself recognises an environment
-# by its file, not its path: a symlinked path is the same environment, and a
-# folder replaced by a new pack is a new one.
-_ENVS: dict[tuple[int, int], list] = {}
-_LOCK = threading.RLock()
-
-
-def _env_id(path: str) -> tuple[int, int]:
-    data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
-    try:
-        st = os.stat(data_file)
-    except OSError as exc:
-        raise ManifestError(f"not an LMDB environment ({exc.strerror}: {data_file})",
-                            path=path) from None
-    return st.st_dev, st.st_ino
-
-
-def _acquire_env(path: str, readahead: bool):
-    """The process's shared environment for ``path``, and its id for release."""
-    import lmdb
-
-    pid = os.getpid()
-    key = _env_id(path)
-    with _LOCK:
-        entry = _ENVS.get(key)
-        if entry is not None and entry[0] == pid:
-            entry[2] += 1
-            return entry[1], key
-        if entry is not None:
-            # Inherited from the parent across fork: close this process's copy
-            # of the mapping (the parent's stays open) and open our own.
-            try:
-                entry[1].close()
-            except lmdb.Error:
-                pass
-        try:
-            env = lmdb.open(path, readonly=True, lock=False, readahead=readahead,
-                            subdir=os.path.isdir(path), max_readers=2048, max_spare_txns=4)
-        except lmdb.Error as exc:
-            raise ManifestError(f"not a readable LMDB environment ({exc})", path=path) from None
-        _ENVS[key] = [pid, env, 1]
-        return env, key
-
-
-def _release_env(key: tuple[int, int]) -> None:
-    with _LOCK:
-        entry = _ENVS.get(key)
-        if entry is None or entry[0] != os.getpid():
-            return
-        entry[2] -= 1
-        if entry[2] <= 0:
-            entry[1].close()
-            del _ENVS[key]
+#: The columns checked by piece, by name, and the names of their checksums.
+_PIECES = {key.decode(): value.decode() for key, value in PIECES_KEYS.items()}
+#: The stored type of each column.
+_DTYPES = {LABELS_KEY: LABEL_DTYPE, CRC32_KEY: CRC32_DTYPE, METADATA_CRC32_KEY: CRC32_DTYPE}
 
 
 class LMDBReader(Reader):
     """Reads a fastdata LMDB folder.
+
+    The label and CRC32 columns (key schema 1.1) are read a piece of 128
+    values at a time, the pieces a batch touches, each checked against its
+    CRC-32 the first time (:mod:`.columns`); the last 2,048 pieces read stay
+    in memory (at most 3 MiB for both columns). What grows with the dataset,
+    per process: the pieces' checksums, read and checked against the
+    manifest's SHA-256 on open (4 bytes per 128 records per column: 62 MB
+    for the two columns of 10^9 records), and a flag per piece (1 byte per
+    128 records per column). A dataset of key schema 1 (no pieces) has its
+    columns read and checked whole on open: 12 bytes per record.
 
     Args:
         path: the ``.lmdb`` folder.
@@ -120,17 +83,19 @@ class LMDBReader(Reader):
                  allow_outside: bool = False) -> None:
         self.readahead = readahead
         self._env_key = None
+        self._columns: LMDBColumns | None = None
+        self._pieces: tuple[int, dict[str, str]] | None = None
         super().__init__(path, verify=verify, allow_outside=allow_outside)
 
     def _get_env(self):
         return self._process_handle()
 
     def _open_handle(self):
-        env, self._env_key = _acquire_env(self.path, self.readahead)
+        env, self._env_key = acquire_env(self.path, self.readahead)
         return env
 
     def _release_handle(self, handle) -> None:
-        _release_env(self._env_key)
+        release_env(self._env_key)
 
     def _data_url(self, url: str) -> str:
         # An LMDB dataset is a folder; its data is the one file data.mdb
@@ -150,25 +115,58 @@ class LMDBReader(Reader):
             self._check_size(env)
             with env.begin() as txn:
                 raw = txn.get(MANIFEST_KEY)
-                labels = txn.get(LABELS_KEY)
-                crcs = txn.get(CRC32_KEY)
+                if raw is None:
+                    raise ManifestError(
+                        "LMDB environment has no fastdata manifest (key '__manifest__'): it "
+                        "was not written by fastdata or its pack did not finish; re-run "
+                        "`fastdata pack`", path=self.path)
+                manifest = self._accept_manifest(raw, self.path)
+                _check_key_schema(manifest, self.path)
+                self._pieces = column_pieces(manifest, _PIECES, path=self.path)
+                self._columns = LMDBColumns(self.path, self.readahead, _DTYPES)
+                labels = self._column(txn, manifest, LABELS_KEY)
+                crcs = self._column(txn, manifest, CRC32_KEY)
         except lmdb.Error as exc:
             raise CorruptDataError(f"LMDB environment is damaged ({exc})", path=self.path) from None
-        if raw is None:
-            raise ManifestError(
-                "LMDB environment has no fastdata manifest (key '__manifest__'): it was not "
-                "written by fastdata or its pack did not finish; re-run `fastdata pack`",
-                path=self.path)
-        manifest = self._accept_manifest(raw, self.path)
-        if labels is None or len(labels) != manifest.count * 8:
-            raise CorruptDataError("label array missing or of the wrong length", path=self.path,
-                                   key=LABELS_KEY.decode())
-        self._check_value(manifest, LABELS_KEY, labels, "the labels")
-        self._check_value(manifest, CRC32_KEY, crcs, "the record CRC32s")
-        self._manifest = manifest
-        self._labels = np.frombuffer(labels, dtype=LABEL_DTYPE).astype(np.int64, copy=False)
-        self._crcs = (np.frombuffer(crcs, dtype=CRC32_DTYPE)
-                      if crcs is not None and len(crcs) == manifest.count * 4 else None)
+        if not isinstance(labels, PieceColumn):  # checked whole (key schema 1)
+            if labels is None or len(labels) != manifest.count * 8:
+                raise CorruptDataError("label array missing or of the wrong length",
+                                       path=self.path, key=LABELS_KEY.decode())
+            self._check_value(manifest, LABELS_KEY, labels, "the labels")
+            labels = np.frombuffer(labels, dtype=LABEL_DTYPE).astype(np.int64, copy=False)
+        if not isinstance(crcs, PieceColumn):
+            self._check_value(manifest, CRC32_KEY, crcs, "the record CRC32s")
+            crcs = (np.frombuffer(crcs, dtype=CRC32_DTYPE)
+                    if crcs is not None and len(crcs) == manifest.count * 4 else None)
+        self._manifest, self._labels, self._crcs = manifest, labels, crcs
+
+    def _column(self, txn, manifest, key: bytes):
+        """Column ``key``: a :class:`PieceColumn` when the dataset has its
+        pieces' checksums, else its bytes (None: missing), to be checked whole."""
+        if self._pieces is not None and key.decode() in self._pieces[1]:
+            return piece_column(self._columns, txn, manifest, self._pieces[0], key)
+        return txn.get(key)
+
+    def close(self) -> None:
+        columns = getattr(self, "_columns", None)
+        if columns is not None:
+            columns.close()  # reopened if its columns are read again
+        super().close()
+
+    def check_layout(self) -> list[dict]:
+        """Every piece of the columns checked by piece (and each column
+        against its SHA-256, the labels against the class counts)."""
+        labels = self.labels
+        columns = [c for c in (labels, self._stored_crcs()) if isinstance(c, PieceColumn)]
+        if self.has_metadata:
+            try:
+                metadata = self.metadata_crcs()
+            except CorruptDataError:
+                metadata = None  # reported by verify's metadata check
+            if isinstance(metadata, PieceColumn):
+                columns.append(metadata)
+        return column_problems(columns, self.manifest,
+                               labels if isinstance(labels, PieceColumn) else None)
 
     def _check_value(self, manifest, key: bytes, value: bytes | None, what: str) -> None:
         check_sha256(manifest, key.decode(), value, path=self.path,
@@ -215,14 +213,16 @@ class LMDBReader(Reader):
                                    f"re-pack it", path=self.path, key=KEYS_KEY.decode())
         return keys
 
-    def _load_metadata_crcs(self) -> np.ndarray:
+    def _load_metadata_crcs(self):
         import lmdb
 
         try:
             with self._get_env().begin() as txn:
-                raw = txn.get(METADATA_CRC32_KEY)
+                raw = self._column(txn, self.manifest, METADATA_CRC32_KEY)
         except lmdb.Error as exc:
             raise self._read_error(None, exc) from None
+        if isinstance(raw, PieceColumn):
+            return raw
         self._check_value(self.manifest, METADATA_CRC32_KEY, raw, "the metadata CRC32s")
         if raw is None or len(raw) != len(self) * 4:
             raise CorruptDataError("the metadata CRC32 array is missing or of the wrong "
@@ -282,3 +282,17 @@ class LMDBReader(Reader):
         return CorruptDataError(f"{what} ({exc}): the file is damaged; re-pack it or restore "
                                 f"it", path=self.path,
                                 key=None if index is None else self.key_of(index), record=index)
+
+
+def _check_key_schema(manifest, path: str) -> None:
+    """Refuse a dataset of a newer major key schema (a minor one adds only
+    what this reader may ignore)."""
+    extra = manifest.extra if isinstance(manifest.extra, dict) else {}
+    schema = extra.get("key_schema")
+    if not isinstance(schema, str) or not schema.startswith(KEY_SCHEMA_PREFIX):
+        return  # none recorded: written before the schema was named
+    major = schema[len(KEY_SCHEMA_PREFIX):].split(".", 1)[0]
+    if major.isdigit() and int(major) > KEY_SCHEMA_MAJOR:
+        raise ManifestError(f"LMDB key schema {schema!r} is newer than this fastdata reads "
+                            f"({KEY_SCHEMA_PREFIX}{KEY_SCHEMA_MAJOR}.x); upgrade fastdata",
+                            path=path)

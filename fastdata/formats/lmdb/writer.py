@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 
 
@@ -19,11 +20,19 @@ from fastdata.formats.lmdb.schema import (
     MANIFEST_KEY,
     METADATA_CRC32_KEY,
     METADATA_KEY_FORMAT,
+    PIECES_KEYS,
     SAMPLE_KEY_FORMAT,
     metadata_key,
+    piece_key,
     sample_key,
 )
-from fastdata.formats.integrity import sha256_hex, with_metadata_sha256
+from fastdata.formats.integrity import (
+    COLUMN_PIECE_ROWS,
+    COLUMN_PIECES,
+    piece_crc32s,
+    sha256_hex,
+    with_metadata_sha256,
+)
 from fastdata.formats.lmdb.snapshot import drop_last_commit
 from fastdata.formats.output import free_bytes, is_disk_full
 from fastdata.formats.writer import (
@@ -125,13 +134,15 @@ class LMDBWriter(Writer):
             self._pending = []
             self._pending_bytes = 0
 
-    def _put_all(self, items: list[tuple[bytes, bytes]]) -> None:
+    def _put_all(self, items) -> None:
+        """Put ``items`` ((key, value) pairs, or a function giving them anew
+        for each try) in one commit."""
         import lmdb
 
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    for key, value in items:
+                    for key, value in (items() if callable(items) else items):
                         txn.put(key, value)
                 return
             except lmdb.MapFullError:
@@ -139,7 +150,8 @@ class LMDBWriter(Writer):
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
             except lmdb.Error as exc:
-                raise _as_os_error(exc, sum(len(v) for _, v in items), self.temp_path) from exc
+                pairs = items() if callable(items) else items
+                raise _as_os_error(exc, sum(len(v) for _, v in pairs), self.temp_path) from exc
 
     def _close(self, manifest: Manifest) -> Manifest:
         import lmdb
@@ -149,17 +161,25 @@ class LMDBWriter(Writer):
         self._flush()
         info = self._env.info()
         stat = self._env.stat()
-        # LMDB stores each column as one value: whole in memory here (and at open).
+        # Each column is stored twice: whole, for readers of key schema 1 (which
+        # open a 1.1 dataset and read only the whole value) and for plain
+        # `lmdb` users (the documented schema); and in pieces with their
+        # CRC-32s, which this reader gets instead (a get of the whole value
+        # touches all its pages). The copy costs 12 B per record on disk; it
+        # can go only with a major key schema. Whole in memory here.
         facts = self.facts()
-        meta = [
-            (LABELS_KEY, facts["label"].astype(LABEL_DTYPE).tobytes()),
-            (CRC32_KEY, facts["crc32"].astype(CRC32_DTYPE).tobytes()),
-            (KEYS_KEY, self.keys_json()),
-        ]
+        columns = [(LABELS_KEY, facts["label"].astype(LABEL_DTYPE)),
+                   (CRC32_KEY, facts["crc32"].astype(CRC32_DTYPE))]
         if self.has_metadata:
-            meta.append((METADATA_CRC32_KEY,
-                         facts["metadata_crc32"].astype(CRC32_DTYPE).tobytes()))
-        self._put_all(meta)
+            columns.append((METADATA_CRC32_KEY, facts["metadata_crc32"].astype(CRC32_DTYPE)))
+        meta = [(key, values.tobytes()) for key, values in columns]
+        meta += [(PIECES_KEYS[key], piece_crc32s(values, COLUMN_PIECE_ROWS).tobytes())
+                 for key, values in columns]
+        meta.append((KEYS_KEY, self.keys_json()))
+        # One commit: a resumed pack takes back a finish that was cut short
+        # as one commit (see _drop_unjournaled_piece).
+        self._put_all(lambda: itertools.chain(meta, *(
+            _pieces(key.decode(), values) for key, values in columns)))
         on_disk = (info["last_pgno"] + 1) * stat["psize"]
         manifest = with_metadata_sha256(_with_layout(manifest, on_disk, self),
                                         {key.decode(): sha256_hex(value) for key, value in meta})
@@ -288,6 +308,15 @@ class LMDBWriter(Writer):
                 pass
 
 
+def _pieces(column: str, values):
+    """Column ``column`` in pieces of ``COLUMN_PIECE_ROWS`` values: (key, value)
+    pairs, what readers read (each checked by its CRC-32 in ``*_pieces__``)."""
+    raw = memoryview(values.tobytes())
+    step = COLUMN_PIECE_ROWS * values.dtype.itemsize
+    for lo in range(0, len(raw), step):
+        yield piece_key(column, lo // step), raw[lo:lo + step]
+
+
 def _check_piece_metadata(number: int, index: int, record: PieceRecord, stored,
                           path: str) -> None:
     """Raise ``PieceLost`` unless the partial output holds record ``index``'s
@@ -326,10 +355,14 @@ def _with_layout(manifest: Manifest, on_disk: int, writer: LMDBWriter) -> Manife
     extra = {"key_schema": KEY_SCHEMA, "sample_key": SAMPLE_KEY_FORMAT,
              "labels_key": LABELS_KEY.decode(), "crc32_key": CRC32_KEY.decode(),
              "keys_key": KEYS_KEY.decode(), "manifest_key": MANIFEST_KEY.decode()}
+    pieced = [LABELS_KEY, CRC32_KEY]
     if writer.has_metadata:
         extra["metadata"] = {"records": writer.metadata_records,
                              "key": METADATA_KEY_FORMAT,
                              "crc32_key": METADATA_CRC32_KEY.decode()}
+        pieced.append(METADATA_CRC32_KEY)
+    extra[COLUMN_PIECES] = {"rows": COLUMN_PIECE_ROWS,
+                            "checksums": {k.decode(): PIECES_KEYS[k].decode() for k in pieced}}
     return dataclasses.replace(
         manifest,
         bytes=size,

@@ -15,7 +15,7 @@ None for a whole file) rather than raised, so that verify lists every one:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -25,38 +25,95 @@ from fastdata.formats.integrity import file_sha256
 ROWS_SHOWN = 5
 
 
-def index_problems(index: np.ndarray, shards: list[dict], shard_paths: list[str],
+#: Index rows checked at a time: the check's memory, whatever the dataset's size.
+CHUNK_ROWS = 1 << 16
+
+
+def index_problems(chunks: Iterable[np.ndarray], shards: list[dict], shard_paths: list[str],
                    index_path: str) -> list[dict]:
-    """Problems with the rows of a dataset index (``INDEX_DTYPE``)."""
-    if len(index) == 0:
-        return []
-    shard = index["shard"].astype(np.int64)
-    n_shards = len(shards)
-    bad = np.flatnonzero(shard >= n_shards)
-    if len(bad):
-        return _rows(bad, index_path, lambda i: f"index row {i} names shard {shard[i]}, but "
-                     f"the dataset has {n_shards} shards")
-    back = np.flatnonzero(np.diff(shard) < 0) + 1
-    if len(back):
-        return _rows(back, index_path, lambda i: f"index row {i} is in shard {shard[i]}, after "
-                     f"a row of shard {shard[i - 1]}: rows must keep the records' order")
-    problems = _count_problems(np.bincount(shard, minlength=n_shards), shards, index_path)
-    sizes = np.asarray([_shard_bytes(s, p) for s, p in zip(shards, shard_paths)],
-                       dtype=np.uint64)[shard]
-    offset, size = index["offset"], index["size"]
-    # Clipped to the shard, so the sums cannot wrap (rows past the end are reported).
-    end = np.minimum(offset, sizes) + np.minimum(size, sizes)
-    past = np.flatnonzero((offset > sizes) | (size > sizes) | (end > sizes))
-    problems += _rows(past, index_path, lambda i: f"index row {i} points at bytes "
-                      f"{offset[i]}..{int(offset[i]) + int(size[i])} of "
-                      f"{os.path.basename(shard_paths[shard[i]])}, past its end ({sizes[i]} "
-                      f"bytes)")
-    overlap = np.flatnonzero((shard[1:] == shard[:-1]) & (offset[1:] < end[:-1])) + 1
-    problems += _rows(overlap, index_path, lambda i: f"index row {i} starts at byte "
-                      f"{offset[i]} of {os.path.basename(shard_paths[shard[i]])}, before row "
-                      f"{i - 1} ends (byte {end[i - 1]}): records of a shard follow each other "
-                      f"without overlap, so a row is damaged or copied over another")
-    return problems
+    """Problems with the rows of a dataset index (``INDEX_DTYPE``), given as
+    consecutive chunks (the rows in order): one pass, a chunk in memory at a
+    time. Rows naming a shard out of range are reported alone, then rows out
+    of order alone, else the counts, rows past their shard's end and rows
+    overlapping the one before."""
+    check = _IndexCheck(shards, shard_paths, index_path)
+    for chunk in chunks:
+        check.add(chunk)
+    return check.problems()
+
+
+class _IndexCheck:
+    """The state :func:`index_problems` carries from chunk to chunk: per
+    shard counts, the last row, and the first ``ROWS_SHOWN`` rows of each kind
+    of problem with how many there are."""
+
+    def __init__(self, shards: list[dict], shard_paths: list[str], index_path: str) -> None:
+        self.shards, self.paths, self.where = shards, shard_paths, index_path
+        self.sizes = np.asarray([_shard_bytes(s, p) for s, p in zip(shards, shard_paths)],
+                                dtype=np.uint64)
+        self.counts = np.zeros(len(shards), np.int64)
+        self.found = {kind: ([], 0) for kind in ("shard", "order", "past", "overlap")}
+        self.at = 0
+        self.last: tuple[int, int] | None = None  # the previous row: shard, end
+
+    def add(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        n_shards = len(self.shards)
+        shard = rows["shard"].astype(np.int64)
+        before = np.r_[self.last[0] if self.last else shard[0], shard[:-1]]
+        self._note("shard", np.flatnonzero(shard >= n_shards), lambda i: (
+            f"index row {self.at + i} names shard {shard[i]}, but the dataset has "
+            f"{n_shards} shards"))
+        self._note("order", np.flatnonzero(shard < before), lambda i: (
+            f"index row {self.at + i} is in shard {shard[i]}, after a row of shard "
+            f"{before[i]}: rows must keep the records' order"))
+        known = np.minimum(shard, max(0, n_shards - 1))
+        self.counts += np.bincount(known[shard < n_shards], minlength=n_shards)[:n_shards]
+        sizes = self.sizes[known] if n_shards else np.zeros(len(rows), np.uint64)
+        offset, size = rows["offset"], rows["size"]
+        # Clipped to the shard, so the sums cannot wrap (rows past the end are reported).
+        end = np.minimum(offset, sizes) + np.minimum(size, sizes)
+        self._note("past", np.flatnonzero((offset > sizes) | (size > sizes) | (end > sizes)),
+                   lambda i: (f"index row {self.at + i} points at bytes {offset[i]}.."
+                              f"{int(offset[i]) + int(size[i])} of {self._name(shard[i])}, "
+                              f"past its end ({sizes[i]} bytes)"))
+        end_before = np.r_[self.last[1] if self.last else 0, end[:-1]]
+        same = shard == before
+        if self.last is None:
+            same[0] = False
+        self._note("overlap", np.flatnonzero(same & (offset < end_before)), lambda i: (
+            f"index row {self.at + i} starts at byte {offset[i]} of {self._name(shard[i])}, "
+            f"before row {self.at + i - 1} ends (byte {end_before[i]}): records of a shard "
+            f"follow each other without overlap, so a row is damaged or copied over another"))
+        self.last = (int(shard[-1]), int(end[-1]))
+        self.at += len(rows)
+
+    def _name(self, shard: int) -> str:
+        return os.path.basename(self.paths[shard])
+
+    def _note(self, kind: str, rows: np.ndarray, reason: Callable[[int], str]) -> None:
+        shown, more = self.found[kind]
+        for i in rows[:max(0, ROWS_SHOWN - len(shown))].tolist():
+            shown.append(_problem(self.at + i, self.where, reason(i) + ": the dataset index "
+                                  "is damaged; re-pack it"))
+        self.found[kind] = (shown, more + len(rows))
+
+    def problems(self) -> list[dict]:
+        if self.at == 0:
+            return []
+        for kind in ("shard", "order"):
+            if self.found[kind][1]:
+                return self._shown(kind)
+        return (_count_problems(self.counts, self.shards, self.where) +
+                self._shown("past") + self._shown("overlap"))
+
+    def _shown(self, kind: str) -> list[dict]:
+        shown, count = self.found[kind]
+        if count > ROWS_SHOWN:
+            return shown + [_problem(None, self.where, f"{count - ROWS_SHOWN} more index "
+                                     "rows like these")]
+        return list(shown)
 
 
 def _count_problems(counts: np.ndarray, shards: list[dict], index_path: str) -> list[dict]:
@@ -77,16 +134,6 @@ def _shard_bytes(info: dict, path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _rows(rows: np.ndarray, index_path: str, reason: Callable[[int], str]) -> list[dict]:
-    """One problem per row (the first ROWS_SHOWN), then one counting the rest."""
-    out = [_problem(int(i), index_path, reason(int(i)) + ": the dataset index is damaged; "
-                    "re-pack it") for i in rows[:ROWS_SHOWN]]
-    if len(rows) > ROWS_SHOWN:
-        out.append(_problem(None, index_path, f"{len(rows) - ROWS_SHOWN} more index rows "
-                            f"like these"))
-    return out
 
 
 def shard_problems(shards: list[dict], shard_paths: list[str],

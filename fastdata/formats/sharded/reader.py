@@ -16,7 +16,7 @@ import numpy as np
 from fastdata.contained import Folder, check_inside
 from fastdata.errors import CorruptDataError, FastDataError, ManifestError
 from fastdata.formats.integrity import check_file_sha256
-from fastdata.formats.sharded.integrity import index_problems, shard_problems
+from fastdata.formats.sharded.integrity import CHUNK_ROWS, index_problems, shard_problems
 from fastdata.formats.reader import Reader, open_lock
 from fastdata.formats.remote_files import (RangedReads, absolute, exists, fetched_manifest,
                                            index_limit, is_remote, local_copy,
@@ -276,8 +276,9 @@ class ShardedReader(ShardedMetadata, ShardedKeys, ForeignShards, Reader):
             index.check_all()
         except CorruptDataError as exc:
             return [{"index": None, "path": where, "reason": exc.message}]
-        return index_problems(np.asarray(index), self.manifest.shards, self._shard_paths,
-                              where)
+        chunks = (index.unchecked(lo, min(len(index), lo + CHUNK_ROWS))
+                  for lo in range(0, len(index), CHUNK_ROWS))
+        return index_problems(chunks, self.manifest.shards, self._shard_paths, where)
 
     def shard_copy(self, shard: int, cache=None) -> str:
         """A local file of shard ``shard``: itself, or a download into ``cache``
