@@ -5,6 +5,8 @@ jobs``::
 
     python bench/scale.py jobs --sizes 1000000,10000000
     python bench/scale.py jobs --sizes 100000,1000000 --executors local,ray --jobs dedup
+    python bench/scale.py jobs --sizes 100000,1000000 --executors local --jobs join
+    python bench/scale.py jobs --sizes 100000,1000000 --jobs subset,append
 
 For each size, a TFRecord dataset of tiny records (12 bytes each, 10,000 per
 shard, one record in every 100,003 a copy of the one before it: planted
@@ -17,7 +19,20 @@ a fresh cluster is started, and each job runs in a fresh driver process:
 - ``info``: ``fastdata info --json`` (this machine only: it reads the
   manifest);
 - ``pack``: ``fastdata.pack`` of the same records (a Source in memory) into
-  TFRecord, its shards' SHA-256 compared across executors.
+  TFRecord, its shards' SHA-256 compared across executors;
+- ``join``: ``fastdata.join`` of a planted JSON Lines table of the records'
+  keys (written once beside the dataset: a text and a float column, no row
+  for one record in ``JOIN_SKIP_EVERY``, one key in 1,000 the dataset
+  lacks) to a copy of the dataset, its matches checked against the plant
+  and its column files' SHA-256 compared across executors;
+- ``subset``: ``fastdata.subset`` of a copy of the dataset, ``SUBSET_WHERE``
+  (a label and a key test) then half of what passes (``fraction=0.5``),
+  its count checked and its view file compared across executors;
+- ``append``: ``fastdata.append`` (``skip_existing``) of ``n // 10`` new
+  records, the first ``n // 1000`` of them keys the dataset holds, to a
+  copy of the dataset packed by ``fastdata.pack`` (written once beside the
+  other: an append takes the pack's encoding), its counts checked and its
+  new part's shards compared across executors.
 
 Peak memory is VmHWM: the driver's own, and the largest of the workers'
 (their peaks are reset before each job through ``/proc/PID/clear_refs``;
@@ -32,6 +47,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,7 +60,11 @@ from scale import TinySource  # noqa: E402 (beside this file)
 REPO = os.path.dirname(HERE)
 #: One record in this many is a copy of the one before it.
 PLANT_EVERY = 100_003
-JOBS = ("dedup", "verify", "info", "pack")
+#: One record in this many has no row in the join's table.
+JOIN_SKIP_EVERY = 7
+#: The subset job's test (label 3 and the first 100 keys fail), then half.
+SUBSET_WHERE = "label != 3 and key >= '0000000100'"
+JOBS = ("dedup", "verify", "info", "pack", "join", "subset", "append")
 EXECUTORS = ("local", "dask", "ray")
 
 
@@ -61,6 +81,33 @@ class PlantedSource(TinySource):
 
     def describe(self) -> dict:
         return {"root": None, "files": self.n, "kind": "bench/scale_jobs.py records"}
+
+
+class AppendedSource(PlantedSource):
+    """What the append job adds to the dataset of ``n`` records: ``n // 10``
+    records, keys going on from ``n - n // 1000``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n // 10)
+        self.first = n - n // 1000
+
+    def __iter__(self):
+        from fastdata.packers.source import SourceEntry
+
+        for i in range(self.first, self.first + self.n):
+            yield SourceEntry(key=f"{i:010d}", label=i % 10, data=record_bytes(i),
+                              raw_shape=(1, 4, 3))
+
+    def describe(self) -> dict:
+        return {"root": None, "files": self.n, "first": self.first,
+                "kind": "bench/scale_jobs.py appended records"}
+
+
+def subset_selected(n: int) -> int:
+    """Records the subset job selects of ``n``."""
+    labelled = n - (n + 6) // 10  # label i % 10 is 3 for (n + 6) // 10 of them
+    passed = labelled - sum(1 for i in range(min(n, 100)) if i % 10 != 3)
+    return round(passed * 0.5)
 
 
 def record_bytes(i: int) -> bytes:
@@ -90,6 +137,48 @@ def write_dataset(folder: str, n: int) -> str:
     return out
 
 
+def write_table(folder: str, n: int) -> str:
+    """The join's table for ``n`` records (see the module's docstring)."""
+    out = os.path.join(folder, f"keys{n}.jsonl")
+    if os.path.exists(out):
+        return out
+    with open(out + ".tmp", "w", encoding="utf-8") as f:
+        for i in range(n):
+            if i % JOIN_SKIP_EVERY != JOIN_SKIP_EVERY - 1:
+                f.write(f'{{"key": "{i:010d}", "caption": "record {i}", "score": {i / 4}}}\n')
+            if i % 1000 == 999:
+                f.write(f'{{"key": "ghost{i:010d}", "caption": "-", "score": 0.0}}\n')
+    os.replace(out + ".tmp", out)
+    return out
+
+
+def write_packed(folder: str, n: int) -> str:
+    """The dataset of ``n`` records packed by ``fastdata.pack`` (the append's)."""
+    import fastdata
+
+    out = os.path.join(folder, f"packed{n}.tfrecord")
+    if not os.path.exists(out + ".fastdata.json"):
+        fastdata.pack(PlantedSource(n), out, options=fastdata.PackOptions(shard_size=10_000),
+                      progress=False)
+    return out
+
+
+def joined_records(n: int) -> int:
+    return n - n // JOIN_SKIP_EVERY
+
+
+def copy_dataset(path: str, folder: str) -> str:
+    """A copy of the dataset ``path`` (its files, not its versions) in ``folder``."""
+    source, stem = os.path.split(path)
+    base = stem.split(".")[0]
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(source):
+        if name.startswith((base + ".", base + "-")) and \
+                os.path.isfile(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(folder, name))
+    return os.path.join(folder, stem)
+
+
 def _peak(pid: str | int = "self") -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
@@ -116,6 +205,30 @@ elif job == "verify":
     from fastdata.ops.verify import verify_dataset
     checked = verify_dataset(path, progress=False, **cluster)
     result = {"ok": checked.ok, "checked": checked.checked}
+elif job == "join":
+    import hashlib
+    from fastdata.dataset import history
+    done = fastdata.join(path, out, key="key", progress=False, **cluster)
+    files = history.versions(path)[-1].columns[-1]["sha256"]
+    result = {"matched": done.matched, "unknown": done.missing_in_dataset,
+              "columns": hashlib.sha256(json.dumps(files, sort_keys=True).encode())
+              .hexdigest()[:16]}
+elif job == "subset":
+    import hashlib
+    from scale_jobs import SUBSET_WHERE
+    done = fastdata.subset(path, out, where=SUBSET_WHERE, fraction=0.5, seed=1,
+                           progress=False, **cluster)
+    with open(out, encoding="utf-8") as f:
+        view = {k: v for k, v in json.load(f).items() if k not in ("created_at", "sha256")}
+    result = {"selected": done.records, "view": hashlib.sha256(json.dumps(
+        view, sort_keys=True).encode()).hexdigest()[:16]}
+elif job == "append":
+    from scale_jobs import AppendedSource
+    options = fastdata.PackOptions(shard_size=10_000, workers=cluster.get("workers"))
+    done = fastdata.append(AppendedSource(n), path, options=options, skip_existing=True,
+                           progress=False, **cluster)
+    result = {"added": done.added, "skipped": done.skipped_existing, "total": done.records,
+              "part": done.part}
 elif job == "info":
     import contextlib, io
     from fastdata.cli import main
@@ -188,6 +301,25 @@ def run_job(job: str, path: str, n: int, options: dict, workers, out: str) -> di
     return result
 
 
+def copy_job(job: str, path: str, n: int, options: dict, workers, folder: str) -> dict:
+    """``subset`` or ``append`` run on a copy of ``path`` in ``folder`` (the
+    dataset stays as written), its counts checked."""
+    copy = copy_dataset(path, folder)
+    try:
+        r = run_job(job, copy, n, options, workers, os.path.join(folder, "half.fastdata.json"))
+        if job == "append":  # the new part's files, but its manifest (it holds the time)
+            r["part"] = _shards_digest(r["part"])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if job == "subset" and r["selected"] != subset_selected(n):
+        raise RuntimeError(f"subset selected {r['selected']:,}, not {subset_selected(n):,}")
+    clashes = n // 1000
+    if job == "append" and (r["added"], r["skipped"], r["total"]) != \
+            (n // 10 - clashes, clashes, n + n // 10 - clashes):
+        raise RuntimeError(f"append: {r}, {clashes:,} of {n // 10:,} keys held")
+    return r
+
+
 def _shards_digest(out: str) -> str:
     folder, stem = os.path.split(out)
     digest = hashlib.sha256()
@@ -205,6 +337,8 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
         for n in sizes:
             started = time.perf_counter()
             path = write_dataset(folder, n)
+            table = write_table(folder, n) if "join" in jobs else None
+            packed = write_packed(folder, n) if "append" in jobs else None
             print(f"{n:,} records written in {time.perf_counter() - started:.0f} s",
                   flush=True)
             for kind in executors:
@@ -217,7 +351,18 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
                             continue  # no pieces: nothing runs on a cluster
                         out = os.path.join(folder, f"pack-{kind}-{n}", "out.tfrecord")
                         os.makedirs(os.path.dirname(out), exist_ok=True)
-                        r = run_job(job, path, n, options, workers, out)
+                        if job == "join":  # a version of a copy: the dataset stays as written
+                            copy = copy_dataset(path, os.path.dirname(out))
+                            r = run_job(job, copy, n, options, workers, table)
+                            shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+                            if (r["matched"], r["unknown"]) != (joined_records(n), n // 1000):
+                                raise RuntimeError(f"join: {r}, {joined_records(n)} "
+                                                   f"records and {n // 1000} ghosts planted")
+                        elif job in ("subset", "append"):
+                            r = copy_job(job, path if job == "subset" else packed, n,
+                                         options, workers, os.path.dirname(out))
+                        else:
+                            r = run_job(job, path, n, options, workers, out)
                         if job == "verify" and not (r["ok"] and r["checked"] == n):
                             raise RuntimeError(f"verify: {r}")
                         if job == "dedup" and r["groups"] != planted_groups(n):
@@ -235,7 +380,11 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
 def _line(r: dict) -> str:
     extra = f", groups {r['groups']}" if "groups" in r else \
         f", checked {r['checked']:,}" if "checked" in r else \
-        f", shards {r['shards']}" if "shards" in r else ""
+        f", shards {r['shards']}" if "shards" in r else \
+        f", matched {r['matched']:,}, columns {r['columns']}" if "matched" in r else \
+        f", selected {r['selected']:,}, view {r['view']}" if "selected" in r else \
+        f", added {r['added']:,}, skipped {r['skipped']:,}, part {r['part']}" if "added" in r \
+        else ""
     return (f"{r['records']:>12,} {r['executor']:<5} {r['job']:<5} {r['seconds']:7.1f} s, "
             f"{r['records'] / r['seconds']:9,.0f} rec/s, driver peak "
             f"{r['peak'] / 2**20:6.1f} MB (+{(r['peak'] - r['base']) / 2**20:.1f}), worker "

@@ -237,6 +237,19 @@ def test_a_lost_ray_head_stops_the_job_with_its_resume_line(planted, near_report
     assert not journals[0].exists()
 
 
+def test_jobs_read_a_version_file_as_the_version_it_names(tmp_path):
+    from fastdata.ops.verify import verify_dataset
+
+    synthesize(tmp_path / "a", kind="tiny", n=60, classes=2, seed=1)
+    synthesize(tmp_path / "b", kind="tiny", n=20, classes=2, seed=2)
+    out = fastdata.pack(tmp_path / "a", tmp_path / "d.tar", progress=False).output
+    fastdata.append(tmp_path / "b", out, skip_existing=True, progress=False)
+    first, second = sorted((tmp_path / "d.tar.versions").glob("v*.json"))
+    for path, records in ((first, 60), (second, 70), (out, 70)):
+        assert verify_dataset(path, progress=False, workers=2).checked == records
+        assert fastdata.dedup(path, progress=False, workers=2).records == [records]
+
+
 def test_resume_refuses_a_job_of_other_options(planted, tmp_path, monkeypatch):
     monkeypatch.setenv("FASTDATA_STAGING_DIR", str(tmp_path))
     notes = []

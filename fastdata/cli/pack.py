@@ -36,7 +36,10 @@ from fastdata.errors import FastDataError
               help="Add SOURCE's images to the existing dataset OUTPUT as a new version "
                    "(new shards or a new part; nothing existing is rewritten). Keys it "
                    "holds already are refused; new classes go at the end of its list. "
-                   "Give the options of the first pack.")
+                   "Give the options of the first pack. The keys are checked in pieces, on "
+                   "--workers processes or on --scheduler/--ray (the new part is packed "
+                   "there too), with memory per process that does not grow with the "
+                   "dataset; --resume continues an interrupted append.")
 @click.option("--skip-existing", is_flag=True,
               help="With --append: pass over SOURCE's images whose key OUTPUT holds, "
                    "instead of refusing them.")
@@ -92,7 +95,8 @@ def pack(source, output, scheduler, ray, extensions, path_column, label_column, 
     if skip_existing and not append_:
         raise FastDataError("--skip-existing applies to --append")
     if append_:
-        _append(source, output, options, skip_existing, shared, scheduler or ray)
+        _append(source, output, options, skip_existing, shared,
+                {"scheduler": scheduler, "ray": ray})
         return
     summary = run_pack(source, output, options=options, progress=shared["progress"],
                        on_event=echo_warning, scheduler=scheduler, ray=ray)
@@ -102,16 +106,19 @@ def pack(source, output, scheduler, ray, extensions, path_column, label_column, 
     echo_summary(summary, options, f"packed {images_text(summary)}")
 
 
-def _append(source, output, options, skip_existing: bool, shared: dict, cluster) -> None:
+def _append(source, output, options, skip_existing: bool, shared: dict,
+            cluster: dict) -> None:
+    """``--append``: the key check runs as a job (on ``--scheduler``/``--ray``
+    when given, else on ``--workers`` processes; ``--resume`` continues it and
+    the pack), and the new part is packed there too."""
     from fastdata.ops.append import append
 
     if options.overwrite:
         raise FastDataError("--append adds to OUTPUT; --overwrite would replace it: give one")
-    if cluster is not None:
-        raise FastDataError("--append packs on this machine; leave out --scheduler and --ray")
     result = append(source, output, options=options, skip_existing=skip_existing,
                     progress=shared["progress"], on_event=echo_warning,
-                    allow_outside=shared["allow_outside"])
+                    allow_outside=shared["allow_outside"], workers=options.workers,
+                    resume=bool(options.resume), **cluster)
     if shared["as_json"]:
         _print_json(result.to_dict())
         return

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option, echo, main
+from fastdata.cli.cluster import job_options
+from fastdata.cli.group import (
+    _handle_errors,
+    _print_json,
+    allow_outside_option,
+    echo,
+    main,
+)
 
 
 @main.command(short_help="Write a view: records of a dataset selected without copying them.")
@@ -33,9 +40,11 @@ from fastdata.cli.group import _handle_errors, _print_json, allow_outside_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar.")
 @allow_outside_option
+@job_options
 @_handle_errors
 def subset(dataset, view, classes, keys_file, exclude_file, where, fraction, seed, stratify,
-           exclude, overwrite, as_json, progress, allow_outside):
+           exclude, overwrite, as_json, progress, allow_outside, workers, resume, scheduler,
+           ray):
     """Write VIEW (NAME.fastdata.json, in DATASET's folder or above it): a view
     that selects the records of DATASET passing every option given. No
     payload is copied; the selection is stored as ranges or a bitmap.
@@ -44,12 +53,20 @@ def subset(dataset, view, classes, keys_file, exclude_file, where, fraction, see
     DALI, mix, info, verify, bench, and convert VIEW OUT to make a copy of
     its records. A subset of a view selects from the view's parent.
 
+    The records are checked in pieces, on --workers processes of this machine
+    or on a cluster (--scheduler, --ray); the view is the same, byte for
+    byte, wherever they ran, and --resume continues an interrupted run. What
+    grows with DATASET's records: one bit per record for the selection this
+    machine writes; each process also holds the key lists given.
+
     \b
     Examples:
       fastdata subset train.lmdb cats.fastdata.json --classes cat,lynx
       fastdata subset train.tar.fastdata.json train-10.fastdata.json \\
           --fraction 0.1 --stratify
       fastdata subset train.lmdb clean.fastdata.json --exclude val.lmdb
+      fastdata subset train.tar web.fastdata.json --where 'source == "web"' \\
+          --scheduler tcp://HOST:8786
     """
     from fastdata.ops.subset import read_key_list
     from fastdata.ops.subset import subset as make
@@ -61,7 +78,9 @@ def subset(dataset, view, classes, keys_file, exclude_file, where, fraction, see
                   exclude_keys=read_key_list(exclude_file) if exclude_file else None,
                   where=where, fraction=fraction, seed=seed, stratify=stratify,
                   exclude=exclude, overwrite=overwrite, progress=progress,
-                  allow_outside=allow_outside)
+                  allow_outside=allow_outside, workers=workers, resume=resume,
+                  scheduler=scheduler, ray=ray,
+                  on_event=lambda note: echo(f"note: {note}", err=True))
     if as_json:
         _print_json(result.to_dict())
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from fastdata.cli.cluster import job_options
 from fastdata.cli.group import _handle_errors, _print_json, echo, main
 
 
@@ -92,8 +93,10 @@ def _seconds(text: str) -> float:
                    "and Parquet keep their own types.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--allow-outside", is_flag=True, hidden=True)
+@job_options
 @_handle_errors
-def join(dataset, table, key, columns, label_column, types, as_json, allow_outside):
+def join(dataset, table, key, columns, label_column, types, as_json, allow_outside, workers,
+         resume, scheduler, ray):
     """Join the columns of TABLE (.csv, .tsv, .jsonl or .parquet) to the
     records of DATASET by key, as a new version of DATASET: the columns are
     stored beside it (with checksums) and its records are not touched.
@@ -110,12 +113,15 @@ def join(dataset, table, key, columns, label_column, types, as_json, allow_outsi
       fastdata join train.lmdb captions.jsonl --key path
       fastdata join train.lmdb scores.csv --key path --types score=float,id=int
       fastdata join train.tar.fastdata.json fixed.csv --key path --label-column label
+      fastdata join train.tar captions.jsonl --key path --scheduler tcp://HOST:8786
     """
     from fastdata.ops.join import join as run
 
     result = run(dataset, table, key=key, label_column=label_column,
                  columns=[c.strip() for c in columns.split(",") if c.strip()]
-                 if columns else None, types=_types(types), allow_outside=allow_outside)
+                 if columns else None, types=_types(types), allow_outside=allow_outside,
+                 workers=workers, resume=resume, scheduler=scheduler, ray=ray,
+                 on_event=lambda note: echo(f"note: {note}", err=True))
     if as_json:
         _print_json(result.to_dict())
         return

@@ -32,7 +32,6 @@ import os
 
 import numpy as np
 
-from fastdata.dataset.tables import EXACT_FLOAT
 from fastdata.errors import ManifestError
 
 KINDS = ("number", "vector", "string", "json", "bool")
@@ -41,103 +40,6 @@ ROLES = {"number": ("values",), "bool": ("values",), "vector": ("values",),
          "string": ("text", "offsets"), "json": ("text", "offsets")}
 SUFFIXES = {"values": ".npy", "text": ".utf8", "offsets": ".offsets.npy",
             "missing": ".missing.npy"}
-
-
-# -- writing ----------------------------------------------------------------------
-
-def kind_of(values: list) -> tuple[str, str | None, list[int] | None]:
-    """The stored kind of a column's values (missing ones are None), its
-    dtype, and a vector's shape: ints int64, floats float64 (ints among
-    floats too, where float64 holds them exactly), float32 and bool as
-    they are; vectors of one length and dtype; text; JSON for the rest."""
-    seen = [v for v in values if v is not None]
-    if all(isinstance(v, str) for v in seen):
-        return "string", None, None
-    if all(isinstance(v, (bool, np.bool_)) for v in seen):
-        return "bool", "bool", None
-    if all(isinstance(v, np.float32) for v in seen):
-        return "number", "float32", None
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen):
-        ints = [v for v in seen if isinstance(v, int)]
-        if len(ints) == len(seen):
-            return "number", "int64", None
-        if all(-EXACT_FLOAT <= v <= EXACT_FLOAT for v in ints):
-            return "number", "float64", None
-        return "json", None, None
-    if all(isinstance(v, np.ndarray) and v.ndim == 1 and v.size for v in seen):
-        lengths, dtypes = {len(v) for v in seen}, {v.dtype for v in seen}
-        if len(lengths) == 1 and len(dtypes) == 1:
-            return "vector", str(dtypes.pop()), [lengths.pop()]
-        if len(lengths) == 1 and dtypes == {np.dtype(np.int64), np.dtype(np.float64)} and \
-                all(np.abs(v).max() <= EXACT_FLOAT for v in seen if v.dtype == np.int64):
-            return "vector", "float64", [lengths.pop()]
-    return "json", None, None
-
-
-def _plain(value):
-    """A value as JSON holds it (an array as a list)."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.tolist()
-    return value
-
-
-def _filled(dtype: str, shape: tuple) -> np.ndarray:
-    """An array whose missing values read NaN (floats), 0 or False."""
-    arr = np.zeros(shape, dtype=dtype)
-    if arr.dtype.kind == "f":
-        arr.fill(np.nan)
-    return arr
-
-
-def write_columns(folder: str, records: int, columns: dict[str, list], present: np.ndarray,
-                  labels: np.ndarray | None = None) -> dict:
-    """Write the column folder; returns its description for the version
-    record (``columns``: name -> kind, dtype, shape and ``files``, role ->
-    file name; ``sha256``: file -> digest). Files are named by the column's
-    position (``c0000.npy``), never by its name."""
-    os.makedirs(folder, exist_ok=True)
-    present = present.astype(bool)
-    files: dict[str, np.ndarray | bytes] = {"present.npy": present}
-    described = {}
-    for number, (name, values) in enumerate(columns.items()):
-        kind, dtype, shape = kind_of(values)
-        names = {role: f"c{number:04d}{SUFFIXES[role]}" for role in ROLES[kind]}
-        spec: dict = {"kind": kind}
-        if kind in ("number", "bool", "vector"):
-            arr = _filled(dtype, (records, *(shape or ())))
-            for i, v in enumerate(values):
-                if v is not None:
-                    arr[i] = v
-            files[names["values"]] = arr
-            spec["dtype"] = dtype
-            if shape:
-                spec["shape"] = shape
-        else:
-            texts = [b"" if v is None else (v if kind == "string" else
-                                            json.dumps(_plain(v), ensure_ascii=False,
-                                                       default=_plain)).encode("utf-8")
-                     for v in values]
-            offsets = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
-            files[names["text"]] = b"".join(texts)
-            files[names["offsets"]] = offsets
-        # A row's missing or null value (its record not "present" aside).
-        missing = np.asarray([v is None for v in values], bool) & present
-        if missing.any():
-            names["missing"] = f"c{number:04d}{SUFFIXES['missing']}"
-            files[names["missing"]] = missing
-        described[name] = {**spec, "files": names}
-    if labels is not None:
-        files["labels.npy"] = labels.astype(np.int64)
-    digests = {}
-    for file, data in files.items():
-        path = os.path.join(folder, file)
-        if isinstance(data, bytes):
-            with open(path, "wb") as f:
-                f.write(data)
-        else:
-            np.save(path, data, allow_pickle=False)
-        digests[file] = _sha256(path)
-    return {"columns": described, "sha256": digests}
 
 
 def _sha256(path: str) -> str:

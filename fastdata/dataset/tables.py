@@ -1,5 +1,6 @@
-"""The table a join reads: rows of CSV/TSV, JSON Lines or Parquet as dicts
-of typed values (no torch).
+"""The values of the table a join reads (CSV/TSV, JSON Lines or Parquet;
+its rows are read by fastdata.dataset.table_parts), as typed values (no
+torch).
 
 Values keep the types the table gives them. CSV and TSV cells are text,
 unless ``types`` names their column; JSON Lines and Parquet values keep the
@@ -14,17 +15,14 @@ types they carry. A cell comes out as one of:
                            lists and ``"float32"`` give float32)
     list, dict             any other JSON value (stored as JSON text)
 
-Tables must be UTF-8 (a UTF-8 byte order mark is skipped). What grows with
-the table here: one row at a time (Parquet: one batch of 4,096 rows).
+What grows with the table here: nothing (a value at a time).
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -39,9 +37,6 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 EXACT_FLOAT = 1 << 53
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 _TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0"}
-_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
-         (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
-_SAVE = "save it as UTF-8"
 
 
 def check_types(types: Mapping[str, str] | None, table: str) -> dict[str, str]:
@@ -58,143 +53,22 @@ def check_types(types: Mapping[str, str] | None, table: str) -> dict[str, str]:
     return out
 
 
-def table_rows(path: str, types: Mapping[str, str] | None = None) -> Iterator[dict]:
-    """The rows of a CSV/TSV, JSON Lines or Parquet table, as dicts of the
-    values described in this module's docstring.
-
-    Args:
-        types: column -> a name of :data:`TYPES`: how that column's values
-            are read (a CSV cell is text without one).
-
-    Raises:
-        FastDataError: another extension; a table that is not UTF-8; a row
-            that cannot be read, or a value that does not read as its
-            column's type or does not fit int64 (naming the row and column).
-    """
-    types = check_types(types, path)
-    lower = path.lower()
-    if lower.endswith((".csv", ".tsv")):
-        rows = _csv_rows(path, "\t" if lower.endswith(".tsv") else ",")
-    elif lower.endswith((".jsonl", ".ndjson")):
-        rows = _jsonl_rows(path)
-    elif lower.endswith(".parquet"):
-        rows = _parquet_rows(path)
-    else:
-        raise FastDataError("a table is a .csv, .tsv, .jsonl or .parquet file", path=path)
-    implied, kinds = None, types
-    for where, row, given in rows:
-        if given is not implied:  # the format's own types, under the user's
-            implied, kinds = given, {**given, **types}
-        yield {c: _read(v, kinds.get(c), path, where, c) for c, v in row.items()}
-
-
-# -- the formats ----------------------------------------------------------------------
-
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a UTF-8 file, past a UTF-8 byte order mark."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-        for bom, name in _BOMS:
-            if head.startswith(bom):
-                raise FastDataError(f"the table is {name} (it starts with a {name} byte "
-                                    f"order mark); {_SAVE}", path=path, offset=0)
-        offset = len(codecs.BOM_UTF8) if head.startswith(codecs.BOM_UTF8) else 0
-        f.seek(offset)
-        for n, raw in enumerate(f, 1):
-            if b"\0" in raw:
-                at = offset + raw.index(b"\0")
-                raise FastDataError(f"line {n} holds a NUL byte (at byte offset {at}): the "
-                                    f"table looks like UTF-16 or binary; {_SAVE}",
-                                    path=path, offset=at)
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                at = offset + exc.start
-                raise FastDataError(f"line {n} is not UTF-8 (byte "
-                                    f"{raw[exc.start:exc.start + 1]!r} at byte offset {at}); "
-                                    f"{_SAVE}", path=path, offset=at) from None
-            yield n, text
-            offset += len(raw)
-
-
-def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[str, dict, dict]]:
-    line = 0
-    numbered = _lines(path)
-
-    def texts():
-        nonlocal line
-        for line, text in numbered:
-            yield text
-
-    reader = csv.reader(texts(), delimiter=delimiter, strict=True)
-    try:
-        header = next(reader, None)
-        if header is None:
-            return
-        twice = sorted({c for c in header if header.count(c) > 1})
-        if twice:
-            raise FastDataError(f"the header names column {twice[0]!r} twice; name each "
-                                f"column once", path=path)
-        number = 0
-        first = line + 1
-        for cells in reader:
-            where = f"row {number + 1} (line {first})"
-            first = line + 1
-            if not cells:
-                continue
-            number += 1
-            if len(cells) > len(header):
-                raise FastDataError(f"{where} has {len(cells)} cells, the header "
-                                    f"{len(header)}; quote cells that hold a "
-                                    f"{delimiter!r}", path=path)
-            yield where, dict(zip(header, cells + [None] * (len(header) - len(cells)))), {}
-    except csv.Error as exc:
-        what = "TSV" if delimiter == "\t" else "CSV"
-        raise FastDataError(f"line {line} is not {what} ({exc})", path=path) from None
-
-
-def _jsonl_rows(path: str) -> Iterator[tuple[str, dict, dict]]:
-    number = 0
-    for n, text in _lines(path):
-        if not text.strip():
-            continue
-        number += 1
-        try:
-            row = json.loads(text)
-        except ValueError as exc:
-            raise FastDataError(f"line {n} is not JSON ({exc})", path=path) from None
-        if not isinstance(row, dict):
-            raise FastDataError(f"line {n} is not a JSON object", path=path)
-        yield f"row {number} (line {n})", row, {}
-
-
-def _parquet_rows(path: str) -> Iterator[tuple[str, dict, dict]]:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise FastDataError("reading Parquet needs pyarrow: pip install pyarrow",
-                            path=path) from None
-    number = 0
-    table = pq.ParquetFile(path)
-    implied = {}  # float32 columns and lists of float32 stay float32
-    for field in table.schema_arrow:
-        kind = field.type
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind) or \
-                pa.types.is_fixed_size_list(kind):
-            kind = kind.value_type
-        if pa.types.is_float32(kind):
-            implied[field.name] = "float32"
-    for batch in table.iter_batches(batch_size=4096):
-        for row in batch.to_pylist():
-            number += 1
-            yield f"row {number}", row, implied
-
-
 # -- values ---------------------------------------------------------------------------
 
-def _read(value, kind: str | None, table: str, where: str, column: str):
-    """One cell as the column's type gives it (None: as the table has it)."""
+def read_value(value, kind: str | None, table: str, where: str, column: str):
+    """One cell as the value this module's docstring lists.
+
+    Args:
+        value: the cell as the format gives it (text for CSV/TSV).
+        kind: its column's type (a name of :data:`TYPES`); None: as the
+            table has it.
+        table, where, column: the table's path, the row (``"row 3 (line
+            4)"``) and the column, for the messages.
+
+    Raises:
+        FastDataError: a value that does not read as ``kind``, an int that
+            does not fit int64, a value JSON cannot hold.
+    """
     if kind is None:
         return _plain(value, table, where, column)
     if value is None or (value == "" and kind != "str"):

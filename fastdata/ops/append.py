@@ -9,63 +9,29 @@ checksums as one pack of both sources, classes new to the dataset
 appended to its list. A key the dataset already holds is refused (or, with
 ``skip_existing``, passed over and counted); an append that lands after
 another one rebases onto it without packing again, unless their keys
-collide. What grows with the dataset in this process: its keys, held as a
-set while the source's keys are checked against them.
+collide.
+
+The keys are checked as a job (fastdata.ops.append_pieces): pieces hash the
+dataset's keys into sorted runs, on this machine's processes or a cluster,
+and the runs are merged with the source's (see :func:`append` for what
+grows with the records). A rebase onto another append compares the two
+parts' keys the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastdata.dataset.commit import Conflict
-from fastdata.dataset.record import DatasetRecord, Part
+from fastdata.dataset.commit import Conflict, commit
+from fastdata.dataset.record import DatasetRecord, Part, new_id
 from fastdata.errors import FastDataError
+from fastdata.ops.append_pieces import AppendSource, listed
+from fastdata.ops.piece_readers import read_version
 from fastdata.packers.options import PackOptions
-
-#: Keys listed in a refusal or a summary.
-SHOWN = 10
-
-
-class _AppendSource:
-    """A source's entries relabelled to the dataset's classes (its own new
-    ones appended), without the keys the dataset holds when ``skip``."""
-
-    def __init__(self, source, classes: list[str], existing: set[str], skip: bool) -> None:
-        self.source = source
-        self.classes = classes
-        self._labels = [classes.index(c) for c in source.classes]
-        clashes = [e.key for e in source if e.key in existing]
-        if clashes and not skip:
-            raise FastDataError(
-                f"{len(clashes):,} key(s) of the source are in the dataset already "
-                f"({_shown(clashes)}); append only new images, or pass skip_existing=True "
-                f"(CLI: --skip-existing) to pass over them")
-        self.existing = set(clashes)
-        self._count = len(source) - len(self.existing)
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self):
-        for entry in self.source:
-            if entry.key in self.existing:
-                continue
-            label = self._labels[entry.label] if entry.label >= 0 else entry.label
-            yield entry if label == entry.label else dataclasses.replace(entry, label=label)
-
-    def describe(self) -> dict[str, Any]:
-        return self.source.describe()
-
-    def warnings(self) -> list[str]:
-        return self.source.warnings()
-
-
-def _shown(keys) -> str:
-    keys = sorted(keys)
-    return ", ".join(keys[:SHOWN]) + (" ..." if len(keys) > SHOWN else "")
 
 
 @dataclass(frozen=True)
@@ -107,8 +73,9 @@ class AppendResult:
 class AddPart:
     """The change an append commits: one more part.
 
-    ``reader_of(part)`` opens a part of the dataset (to read its keys when
-    another append landed meanwhile)."""
+    ``reader_of(part)`` opens a part of the dataset (the new one too): when
+    another append landed meanwhile, the two parts' keys are compared.
+    ``keys`` is not read (None; kept so that the fields stay in place)."""
 
     part: Part
     part_path: str
@@ -129,13 +96,11 @@ class AddPart:
         landed = head.parts[len(ids):]
         if landed:
             self.rebased = head.number - read.number
-            mine = set(self.keys)
             for part in landed:
-                with self.reader_of(part) as other:
-                    shared = mine.intersection(other.keys)
-                if shared:
-                    raise Conflict(f"{len(shared):,} of the new key(s) ({_shown(shared)}) were "
-                                   f"appended meanwhile by another writer (now version "
+                count, first = self._shared(part)
+                if count:
+                    raise Conflict(f"{count:,} of the new key(s) ({listed(first, count)}) "
+                                   f"were appended meanwhile by another writer (now version "
                                    f"{head.number}); append again, with --skip-existing "
                                    f"(skip_existing=True) to pass over them")
         new = [c for c in self.classes if c not in head.classes]
@@ -149,6 +114,17 @@ class AddPart:
         return dataclasses.replace(
             head, records=head.records + self.part.records, classes=classes,
             class_counts=counts, parts=list(head.parts) + [self.part], summary=what)
+
+    def _shared(self, part: Part) -> tuple[int, list[str]]:
+        """The keys of the new part that ``part`` holds too: how many, the
+        first ones (sorted); compared through sorted runs of their hashes."""
+        import tempfile
+
+        from fastdata.ops.append_pieces import shared_keys
+
+        with self.reader_of(self.part) as mine, self.reader_of(part) as other, \
+                tempfile.TemporaryDirectory(prefix="fastdata-append-") as folder:
+            return shared_keys(mine, other, folder)
 
     def check_files(self) -> None:
         from fastdata.formats.remote_files import is_remote
@@ -165,7 +141,8 @@ class AddPart:
 
 def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = None,
            skip_existing: bool = False, progress: bool | None = None, on_event=None,
-           allow_outside: bool = False) -> AppendResult:
+           allow_outside: bool = False, scheduler: Any = None, ray: Any = None,
+           workers: int | None = None, resume: bool = False) -> AppendResult:
     """Add the images of ``source`` (any source ``fastdata.pack`` takes) to the
     packed dataset ``dataset`` (local or at a URL) as a new version.
 
@@ -173,9 +150,28 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
         options: the pack options of the new records (``fastdata.PackOptions``).
             Their preprocessing (resize, crop, encoding, quality) is the
             dataset's own unless given; other preprocessing is refused.
-            ``options.resume`` continues an interrupted append.
+            ``options.resume`` continues an interrupted append's pack.
         skip_existing: pass over the source's images whose key the dataset
             holds, instead of refusing them all.
+        scheduler: check the keys on a Dask cluster (its scheduler's address
+            or a ``distributed.Client``), and pack the new part there (as
+            ``fastdata.pack`` does); ``ray``: on a Ray cluster (its address,
+            or True for ``$FASTDATA_RAY``). The workers must see the
+            dataset, the source and ``$FASTDATA_STAGING_DIR`` at the same paths.
+        workers: processes on this machine for the key check (None: one per
+            usable core; the pack's are ``options.workers``).
+        resume: continue an interrupted key check (its finished pieces are
+            kept in its work folder, see fastdata.jobs.journal).
+
+    What grows: memory per process does not grow with the dataset's
+    records; a worker holds one piece's key hashes (at most 2^18 rows of
+    17 bytes), this process a chunk of the sorted runs (17 MB while the
+    source's keys are sorted), the first keys listed, and the pack's own
+    (see fastdata.pack); the source holds what it lists (a folder's file
+    names). On disk while it runs, in the work folder
+    (``$FASTDATA_STAGING_DIR``, else the temporary folder): 17 bytes per key
+    of the dataset and of the source, and 16 per key both hold, until the
+    new part is packed.
 
     Returns:
         an :class:`AppendResult`.
@@ -186,12 +182,10 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
             stored unlike the dataset, or (``Conflict``) another writer's
             change that this one cannot be recorded after.
     """
-    from fastdata.dataset.commit import commit, step
-    from fastdata.dataset.history import dataset_folder, history_dir, relative_name
-    from fastdata.dataset.record import manifest_digest, new_id
+    from fastdata.dataset.history import history_dir
     from fastdata.dataset.resolve import open_reader
-    from fastdata.formats import open_reader as open_files
     from fastdata.formats.registry import get_format
+    from fastdata.ops.piece_readers import describe_dataset
     from fastdata.packers.pack import pack
     from fastdata.packers.source import Source
     from fastdata.packers.sources.dispatch import open_source
@@ -203,26 +197,88 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
         if getattr(reader, "is_view", False):
             raise FastDataError("a view cannot be appended to; append to its dataset, then "
                                 "make the view again", path=dataset)
-        name, read = _read_version(reader)
+        name, read = read_version(reader)
         classes = list(reader.classes)
-        existing = set(reader.keys)
+        records = len(reader)
         first = reader.parts[0].manifest if hasattr(reader, "parts") else reader.manifest
         spec = get_format(reader.format_name)
+        described = describe_dataset(reader, allow_outside)
     options = _same_preprocess(options, first, dataset)
     if not isinstance(source, Source):
         source = open_source(source, extensions=options.extensions,
                              allow_outside=allow_outside)
     new_classes = [c for c in source.classes if c not in classes]
-    wrapped = _AppendSource(source, classes + new_classes, existing, skip_existing)
-    del existing
-    if len(wrapped) == 0:
-        raise FastDataError(f"nothing to append: every one of the source's {len(source):,} "
-                            f"images is in the dataset already", path=dataset)
-    folder = join(history_dir(name), "parts", _resumed_id(name, options) or new_id())
-    target = join(folder, "part" + spec.extensions[0])
-    summary = pack(wrapped, target, options=dataclasses.replace(options, format=spec.name),
-                   progress=progress, on_event=on_event)
+    cluster = {"scheduler": scheduler, "ray": ray}
+    run, clashes = _key_check(source, described, records, cluster={**cluster, "workers": workers},
+                              resume=resume, progress=progress, on_event=on_event)
+    try:
+        wrapped = AppendSource(source, classes + new_classes, clashes, skip_existing)
+        if len(wrapped) == 0:
+            raise FastDataError(f"nothing to append: every one of the source's "
+                                f"{len(source):,} images is in the dataset already",
+                                path=dataset)
+        folder = join(history_dir(name), "parts", _resumed_id(name, options) or new_id())
+        target = join(folder, "part" + spec.extensions[0])
+        summary = pack(wrapped, target, options=dataclasses.replace(options, format=spec.name),
+                       progress=progress, on_event=on_event, **cluster)
+    finally:
+        run.finish()  # the positions passed over were read by the pack
     part_path = target + (".fastdata.json" if spec.sharded else "")
+    part, change = _new_part(name, folder, part_path, first, allow_outside)
+    try:
+        version = commit(name, change, read)
+    except Conflict:
+        _remove(folder)
+        raise
+    return AppendResult(dataset, version.number, part.records, version.records,
+                        list(change.new_classes), clashes.distinct,
+                        list(clashes.first_distinct), part_path, summary, change.rebased)
+
+
+def _key_check(source, described: dict, records: int, *, cluster: dict, resume: bool,
+               progress: bool | None, on_event):
+    """The job that finds the source's keys the dataset ``described`` holds
+    (see fastdata.ops.append_pieces): its run (``finish()`` when done with
+    the positions) and the :class:`~fastdata.ops.append_pieces.Clashes`."""
+    from fastdata.jobs.runner import Job
+    from fastdata.ops.append_pieces import (
+        candidates,
+        confirm,
+        key_at,
+        key_piece,
+        source_runs,
+    )
+    from fastdata.ops.dedup_pieces import piece_records, plan_pieces
+    from fastdata.ops.piece_readers import open_described, run_then_merge
+
+    pieces = [(start, end) for _, start, end in plan_pieces([records])]
+    # The source is in it so that appends of two sources at once are two jobs.
+    fingerprint = {"dataset": dict(described, records=records),
+                   "source": json.loads(json.dumps(source.describe(), default=str)),
+                   "entries": len(source), "piece_records": piece_records(records)}
+    job = Job("append-keys", fingerprint, key_piece, pieces, common=(described,),
+              sizes=[end - start for start, end in pieces])
+    with run_then_merge(job, cluster, resume=resume, progress=progress,
+                        on_event=on_event) as run, open_described(described) as reader:
+        mine, _ = source_runs((entry.key for entry in source), run.work)
+        paths = [os.path.join(run.work, r["run"]) for r in run.results] + mine
+
+        def key_of(index: int) -> str:
+            return key_at(reader, index)
+
+        pairs = candidates(paths, key_of, run.work)
+        clashes = confirm((entry.key for entry in source), pairs, key_of, run.work)
+    return run, clashes
+
+
+def _new_part(name: str, folder: str, part_path: str, first, allow_outside: bool):
+    """The part packed at ``part_path`` (checked alike the dataset's first,
+    else removed) and the change that records it."""
+    from fastdata.dataset.commit import step
+    from fastdata.dataset.history import dataset_folder, relative_name
+    from fastdata.dataset.record import manifest_digest
+    from fastdata.formats import open_reader as open_files
+
     step("after-part")
     with open_files(part_path, allow_outside=allow_outside) as packed:
         try:
@@ -235,27 +291,9 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
                     relative_name(dataset_folder(name), part_path), len(packed),
                     manifest_digest(packed.manifest))
         change = AddPart(part, part_path, list(packed.classes),
-                         list(packed.manifest.class_counts), list(packed.keys),
+                         list(packed.manifest.class_counts), None,
                          _part_opener(name, allow_outside))
-    try:
-        version = commit(name, change, read)
-    except Conflict:
-        _remove(folder)
-        raise
-    return AppendResult(dataset, version.number, part.records, version.records,
-                        list(change.new_classes),
-                        len(wrapped.existing), sorted(wrapped.existing)[:SHOWN], part_path,
-                        summary, change.rebased)
-
-
-def _read_version(reader) -> tuple[str, DatasetRecord]:
-    """The dataset's name and the version ``reader`` reads, as a record."""
-    from fastdata.dataset.commit import pack_record
-
-    record = getattr(reader, "record", None)
-    if record is not None:
-        return reader.dataset_path, record
-    return reader.dataset_path, pack_record(reader, reader.dataset_path)
+    return part, change
 
 
 def _part_opener(name: str, allow_outside: bool):

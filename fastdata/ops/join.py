@@ -4,23 +4,30 @@ without touching its records (no torch).
 
 Rows are matched to records by key. Keys of the table that the dataset
 does not hold, and records the table has no row for, are counted and
-reported, never dropped silently. What grows with the dataset in this
-process: a dict of every key (to match rows), and the joined values until
-they are written (a 512-float embedding is 2 KB per record).
+reported, never dropped silently.
+
+A join is a job (fastdata.jobs), on this machine's processes, a Dask or a
+Ray cluster, with the same result. Its pieces (fastdata.ops.join_pieces)
+hash the dataset's keys in ranges of records and read the table in parts
+(fastdata.dataset.table_parts), each writing a sorted run of 128-bit key
+hashes and stores of its keys and values (fastdata.ops.join_stores). The
+merge (fastdata.ops.join_match) pairs each record with its row in hash
+order (keys whose hashes are equal are compared as text: a collision never
+matches two keys) and checks the pairs in record order; the column files
+are then written a chunk of records at a time (fastdata.ops.join_columns)
+and the new version is committed here, after the pieces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import Any
 
 from fastdata.errors import FastDataError
-
-SHOWN = 10
 
 
 @dataclass(frozen=True)
@@ -51,17 +58,24 @@ class JoinResult:
     relabelled: int = 0
 
     def to_dict(self) -> dict:
+        """The fields as a dict (for ``--json``)."""
         return dict(self.__dict__)
 
 
 def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
          columns: list[str] | None = None, label_column: str | None = None,
-         types: Mapping[str, str] | None = None,
-         allow_outside: bool = False) -> JoinResult:
+         types: Mapping[str, str] | None = None, allow_outside: bool = False,
+         scheduler: Any = None, ray: Any = None, workers: int | None = None,
+         resume: bool = False, progress: bool | None = None,
+         on_event: Callable[[str], None] | None = None) -> JoinResult:
     """Join the columns of ``table`` (CSV/TSV, JSON Lines or Parquet) to the
     records of ``dataset`` whose key is in column ``key``, as a new version.
 
     Args:
+        dataset: a dataset or a version file of it (not a view: a view's
+            columns are its dataset's).
+        table: the table's path.
+        key: the table's column of record keys.
         columns: the columns to join (default: every one but ``key`` and
             ``label_column``).
         label_column: a column of class names that become the records' new
@@ -73,110 +87,204 @@ def join(dataset: str | os.PathLike, table: str | os.PathLike, *, key: str,
             values keep their own types (ints int64, floats float64, a list
             of numbers a vector of its element type); ``"float32"`` stores
             smaller floats (an embedding).
+        allow_outside: let the dataset's files lie outside its folder.
+        scheduler: run the pieces on a Dask cluster (its scheduler's address
+            or a ``distributed.Client``). The workers must see the dataset,
+            the table and ``$FASTDATA_STAGING_DIR`` at the same paths.
+        ray: run them on a Ray cluster (its address, or True for
+            ``$FASTDATA_RAY``), with the same condition.
+        workers: processes on this machine (None: one per usable core).
+        resume: continue an interrupted run of the same join (its finished
+            pieces are kept in its work folder, see fastdata.jobs.journal).
+        progress: a progress bar over the pieces (None: when stderr is a
+            terminal).
+        on_event: called with each note (a run kept or started over).
 
     Read them with ``with_metadata=True`` (each sample's metadata holds
-    them) or ``reader.metadata(i)``.
+    them) or ``reader.metadata(i)``. The result, the column files and the
+    version are the same whichever executor ran the pieces.
+
+    What grows with the dataset (N records) and the table (R rows):
+
+    - memory, in each process: not N nor R. A piece sorts at most 2^20 rows
+      (25 bytes each) before it spills a run, and holds 4,096 rows' values;
+      the merge holds a chunk of each of 64 runs (4,096 rows of 25 bytes,
+      then 8,192 matches of 17 bytes: under 30 MB); the column files are written 8,192 records
+      at a time. With a label column, this
+      process holds the new class names, and the dataset's labels as its
+      reader holds them (LMDB, HDF5: 8 bytes per record). A format's reader
+      may hold every key of the dataset in a process that reads keys.
+    - on disk while the job runs (its work folder, removed at the end):
+      about 50 bytes per record and per table row (the runs and the stored
+      keys) plus the keys' text, 25 bytes per row and joined column plus the
+      values' own bytes (text, vectors: a 512-float embedding is 2 KB), and
+      41 bytes per matched record.
+    - kept: the column files (fastdata.dataset.columns).
 
     Raises:
-        FastDataError: a column missing from the table, a key given twice,
-            no row matching any record, a table that is not UTF-8, a value
-            that does not read as its type or does not fit int64 (naming the
-            row and column), or another process changed the dataset
+        FastDataError: a view, a version that reads a selection of its
+            parts, a column missing from the table, a key given twice, no
+            row matching any record, a table that is not UTF-8, a value that
+            does not read as its type or does not fit int64 (naming the row,
+            line and column), or another process changed the dataset
             meanwhile.
     """
-    from fastdata.dataset.columns import write_columns
-    from fastdata.dataset.commit import Conflict, commit, step
-    from fastdata.dataset.history import dataset_folder, history_dir, relative_name
-    from fastdata.dataset.record import new_id
     from fastdata.dataset.resolve import open_reader
-    from fastdata.dataset.tables import check_types, table_rows
-    from fastdata.ops.append import _read_version
-    from fastdata.ops.gc import remove_tree
-    from fastdata.storage.urls import join as url_join
+    from fastdata.dataset.tables import check_types
+    from fastdata.ops.join_match import Matcher
+    from fastdata.ops.join_pieces import plan_table
 
     dataset, table = os.fspath(dataset), os.fspath(table)
     types = check_types(types, table)
     if label_column is not None and label_column in types:
         raise FastDataError(f"the label column {label_column!r} holds class names, read as "
                             f"text; leave it out of types", path=table)
-    with open_reader(dataset, allow_outside=allow_outside) as reader:
+    dataset_name, read, spec, n, classes = _read_dataset(dataset, allow_outside)
+    options = {"key": key, "label_column": label_column, "types": types,
+               "columns": None if columns is None else list(dict.fromkeys(columns))}
+    cluster = {"scheduler": scheduler, "ray": ray, "workers": workers}
+    plan = plan_table(table)
+    run = _run_pieces(spec, n, plan, options, cluster, resume, progress, on_event)
+    if any(r.get("misaligned") for r in run.results):
+        run.finish()  # a quote inside an unquoted cell: read the table as one piece
+        plan = plan_table(table, whole=True)
+        run = _run_pieces(spec, n, plan, options, cluster, resume, progress, on_event)
+    matcher = Matcher(run, plan, options, n, table)
+    try:
+        found = matcher.match(classes if label_column is not None else None)
+        with open_reader(spec["path"], version=spec["version"], allow_outside=allow_outside) \
+                if label_column is not None else contextlib.nullcontext() as labelled:
+            return _write_and_commit(matcher, found, dataset, dataset_name, read, classes,
+                                     labelled)
+    except FastDataError:
+        run.finish()  # the table's own error, or a conflict: a rerun would meet it again
+        raise
+    except BaseException:
+        run.journal.release()  # Ctrl-C, a crash: the finished pieces stay for --resume
+        raise
+
+
+def _read_dataset(dataset: str, allow_outside: bool) -> tuple:
+    """The dataset's name, the version read (a record), how pieces open it
+    (fastdata.ops.piece_readers.describe: the version read now, whatever
+    commits land meanwhile), its record count and classes.
+
+    Raises:
+        FastDataError: a view, or a version that reads a selection of its parts.
+    """
+    from fastdata.dataset.history import is_version_file
+    from fastdata.dataset.resolve import open_reader
+    from fastdata.ops.piece_readers import describe, read_version
+
+    specs, counts = describe([dataset], allow_outside)
+    spec = specs[0]
+    if spec["version"] is not None and is_version_file(spec["path"]):
+        spec = {**spec, "version": None}  # a version file is that version: opened as it is
+    with open_reader(spec["path"], version=spec["version"],
+                     allow_outside=allow_outside) as reader:
         if getattr(reader, "is_view", False):
-            raise FastDataError("join to the dataset itself, not a view of it", path=dataset)
-        dataset_name, read = _read_version(reader)
+            raise FastDataError("join to the dataset itself, not a view of it (a view's "
+                                "columns are its dataset's)", path=dataset)
+        dataset_name, read = read_version(reader)
         if read.records != read.base_records:
             raise FastDataError("this version reads a selection of its parts; join to a "
                                 "version that reads them whole", path=dataset)
-        n = len(reader)
-        where = {k: i for i, k in enumerate(reader.keys)}
-        classes = list(reader.classes)
-        labels = np.asarray(reader.labels, dtype=np.int64).copy() if label_column else None
-    # Columns as rows name them (a JSON Lines row may lack a field others have).
-    values: dict[str, list] = {c: [None] * n for c in columns or []}
-    seen_names: dict[str, None] = {}
-    present = np.zeros(n, bool)
-    unknown, rows, new_classes, relabelled = [], 0, [], 0
-    for number, row in enumerate(table_rows(table, types), 1):
-        rows += 1
-        for c in row:
-            if c not in seen_names:
-                seen_names[c] = None
-                if columns is None and c not in (key, label_column):
-                    values[c] = [None] * n
-        k = row.get(key)
-        if k is None and key not in row:
-            _check_columns(list(seen_names), key, columns, label_column, table, types)
-            raise FastDataError(f"row {number} has no {key!r} field; give every row its "
-                                f"key", path=table)
-        i = where.get(str(k)) if k is not None else None
-        if i is None:
-            unknown.append(str(k))
-            continue
-        if present[i]:
-            raise FastDataError(f"key {k!r} has two rows (row {number} is the second); give "
-                                f"each record one row", path=table)
-        present[i] = True
-        for c, column in values.items():
-            column[i] = row.get(c)
-        if label_column is not None and row.get(label_column) is not None:
-            name = _class_name(row[label_column], number, label_column, table)
-            if name not in classes:
-                classes.append(name)
-                new_classes.append(name)
-            label = classes.index(name)
-            relabelled += int(labels[i] != label)
-            labels[i] = label
-    if not rows:
-        raise FastDataError("the table has no rows", path=table)
-    _check_columns(list(seen_names), key, columns, label_column, table, types)
-    if not present.any():
-        raise FastDataError(f"no row of the table matches a record's key (column {key!r}; "
-                            f"keys look like {next(iter(where), '')!r})", path=table)
+        return dataset_name, read, spec, counts[0], list(reader.classes)
+
+
+def _run_pieces(spec: dict, n: int, plan: dict, options: dict, cluster: dict,
+                resume: bool, progress: bool | None, on_event):
+    """Every piece, on the executor ``cluster`` names: the table's parts, then
+    the dataset's keys in ranges of records."""
+    from fastdata.jobs.choose import open_executor
+    from fastdata.jobs.runner import Job, run_job
+    from fastdata.ops.join_pieces import join_piece, plan_records
+
+    ranges = plan_records(n)
+    # The table's parts first: fewer and longer, the keys' pieces fill in after.
+    args = [("table", part) for part in range(len(plan["parts"]))] + \
+        [("dataset", start, end) for start, end in ranges]
+    fingerprint = {"dataset": dict(spec, records=n), "table": plan, "options": options,
+                   "records_per_piece": ranges[0][1] if ranges else 0}
+    job = Job("join", fingerprint, join_piece, args, common=(spec, plan, options))
+    # A piece per side at most: this process runs them, no processes to start.
+    pieces = 1 if len(args) <= 2 else len(args)
+    with contextlib.closing(open_executor(**cluster, on_event=on_event,
+                                          pieces=pieces)) as executor:
+        return run_job(job, executor, resume=resume, progress=progress, on_event=on_event)
+
+
+def _write_and_commit(matcher, found, dataset: str, dataset_name: str, read,
+                      classes: list[str], labelled) -> JoinResult:
+    """Write the column folder from ``found`` (the merge's matches), then
+    commit the version that names it; the folder goes again if the commit
+    is refused."""
+    from fastdata.dataset.commit import Conflict, commit, step
+    from fastdata.dataset.history import dataset_folder, history_dir, relative_name
+    from fastdata.dataset.record import new_id
+    from fastdata.ops.gc import remove_tree
+    from fastdata.ops.join_columns import LabelChunks
+    from fastdata.ops.join_match import key_text
+    from fastdata.storage.urls import join as url_join
+
+    n, options, stores = matcher.n, matcher.options, matcher.stores
+    new, remap = found.new_classes()
+    classes = classes + new
+    labels = LabelChunks(labelled, len(classes) - len(new), remap, len(classes)) \
+        if labelled is not None else None
     folder = url_join(history_dir(dataset_name), "columns", new_id())
-    written = _write(folder, n, values, present, labels, write_columns)
-    step("after-columns")
-    entry = {"id": os.path.basename(folder.rstrip("/\\").replace("\\", "/")),
-             "path": relative_name(dataset_folder(dataset_name), folder), "records": n,
-             **written}
-    label_entry, counts = None, None
-    if labels is not None:
-        counts = np.bincount(labels[labels >= 0], minlength=len(classes)).tolist()
-        label_entry = {"path": entry["path"], "file": "labels.npy", "records": n,
-                       "sha256": written["sha256"]["labels.npy"], "classes": classes}
-    missing = np.flatnonzero(~present)
-    keys = [k for k, i in where.items() if not present[i]][:SHOWN] if len(missing) else []
-    what = (f"joined {', '.join(values) or 'no column'} from {os.path.basename(table)}"
-            + (f", labels from {label_column}" if label_column else "")
-            + f" ({int(present.sum()):,} records matched, {len(missing):,} without a row, "
-              f"{len(unknown):,} table keys not in the dataset)")
-    change = AddColumns(entry, label_entry, classes, counts, what, folder)
     try:
+        written = _write_folder(folder, matcher, found, labels)
+        missing = [key_text(k) for k in stores.dataset_keys(found.missing)]
+        unknown_keys = [key_text(k) for k in stores.table("keys", found.unknown,
+                                                          blobs=True)[1]]
+        matcher.run.finish()  # the work folder is read no more
+        step("after-columns")
+        entry = {"id": os.path.basename(folder.rstrip("/\\").replace("\\", "/")),
+                 "path": relative_name(dataset_folder(dataset_name), folder),
+                 "records": n, **written}
+        label_entry, counts = None, None
+        if labels is not None:
+            counts = labels.counts.tolist()
+            label_entry = {"path": entry["path"], "file": "labels.npy", "records": n,
+                           "sha256": written["sha256"]["labels.npy"], "classes": classes}
+        matched, unknown = found.matched, found.rows - found.matched
+        what = (f"joined {', '.join(matcher.columns) or 'no column'} from "
+                f"{os.path.basename(matcher.table)}"
+                + (f", labels from {options['label_column']}" if labels else "")
+                + f" ({matched:,} records matched, {n - matched:,} without a row, "
+                  f"{unknown:,} table keys not in the dataset)")
+        change = AddColumns(entry, label_entry, classes, counts, what, folder)
         version = commit(dataset_name, change, read)
-    except Conflict:
+    except (Conflict, FastDataError):
         remove_tree(folder)
         raise
-    return JoinResult(dataset, version.number, written["columns"], int(present.sum()),
-                      len(missing), len(unknown), keys, unknown[:SHOWN], new_classes,
-                      relabelled)
+    return JoinResult(dataset, version.number, written["columns"], matched, n - matched,
+                      unknown, missing, unknown_keys, new,
+                      labels.relabelled if labels else 0)
+
+
+def _write_folder(folder: str, matcher, found, labels) -> dict:
+    """The column folder, written locally or staged and uploaded."""
+    from fastdata.ops.join_columns import write_streams
+    from fastdata.ops.join_match import record_chunks
+
+    kinds = {name: found.aggregates[name].kind()[0] for name in matcher.columns}
+
+    def write(where: str) -> dict:
+        return write_streams(where, matcher.n, found.aggregates,
+                             record_chunks(found, matcher.stores, kinds, matcher.n), labels)
+
+    if "://" not in folder:
+        return write(folder)
+    from fastdata.storage import upload_file
+    from fastdata.storage.urls import join as url_join
+
+    with tempfile.TemporaryDirectory(prefix="fastdata-join-") as staged:
+        written = write(staged)
+        for name in written["sha256"]:
+            upload_file(os.path.join(staged, name), url_join(folder, name))
+    return written
 
 
 @dataclass
@@ -194,6 +302,8 @@ class AddColumns:
     kind: str = "join"
 
     def apply(self, head, read):
+        """The version after ``head`` (the current one; ``read``: the one
+        this join read), or :class:`~fastdata.dataset.commit.Conflict`."""
         import dataclasses
 
         from fastdata.dataset.commit import Conflict
@@ -220,6 +330,7 @@ class AddColumns:
                                    summary=self.summary)
 
     def check_files(self) -> None:
+        """Refuse to commit when the column folder is gone (removed by gc)."""
         from fastdata.formats.remote_files import is_remote
         from fastdata.storage import list_tree
 
@@ -231,36 +342,3 @@ class AddColumns:
                                 "took); join again", path=self.folder)
 
 
-def _check_columns(names: list[str], key: str, columns, label_column, table: str,
-                   types=None) -> None:
-    wanted = [key] + list(columns or []) + ([label_column] if label_column else []) + \
-        list(types or [])
-    absent = list(dict.fromkeys(c for c in wanted if c not in names))
-    if absent:
-        raise FastDataError(f"the table has no column {', '.join(map(repr, absent))}; its "
-                            f"columns: {', '.join(names[:20])}", path=table)
-
-
-def _class_name(value, number: int, label_column: str, table: str) -> str:
-    """A label cell as a class name: text exactly as written (an int as its
-    digits); never a number read from text."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise FastDataError(f"row {number}, column {label_column!r}: {value!r} is not a class "
-                        f"name; give class names as text", path=table)
-
-
-def _write(folder: str, n: int, values, present, labels, write_columns) -> dict:
-    """The column folder, written locally or staged and uploaded."""
-    if "://" not in folder:
-        return write_columns(folder, n, values, present, labels)
-    from fastdata.storage import upload_file
-    from fastdata.storage.urls import join as url_join
-
-    with tempfile.TemporaryDirectory(prefix="fastdata-join-") as staged:
-        written = write_columns(staged, n, values, present, labels)
-        for name in written["sha256"]:
-            upload_file(os.path.join(staged, name), url_join(folder, name))
-    return written

@@ -1,27 +1,28 @@
 """``fastdata.subset``: write a view that selects records of a dataset by
 class, key, metadata, a random fraction or content (no torch).
 
-The parent's records are walked a chunk at a time; each selector gives a
-flag per record, and the selection is stored as runs or a bitmap
-(:mod:`fastdata.dataset.selection`). What grows with the dataset in this
-process: one bit per parent record (the flags, packed), the keys given
-(``keys``/``exclude_keys``), and 16 bytes per record of each ``exclude``
-dataset (its content digests). A subset of a view selects from the view's
-parent, so views never chain.
+The selection is a job (fastdata.ops.subset_pieces): pieces flag their
+range of the parent's records, on this machine's processes or a cluster;
+the flags are combined on this machine in piece order, a piece at a time,
+with the records dropped for their content and the draw of ``fraction``
+(fastdata.ops.subset_merge), into the selection the view stores as runs or
+a bitmap (:mod:`fastdata.dataset.selection`). A subset of a view selects from the
+view's parent, so views never chain.
+
+What grows with the parent's records, in memory and on disk: see
+:func:`subset`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from fastdata.errors import FastDataError
-
-#: Parent records flagged at a time.
-CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
            exclude_indices: Sequence[int] | None = None,
            overwrite: bool = False,
            progress: bool | None = None,
-           allow_outside: bool = False) -> SubsetResult:
+           allow_outside: bool = False,
+           scheduler: Any = None, ray: Any = None, workers: int | None = None,
+           resume: bool = False,
+           on_event: Callable[[str], None] | None = None) -> SubsetResult:
     """Write a view of ``dataset`` at ``out`` (``NAME.fastdata.json``, in the
     dataset's folder or above it) selecting the records that pass every
     selector given; the payloads are not copied.
@@ -92,177 +96,192 @@ def subset(dataset: str | os.PathLike, out: str | os.PathLike, *,
             exactly ``round(F * n)`` records, drawn with ``seed``; with
             ``stratify`` that fraction of each class.
         exclude: drop records whose bytes one of these datasets holds (a
-            validation set, by content digest).
+            validation set, by content digest; each read as it is now: its
+            current version, or a view).
         exclude_indices: drop the records at these indices of ``dataset``
             (what ``fastdata dedup --write-view`` drops).
         overwrite: replace an existing view file.
+        scheduler: flag the records on a Dask cluster (its scheduler's
+            address or a ``distributed.Client``); ``ray``: on a Ray cluster
+            (its address, or True for ``$FASTDATA_RAY``). The workers must
+            see the datasets and ``$FASTDATA_STAGING_DIR`` at the same paths.
+        workers: processes on this machine (None: one per usable core).
+        resume: continue an interrupted run of the same selection (its
+            finished pieces are kept in its work folder).
+        on_event: called with each note (a run kept or started over).
+
+    What grows: memory per process does not grow with the parent's records
+    but for one bit per record, the selection this process builds (each
+    part's bitmap, and up to as much again in runs while those are
+    smaller); each process holds the keys given (``keys``,
+    ``exclude_keys``) and this one ``exclude_indices`` (8 bytes each). A
+    worker holds one piece's flags and labels. On disk while it runs, in
+    the work folder (``$FASTDATA_STAGING_DIR``, else the temporary folder):
+    one bit per record and 4 bytes per flagged one, and with ``exclude`` 28
+    bytes per flagged record and per record of each excluded dataset. The
+    view written holds the selection (runs or a bitmap, compressed).
 
     Returns:
-        a :class:`SubsetResult`.
+        a :class:`SubsetResult`; the view is the same, byte for byte,
+        wherever the pieces ran.
 
     Raises:
         FastDataError: an unknown class, an expression outside the language,
             a fraction outside (0, 1], a view outside the parent's folder, or
             nothing selected.
     """
-    from fastdata.dataset.across_parts import split_selection, stored
-    from fastdata.dataset.resolve import open_reader
-    from fastdata.dataset.selection import Selection
     from fastdata.dataset.views import register_view, write_view
-    from fastdata.ops.where import compile_where
-    from fastdata.progress import progress_bar
+    from fastdata.ops.piece_readers import (
+        base_of,
+        close_root,
+        open_described,
+        run_then_merge,
+    )
+    from fastdata.ops.subset_merge import combine, missing_keys
 
     if fraction is not None and not 0 < float(fraction) <= 1:
         raise FastDataError(f"fraction must be in (0, 1], not {fraction}")
     if stratify and fraction is None:
         raise FastDataError("stratify applies to a fraction: give fraction= too")
-    test = compile_where(where) if where else None
+    if where:
+        from fastdata.ops.where import compile_where
+
+        compile_where(where)  # refused here, before any piece runs
     out = os.fspath(out)
     if not out.lower().endswith(".fastdata.json"):
-        raise FastDataError("a view file's name ends in .fastdata.json", path=out)
+        raise FastDataError("a view file's name ends in .fastdata.json; name it "
+                            "NAME.fastdata.json", path=out)
     out = out if "://" in out else os.path.abspath(out)
-    given = open_reader(dataset, allow_outside=allow_outside)
-    root = None
-    try:
-        root, base, record, name = _base_of(given, allow_outside)
-        n = len(root)
-        names = list(root.classes)
-        wanted = None
-        if classes:
-            unknown = [c for c in classes if c not in names]
-            if unknown:
-                raise FastDataError(f"no class {', '.join(map(repr, unknown))} in the dataset; "
-                                    f"its classes: {', '.join(names[:20])}"
-                                    f"{' ...' if len(names) > 20 else ''}",
-                                    path=os.fspath(dataset))
-            wanted = np.asarray([names.index(c) for c in classes], np.int64)
-        keep_keys = set(keys) if keys is not None else None
-        drop_keys = set(exclude_keys) if exclude_keys is not None else None
-        seen_keys: set[str] = set()
-        other = _exclude_digests(exclude, allow_outside, progress)
-        drop = None
-        if exclude_indices is not None:
-            drop = np.unique(np.asarray(list(exclude_indices), np.int64))
-            if len(drop) and (drop[0] < 0 or drop[-1] >= len(given)):
-                raise FastDataError(f"exclude_indices holds an index outside the "
-                                    f"{len(given)} records", path=os.fspath(dataset))
-            drop = np.sort(given.base_of(drop)) if root is not given else drop
-        excluded = 0
-        flags, labels_kept = [], []
-        with progress_bar(n, "selecting", enabled=progress) as bar:
-            for lo in range(0, n, CHUNK):
-                hi = min(n, lo + CHUNK)
-                at = np.arange(lo, hi)
-                mask = _base_mask(base, lo, hi)
-                labels = np.asarray(root.labels[at], np.int64)
-                if drop is not None:
-                    mask[drop[np.searchsorted(drop, lo):np.searchsorted(drop, hi)] - lo] = False
-                if wanted is not None:
-                    mask &= np.isin(labels, wanted)
-                if keep_keys is not None or drop_keys is not None or test is not None:
-                    chunk_keys = [root.key_of(i) or f"#{i}" for i in at.tolist()] \
-                        if not hasattr(root.keys, "__getitem__") else list(root.keys[lo:hi])
-                    if keep_keys is not None:
-                        mask &= np.fromiter((k in keep_keys for k in chunk_keys), bool, len(at))
-                        seen_keys.update(k for k in chunk_keys if k in keep_keys)
-                    if drop_keys is not None:
-                        mask &= ~np.fromiter((k in drop_keys for k in chunk_keys), bool, len(at))
-                        seen_keys.update(k for k in chunk_keys if k in drop_keys)
-                    if test is not None:
-                        mask &= _where_mask(root, test, at, mask, chunk_keys, labels, names)
-                if other is not None and mask.any():
-                    hit = _content_hits(root, at[mask], other)
-                    excluded += int(hit.sum())
-                    mask[np.flatnonzero(mask)[hit]] = False
-                flags.append(np.packbits(mask, bitorder="little"))
-                labels_kept.append(labels[mask])
-                bar.update(hi - lo)
-        bits = np.concatenate(flags) if flags else np.zeros(0, np.uint8)
-        picked = np.concatenate(labels_kept) if labels_kept else np.zeros(0, np.int64)
-        if fraction is not None:
-            bits, picked = _sample(bits, n, root, picked, float(fraction), int(seed), stratify)
-        selection = Selection.from_mask_chunks(
-            n, (np.unpackbits(bits[lo // 8:(lo + CHUNK) // 8], bitorder="little",
-                              count=min(CHUNK, n - lo)).astype(bool)
-                for lo in range(0, n, CHUNK)))
-        if selection.count == 0:
-            raise FastDataError("the selectors select no record; nothing written", path=out)
-        counts = np.bincount(picked[picked >= 0], minlength=len(names)).tolist()
-        asked = {k: v for k, v in dict(
-            classes=list(classes) if classes else None,
-            keys=len(keep_keys) if keep_keys is not None else None,
-            exclude_keys=len(drop_keys) if drop_keys is not None else None,
-            where=where, fraction=fraction, seed=seed if fraction is not None else None,
-            stratify=stratify or None,
-            exclude=[os.fspath(p) for p in exclude] or None,
-            exclude_indices=len(drop) if drop is not None else None).items() if v is not None}
-        pieces = split_selection(selection, [p.records for p in record.parts])
-        view = _view_record(record, given, out, name, pieces, counts, asked,
-                            _payload_bytes(root, selection), stored)
-        view = write_view(view, overwrite=overwrite)
-        registered = register_view(name, view) if name else False
-    finally:
-        if root is not None and root is not given:
-            root.parts = []  # the parts are given's, closed with it
-        given.close()
-    listed = (keep_keys or set()) | (drop_keys or set())
-    missing = sorted(listed - seen_keys)
+    keep = sorted(set(keys)) if keys is not None else None
+    drop_keys = sorted(set(exclude_keys)) if exclude_keys is not None else None
+    parent, n, rules, drop = _parent(dataset, classes, keep, drop_keys, where, exclude,
+                                     exclude_indices, allow_outside)
+    job = _job(parent, n, drop, rules, exclude, allow_outside)
+    cluster = {"scheduler": scheduler, "ray": ray, "workers": workers}
+    with run_then_merge(job, cluster, resume=resume, progress=progress,
+                        on_event=on_event) as run:
+        given = root = open_described(parent)
+        try:
+            root, record, name = base_of(given)
+            made = combine(run, root, record, fraction, seed, stratify)
+            if made.selected == 0:
+                raise FastDataError("the selectors select no record; nothing written: "
+                                    "give selectors that some record passes", path=out)
+            asked = _asked(classes=list(classes) if classes else None,
+                           keys=len(keep) if keep is not None else None,
+                           exclude_keys=len(drop_keys) if drop_keys is not None else None,
+                           where=where, fraction=fraction,
+                           seed=seed if fraction is not None else None,
+                           stratify=stratify or None,
+                           exclude=[os.fspath(p) for p in exclude] or None,
+                           exclude_indices=len(drop) if drop is not None else None)
+            view = _view_record(record, given, out, name, made.stored, made.counts, asked,
+                                made.payload)
+            view = write_view(view, overwrite=overwrite)
+            registered = register_view(name, view) if name else False
+            missing_count, missing = missing_keys(run, rules.get("listed"))
+        finally:
+            close_root(given, root)
+    run.finish()
     return SubsetResult(out, (view.of or {}).get("path") or name or os.fspath(dataset),
-                        selection.count, n, missing[:20], len(missing), excluded, registered)
+                        made.selected, n, missing, missing_count, made.excluded, registered)
 
 
-def _base_of(given, allow_outside: bool):
-    """``(root, base, record, dataset)``: a reader of the base records
-    (every part's records, unselected), the selection ``given`` makes of
-    them (None: all), its record, and the dataset's name."""
-    import dataclasses
-
-    from fastdata.dataset.across_parts import combined_chunks
-    from fastdata.dataset.commit import pack_record
-    from fastdata.dataset.reader import DatasetReader
-    from fastdata.dataset.selection import Selection
-
-    record = getattr(given, "record", None)
-    if record is None:  # a pack never changed
-        name = given.dataset_path
-        return given, None, pack_record(given, name), name
-    name = _dataset_of(given)
-    whole = dataclasses.replace(
-        record, records=record.base_records, class_counts=[0] * len(record.classes),
-        parts=[dataclasses.replace(p, selection=None) for p in record.parts], sha256="")
-    if all(p.selection is None for p in record.parts):
-        return given, None, record, name
-    from fastdata.formats.remote_files import absolute
-
-    opened = {absolute(given._inside(p.path, "parts")): r
-              for p, r in zip(record.parts, given.parts)}
-    for reader in given.parts:
-        if reader.sharded:
-            reader.coalesce = None
-    root = DatasetReader(given.path, record=whole, opened=opened, **given.child_options())
-    counts = [p.records for p in record.parts]
-    base = Selection.from_mask_chunks(record.base_records,
-                                      combined_chunks(given._selections, counts))
-    return root, base, record, name
+def _asked(**selectors) -> dict:
+    """The selectors a view records (those given)."""
+    return {k: v for k, v in selectors.items() if v is not None}
 
 
-def _dataset_of(given) -> str | None:
-    """The dataset a version or a view reads (None: unknown)."""
-    record = given.record
-    if record.kind == "version":
-        return given.dataset_path
-    of = (record.of or {}).get("path")
-    if not isinstance(of, str):
+def _parent(dataset, classes, keep, drop_keys, where, exclude, exclude_indices,
+            allow_outside: bool) -> tuple[dict, int, dict, np.ndarray | None]:
+    """How pieces open the parent (its base records), their count, the
+    rules every piece tests, and ``exclude_indices`` as base indices; the
+    parent is closed again before the pieces run."""
+    from fastdata.dataset.resolve import open_reader
+    from fastdata.ops.piece_readers import base_of, close_root, describe_dataset
+
+    given = root = open_reader(dataset, allow_outside=allow_outside)
+    try:
+        root, _, _ = base_of(given)
+        rules = _rules(root, classes, keep, drop_keys, where, bool(exclude), dataset)
+        drop = _dropped(given, root, exclude_indices, dataset)
+        return describe_dataset(given, allow_outside), len(root), rules, drop
+    finally:
+        close_root(given, root)
+
+
+def _rules(root, classes, keep, drop_keys, where, digests: bool, dataset) -> dict:
+    """What every piece tests (see fastdata.ops.subset_pieces.select_piece)."""
+    import hashlib
+    import json
+
+    from fastdata.ops.where import reads_field
+
+    names = list(root.classes)
+    wanted = None
+    if classes:
+        unknown = [c for c in classes if c not in names]
+        if unknown:
+            raise FastDataError(f"no class {', '.join(map(repr, unknown))} in the dataset; "
+                                f"its classes: {', '.join(names[:20])}"
+                                f"{' ...' if len(names) > 20 else ''}",
+                                path=os.fspath(dataset))
+        wanted = [names.index(c) for c in classes]
+    rules = {"classes": wanted, "where": where or None, "digests": digests,
+             "keep": keep, "drop": drop_keys,
+             "where_key": bool(where) and reads_field(where, "key")}
+    if keep is not None or drop_keys is not None:
+        rules["listed"] = sorted(set(keep or ()) | set(drop_keys or ()))
+        rules["keys_digest"] = hashlib.sha256(json.dumps(
+            [keep, drop_keys], ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+    return rules
+
+
+def _dropped(given, root, exclude_indices, dataset) -> np.ndarray | None:
+    """``exclude_indices`` as base indices, sorted, each once (None: none)."""
+    if exclude_indices is None:
         return None
-    from fastdata.storage.urls import dirname, join
+    drop = np.unique(np.asarray(list(exclude_indices), np.int64))
+    if len(drop) and (drop[0] < 0 or drop[-1] >= len(given)):
+        bad = int(drop[0] if drop[0] < 0 else drop[-1])
+        raise FastDataError(f"exclude_indices holds {bad}, outside the {len(given):,} "
+                            f"records; give indices from 0 to {len(given) - 1:,}",
+                            path=os.fspath(dataset))
+    return np.sort(given.base_of(drop)) if root is not given else drop
 
-    where = join(dirname(given.path), of)
-    return where if "://" in where else os.path.normpath(where)
+
+def _job(parent: dict, n: int, drop, rules: dict, exclude, allow_outside: bool):
+    """The job's pieces (fastdata.ops.subset_pieces): the parent's ranges,
+    and the records of each ``exclude`` dataset, read as they are now."""
+    import hashlib
+
+    from fastdata.jobs.runner import Job
+    from fastdata.ops.dedup_pieces import plan_pieces
+    from fastdata.ops.piece_readers import describe
+    from fastdata.ops.subset_pieces import plan, subset_piece
+
+    # Absolute: a worker of a cluster need not run in this folder.
+    paths = [os.fspath(p) for p in exclude]
+    others, counts = describe([p if "://" in p else os.path.abspath(p) for p in paths],
+                              bool(allow_outside))
+    drop = drop if drop is not None else np.zeros(0, np.int64)
+    pieces: list[tuple] = [("select", start, end, drop[np.searchsorted(drop, start):
+                                                      np.searchsorted(drop, end)].tolist())
+                           for start, end in plan(n)]
+    pieces += [("exclude", d + 1, start, end) for d, start, end in plan_pieces(counts)]
+    shared = {k: v for k, v in rules.items() if k not in ("keep", "drop", "listed")}
+    fingerprint = {"parent": dict(parent, records=n), "rules": shared,
+                   "exclude": [dict(d, records=c) for d, c in zip(others, counts)],
+                   "dropped": hashlib.sha256(drop.tobytes()).hexdigest(),
+                   "pieces": len(pieces)}
+    return Job("subset", fingerprint, subset_piece, pieces, common=([parent, *others], rules),
+               sizes=[p[3] - p[2] if p[0] == "exclude" else p[2] - p[1] for p in pieces])
 
 
-def _view_record(record, given, out: str, name, pieces, counts, asked, payload, stored):
+def _view_record(record, given, out: str, name, stored: list, counts, asked, payload):
     """The view to write at ``out``: ``record``'s parts with the new
-    selections, every name re-rooted at the view's folder."""
+    selections (``stored``: each part's stored form), every name re-rooted
+    at the view's folder."""
     import dataclasses
 
     from fastdata.dataset.views import name_in
@@ -274,8 +293,8 @@ def _view_record(record, given, out: str, name, pieces, counts, asked, payload, 
         whole = join(root, rel)
         return name_in(out, whole if "://" in whole else os.path.normpath(whole))
 
-    parts = [dataclasses.replace(p, path=moved(p.path), selection=stored(s, p.records))
-             for p, s in zip(record.parts, pieces)]
+    parts = [dataclasses.replace(p, path=moved(p.path), selection=s)
+             for p, s in zip(record.parts, stored)]
     columns = [{**c, "path": moved(c["path"])} for c in record.columns]
     labels = record.labels and {**record.labels, "path": moved(record.labels["path"])}
     of = {"path": name_in(out, name) if name else None,
@@ -284,7 +303,7 @@ def _view_record(record, given, out: str, name, pieces, counts, asked, payload, 
           "sha256": record.sha256 if record.kind == "version" else (record.of or {}).get(
               "sha256")}
     return dataclasses.replace(
-        record, kind="view", records=sum(p.selected for p in parts), class_counts=counts,
+        record, kind="view", records=sum(p.selected for p in parts), class_counts=counts.tolist(),
         parts=parts, columns=columns, labels=labels, number=None, parent=None,
         parent_sha256=None, change="", summary="", of=of, selected_by=asked,
         payload_bytes=payload, created_at="", path=out, sha256="")
@@ -294,105 +313,3 @@ def _pack_folder(reader) -> str:
     from fastdata.dataset.history import dataset_folder
 
     return dataset_folder(reader.dataset_path)
-
-
-def _base_mask(base, lo: int, hi: int) -> np.ndarray:
-    """The records ``lo..hi`` a view being subset already selects (all, for a dataset)."""
-    if base is None:
-        return np.ones(hi - lo, bool)
-    mask = np.zeros(hi - lo, bool)
-    for start, stop in base.runs(lo, hi):
-        mask[start - lo:stop - lo] = True
-    return mask
-
-
-def _where_mask(root, test, at, mask, chunk_keys, labels, names) -> np.ndarray:
-    """Which records of the chunk pass ``test`` (only those still selected are read)."""
-    out = np.zeros(len(at), bool)
-    todo = np.flatnonzero(mask)
-    if not len(todo):
-        return out
-    metas = root.metadata_many(at[todo].tolist()) if root.has_metadata else [{}] * len(todo)
-    for j, meta in zip(todo.tolist(), metas):
-        fields = dict(meta) if isinstance(meta, dict) else {}
-        label = int(labels[j])
-        fields.update(key=chunk_keys[j], label=label,
-                      **{"class": names[label] if 0 <= label < len(names) else None})
-        out[j] = test(fields)
-    return out
-
-
-def _exclude_digests(exclude, allow_outside: bool, progress) -> np.ndarray | None:
-    """The sorted content digests of every ``exclude`` dataset (None: none)."""
-    if not exclude:
-        return None
-    from fastdata.duplicates import digest_keys, record_digests
-    from fastdata.formats import open_reader
-
-    found = []
-    for where in exclude:
-        with open_reader(where, allow_outside=allow_outside) as reader:
-            found.append(record_digests(reader, progress=progress))
-    return np.sort(digest_keys(np.concatenate(found)))
-
-
-def _content_hits(root, indices: np.ndarray, other: np.ndarray) -> np.ndarray:
-    """Whether each record's bytes are among ``other``'s digests."""
-    from fastdata.duplicates import digest, digest_keys
-
-    mine = np.stack([digest(d) for d in root.read_many(indices.tolist(), check=True)])
-    keys = digest_keys(mine)
-    at = np.minimum(np.searchsorted(other, keys), len(other) - 1)
-    return other[at] == keys
-
-
-def _sample(bits: np.ndarray, n: int, root, picked: np.ndarray, fraction: float, seed: int,
-            stratify: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Keep exactly ``round(fraction * m)`` of the ``m`` flagged records (per
-    class with ``stratify``): record r of a group is kept when a keyed
-    bijection of the group's size sends its rank below that number."""
-    from fastdata.order.bijection import Bijection, mix64
-
-    # Group g + 1 is class g's records; group 0 the unlabelled ones (label -1).
-    groups = np.bincount(picked + 1, minlength=len(root.classes) + 1) if stratify else \
-        np.asarray([len(picked)])
-    keep = np.rint(groups * fraction).astype(np.int64)
-    base = int(mix64(np.uint64(seed))[0])
-    perms = [Bijection(int(size), base ^ g) if size else None for g, size in enumerate(groups)]
-    done = np.zeros(len(groups), np.int64)
-    out = np.zeros_like(bits)
-    kept_labels = []
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
-        mask = np.unpackbits(bits[lo // 8:-(-hi // 8)], bitorder="little",
-                             count=hi - lo).astype(bool)
-        at = np.flatnonzero(mask)
-        if len(at):
-            labels = np.asarray(root.labels[at + lo], np.int64)
-            group = labels + 1 if stratify else np.zeros(len(at), np.int64)
-            chosen = np.zeros(len(at), bool)
-            for g in np.unique(group).tolist():
-                here = group == g
-                rank = done[g] + np.arange(int(here.sum()))
-                chosen[here] = perms[g].at(rank) < keep[g]
-                done[g] += int(here.sum())
-            mask[:] = False
-            mask[at[chosen]] = True
-            kept_labels.append(labels[chosen])
-        out[lo // 8:lo // 8 + len(np.packbits(mask, bitorder="little"))] = \
-            np.packbits(mask, bitorder="little")
-    return out, (np.concatenate(kept_labels) if kept_labels else np.zeros(0, np.int64))
-
-
-def _payload_bytes(root, selection) -> int | None:
-    """The selected records' stored bytes, where the parent's index gives
-    sizes (sharded formats); None otherwise (a reader then reserves the
-    parent's total)."""
-    if not root.sharded:
-        return None
-    total = 0
-    for start, stop in selection.runs():
-        for lo in range(start, stop, CHUNK):
-            total += int(np.asarray(root.placement(np.arange(lo, min(stop, lo + CHUNK)))[1],
-                                    np.int64).sum())
-    return total

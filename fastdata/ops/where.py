@@ -121,6 +121,15 @@ def _check_shape(root: ast.AST, text: str) -> None:
 FIELD_KEYWORDS = {"class": "_clas"}
 
 
+def reads_field(text: str, name: str) -> bool:
+    """Whether the expression ``text`` (one :func:`compile_where` accepts)
+    names the field ``name``, so that a job reads only the fields its test
+    needs (a record's key, for one)."""
+    tree = ast.parse(_keywords_as_names(text.strip()), mode="eval")
+    alias = FIELD_KEYWORDS.get(name, name)
+    return any(isinstance(n, ast.Name) and n.id == alias for n in ast.walk(tree))
+
+
 def _keywords_as_names(text: str) -> str:
     """``text`` with the keyword ``class`` (outside strings) renamed, so the
     field of that name parses as a name."""
