@@ -211,6 +211,11 @@ class DatasetReader(PartShards, ComposedReader):
         return (self.record.of or {}).get("version")
 
     @property
+    def selections(self) -> list[Selection | None]:
+        """Each part's selection of its records (None: all of them)."""
+        return list(self._selections)
+
+    @property
     def is_view(self) -> bool:
         return self.record.kind == "view"
 

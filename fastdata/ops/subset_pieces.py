@@ -186,7 +186,7 @@ def base_mask(given, lo: int, hi: int) -> np.ndarray:
     """Which base records ``lo..hi`` ``given`` selects (all, without selections)."""
     from fastdata.dataset.across_parts import mask_chunks
 
-    selections = getattr(given, "_selections", None)
+    selections = getattr(given, "selections", None)
     if not selections or all(s is None for s in selections):
         return np.ones(hi - lo, bool)
     mask = np.zeros(hi - lo, bool)
