@@ -287,8 +287,14 @@ def _merged_groups(run, readers) -> list[DuplicateGroup]:
     """Runs of equal digests, two records or more, each as a group, from the
     pieces' sorted runs merged in digest order (members in dataset, index
     order); only the duplicates become Python objects."""
-    from fastdata.jobs.sorted_runs import combine_runs, equal_runs, merged
-    from fastdata.ops.dedup_pieces import MERGE_CHUNK, MERGE_FAN_IN, ORDER
+    from fastdata.jobs.sorted_runs import (
+        MERGE_CHUNK,
+        MERGE_FAN_IN,
+        combine_runs,
+        equal_runs,
+        merged,
+    )
+    from fastdata.ops.dedup_pieces import ORDER
 
     paths = combine_runs([os.path.join(run.work, r["run"]) for r in run.results], ORDER,
                          run.work, fan_in=MERGE_FAN_IN, chunk_rows=MERGE_CHUNK)

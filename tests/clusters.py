@@ -193,3 +193,28 @@ class When(threading.Thread):
         self.done.set()
         self.join()
         self.fired = fired
+
+
+def local_workers_since():
+    """A function giving the children of this process started after this
+    call: a job's local workers, never a server a fixture started (moto,
+    the emulators, a cluster), which are children too."""
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    return lambda: [p for p in me.children() if p.pid not in before]
+
+
+def killing_a_local_worker() -> When:
+    """A :class:`When` that kills one of the job's local workers (started
+    after the call) once two have been at their pieces for 0.3 s."""
+    workers, seen = local_workers_since(), []
+
+    def working_a_while() -> bool:  # a worker amid its pieces, not starting nor done
+        if len(workers()) < 2:
+            return False
+        seen.append(time.monotonic())
+        return seen[-1] - seen[0] > 0.3
+
+    return When(working_a_while, lambda: os.kill(workers()[0].pid, signal.SIGKILL))

@@ -18,7 +18,13 @@ from pathlib import Path
 import optional
 import pytest
 from click.testing import CliRunner
-from clusters import When, kill_ray_head, ray_cluster, ray_task_pids
+from clusters import (
+    When,
+    kill_ray_head,
+    local_workers_since,
+    ray_cluster,
+    ray_task_pids,
+)
 
 import fastdata
 from fastdata.cli import main
@@ -109,13 +115,16 @@ def near_report(planted) -> dict:
 def test_a_killed_local_worker_has_its_pieces_run_again(planted, near_report):
     import psutil
 
-    me = psutil.Process()
+    workers = local_workers_since()
 
     def worker_busy() -> bool:
-        return any(c.cpu_times().user > 0.05 for c in me.children())
+        try:
+            return any(c.cpu_times().user > 0.05 for c in workers())
+        except psutil.Error:  # a worker ended between the two calls
+            return False
 
     def kill() -> None:
-        os.kill(me.children()[0].pid, signal.SIGKILL)
+        os.kill(workers()[0].pid, signal.SIGKILL)
 
     with When(worker_busy, kill) as when:
         report = _report(planted, near=True, workers=2)

@@ -21,6 +21,7 @@ import numpy as np
 import optional
 import pytest
 from click.testing import CliRunner
+from clusters import killing_a_local_worker
 
 import fastdata
 from fastdata.cli import main
@@ -328,28 +329,10 @@ def slow_piece(*args):
 
 def test_a_killed_local_worker_has_its_pieces_run_again(packed, tmp_path, monkeypatch,
                                                        small_pieces):
-    import os
-    import signal
-    import time
-
-    import psutil
-    from clusters import When
-
     _, table, plain = jsonl_join(packed, tmp_path)
     monkeypatch.setattr(join_pieces, "join_piece", slow_piece)
-    me, seen = psutil.Process(), []
-
-    def working_a_while() -> bool:  # a worker amid its pieces, not starting nor done
-        if len(me.children()) < 2:
-            return False
-        seen.append(time.monotonic())
-        return seen[-1] - seen[0] > 0.3
-
-    def kill() -> None:
-        os.kill(me.children()[0].pid, signal.SIGKILL)
-
     dataset = copy_of(packed, tmp_path / "ds")
-    with When(working_a_while, kill) as when:
+    with killing_a_local_worker() as when:
         got = outcome(dataset, table, workers=2)
     assert when.fired
     assert got == plain

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from clusters import killing_a_local_worker
 
 import fastdata
 from fastdata.cli import main
@@ -303,33 +304,9 @@ def slow_key_piece(*args):
     return _KEY_PIECE(*args)
 
 
-def _killing_a_worker():
-    """A :class:`clusters.When` that kills one of the job's local workers
-    (a child of this process started after the call) amid its pieces."""
-    import signal
-    import time
-
-    import psutil
-    from clusters import When
-
-    me, seen = psutil.Process(), []
-    before = {p.pid for p in me.children()}  # the clusters' processes stay
-
-    def workers() -> list:
-        return [p for p in me.children() if p.pid not in before]
-
-    def working_a_while() -> bool:  # a worker amid its pieces, not starting nor done
-        if len(workers()) < 2:
-            return False
-        seen.append(time.monotonic())
-        return seen[-1] - seen[0] > 0.3
-
-    return When(working_a_while, lambda: os.kill(workers()[0].pid, signal.SIGKILL))
-
-
 def test_a_killed_local_worker_leaves_the_subset_the_same(data, local_views, monkeypatch):
     monkeypatch.setattr(subset_pieces, "subset_piece", slow_subset_piece)
-    with _killing_a_worker() as when:
+    with killing_a_local_worker() as when:
         result, view = _view(data, "exclude-fraction", "killed", workers=2)
     assert when.fired
     assert result == local_views["exclude-fraction"][0]
@@ -339,7 +316,7 @@ def test_a_killed_local_worker_leaves_the_subset_the_same(data, local_views, mon
 def test_a_killed_local_worker_leaves_the_append_the_same(data, local_append, monkeypatch):
     monkeypatch.setattr(dedup_pieces, "MIN_PIECE_RECORDS", 16)  # 25 pieces of the 400 keys
     monkeypatch.setattr(append_pieces, "key_piece", slow_key_piece)
-    with _killing_a_worker() as when:
+    with killing_a_local_worker() as when:
         found, _ = _append(data, "killed", workers=2)
     assert when.fired
     assert found == local_append

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import FastDataError
+from fastdata.jobs.sorted_runs import MERGE_CHUNK, MERGE_FAN_IN
 from fastdata.ops.piece_readers import described_reader
 
 #: A key row: the key's 64-bit hash, its side, and its record index (the
@@ -50,9 +51,9 @@ PAIR_ORDER = ("pos", "index")
 POSITION = np.dtype([("pos", "<i8")])
 #: A dataset record (of a confirmed key).
 INDEX = np.dtype([("index", "<i8")])
-#: Keys hashed at a time; rows a run holds (at most); merge fan-in and chunk.
+#: Keys hashed at a time; rows a run holds (at most).
 KEY_BATCH, RUN_ROWS = 1 << 14, 1 << 20
-MERGE_FAN_IN, MERGE_CHUNK = 64, 8192
+
 #: Keys listed in a refusal or a summary.
 SHOWN = 10
 

@@ -10,8 +10,8 @@ repeated digests: only the duplicates become Python objects.
 
 What grows with the datasets: 28 bytes per record on disk in the work
 folder (the runs); in memory, a chunk of each run at a time while merging
-(``MERGE_CHUNK`` rows of at most ``MERGE_FAN_IN`` runs), one piece's rows in the process hashing it, and
-the groups found.
+(``sorted_runs.MERGE_CHUNK`` rows of at most ``MERGE_FAN_IN`` runs), one
+piece's rows in the process hashing it, and the groups found.
 """
 
 from __future__ import annotations
@@ -28,11 +28,7 @@ PIECE_RECORDS = 1 << 18
 #: The fewest (the last piece of a dataset apart), and the pieces a job
 #: aims at below ``PIECE_RECORDS``: enough to keep a cluster busy.
 MIN_PIECE_RECORDS, TARGET_PIECES = 256, 256
-#: Runs a merge reads at once (more are first combined into longer runs),
-#: and rows it loads of each at a time: about 3 × 64 × 2,048 rows of 28 B
-#: (11 MB). Pieces hold more rows from about 5 × 10^5 records on, so the merge's
-#: memory stops growing there.
-MERGE_FAN_IN, MERGE_CHUNK = 64, 2048
+
 #: Records read at a time by a piece.
 READ_BATCH = 256
 #: A digest row: the 16 digest bytes as two big-endian halves (so that

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: Rows of the runs merged at a time (about 3 x 64 x 8,192 rows of 28 B).
-MERGE_FAN_IN, MERGE_CHUNK = 64, 8192
+from fastdata.jobs.sorted_runs import MERGE_CHUNK, MERGE_FAN_IN
+
 #: The index of a record dropped for its content.
 INDEX = np.dtype([("index", "<i8")])
 
