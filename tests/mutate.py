@@ -108,7 +108,9 @@ COMMIT, READER, RECORD = ("fastdata/dataset/commit.py", "fastdata/dataset/reader
                           "fastdata/dataset/record.py")
 COLUMNS, JOIN_PY, GC_PY = ("fastdata/dataset/columns.py", "fastdata/ops/join.py",
                            "fastdata/ops/gc.py")
-SUBSET, APPEND = "fastdata/ops/subset.py", "fastdata/ops/append.py"
+SUBSET_MERGE, APPEND_PIECES = "fastdata/ops/subset_merge.py", "fastdata/ops/append_pieces.py"
+JOIN_COLUMNS = "fastdata/ops/join_columns.py"
+INDEX_CHECK = "fastdata/formats/sharded/integrity.py"
 ADVICE, LOOP = "fastdata/meter/advice.py", "fastdata/meter/loop.py"
 STATS_PY, SAMPLES_PY = "fastdata/loaders/stats.py", "fastdata/loaders/samples.py"
 PREFETCH_PY, SETUP_PY = "fastdata/loaders/prefetch.py", "fastdata/loaders/meter_setup.py"
@@ -232,7 +234,7 @@ MUTANTS: list[Mutant] = [
     M("columns-null-flags-ignored", COLUMNS,
       'if "missing" in files and self.array(files["missing"])[i]:', "if False:",
       JOIN, MUTANTS_TESTS),
-    M("columns-null-flags-not-written", COLUMNS, "        if missing.any():\n",
+    M("columns-null-flags-not-written", JOIN_COLUMNS, "        if aggregate.missing:\n",
       "        if False:\n", JOIN, MUTANTS_TESTS),
     M("columns-digest-unchecked", COLUMNS, 'if _sha256(path) != self.entry["sha256"][file]:',
       "if False:", JOIN),
@@ -248,17 +250,20 @@ MUTANTS: list[Mutant] = [
       "kept = set(numbers[-keep:])", VERSIONS, VIEW_ABOVE),
     M("gc-ignores-grace", GC_PY, "if now - newest < grace:", "if False:",
       VERSIONS, GRACE, MUTANTS_TESTS),
-    M("append-keys-unchecked", APPEND, "clashes = [e.key for e in source if e.key in existing]",
-      "clashes = []", VERSIONS),
-    M("append-rebase-ignores-collisions", APPEND, "shared = mine.intersection(other.keys)",
-      "shared = set()", VERSIONS, COLLIDE, MUTANTS_TESTS),
+    M("append-keys-unchecked", APPEND_PIECES, "if clashes.count and not skip:",
+      "if False:", VERSIONS),
+    M("append-rebase-ignores-collisions", APPEND_PIECES, "        count += len(both)\n",
+      "        count += 0\n", VERSIONS, COLLIDE, MUTANTS_TESTS),
     M("join-rebase-ignores-same-column", JOIN_PY,
       'taken = sorted({n for c in landed for n in c["columns"] if n in mine})', "taken = []",
       JOIN, JOINS_AT_ONCE),
-    M("subset-strata-share-key", SUBSET, "Bijection(int(size), base ^ g)",
+    M("index-check-forgets-the-chunk-before", INDEX_CHECK,
+      "        self.last = (int(shard[-1]), int(end[-1]))\n", "        self.last = None\n",
+      "tests/test_index_check.py"),
+    M("subset-strata-share-key", SUBSET_MERGE, "Bijection(int(size), base ^ g)",
       "Bijection(int(size), base)", VIEWS, INDEPENDENCE, MUTANTS_TESTS),
-    M("subset-fraction-floored", SUBSET, "keep = np.rint(groups * fraction)",
-      "keep = np.floor(groups * fraction)", VIEWS, MUTANTS_TESTS),
+    M("subset-fraction-floored", SUBSET_MERGE, "self.keep = np.rint(sizes * fraction)",
+      "self.keep = np.floor(sizes * fraction)", VIEWS, MUTANTS_TESTS),
     # -- the stall meter --------------------------------------------------------------------
     M("meter-keeps-up-at-half", ADVICE, "KEEPS_UP = 0.05", "KEEPS_UP = 0.5", METER),
     M("meter-keeps-up-inclusive", ADVICE, "wait < KEEPS_UP", "wait <= KEEPS_UP", METER),
