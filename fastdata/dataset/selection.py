@@ -206,8 +206,8 @@ class Selection:
         """The stored form (see the module's docstring)."""
         if self.bits is None:
             raw = np.stack([self.starts, self.stops], axis=1).astype("<i8").tobytes()
-        else:
-            raw = self.bits.tobytes()
+        else:  # the bitmap's own bytes, not a copy: it is a bit per record
+            raw = memoryview(np.ascontiguousarray(self.bits, np.uint8))
         return {"encoding": self.encoding, "records": self.count,
                 "sha256": hashlib.sha256(raw).hexdigest(),
                 "data": base64.b64encode(zlib.compress(raw, 6)).decode("ascii")}

@@ -49,7 +49,11 @@ def read_bytes(path, *, limit: int | None = None) -> bytes:
 
         return open_remote(path).read(limit=limit)
     with open(path, "rb") as f:
-        data = f.read() if limit is None else f.read(limit + 1)
+        # Its size first: a read of ``limit + 1`` bytes would reserve them all.
+        if limit is None or os.fstat(f.fileno()).st_size <= limit:
+            data = f.read()
+        else:
+            data = f.read(limit + 1)
     if limit is not None and len(data) > limit:
         from fastdata.errors import CorruptDataError
 

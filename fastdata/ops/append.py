@@ -165,7 +165,7 @@ def append(source, dataset: str | os.PathLike, *, options: PackOptions | None = 
 
     What grows: memory per process does not grow with the dataset's
     records; a worker holds one piece's key hashes (at most 2^18 rows of
-    17 bytes), this process a chunk of the sorted runs (17 MB while the
+    17 bytes), this process a chunk of the sorted runs (1.1 MB while the
     source's keys are sorted), the first keys listed, and the pack's own
     (see fastdata.pack); the source holds what it lists (a folder's file
     names). On disk while it runs, in the work folder

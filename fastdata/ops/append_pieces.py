@@ -16,7 +16,7 @@ streams to pass over them.
 What grows with the records: 17 bytes per key (dataset and source) on disk
 in the job's work folder, and 16 bytes per candidate and 16 per confirmed
 key; in memory, one piece's rows in the process hashing it, ``RUN_ROWS``
-rows (17 MB) while the source's keys are sorted, a chunk of at most
+rows (1.1 MB) while the source's keys are sorted, a chunk of at most
 ``MERGE_FAN_IN`` runs while merging, one group of equal hashes, and the
 first ``SHOWN`` keys listed.
 """
@@ -51,8 +51,11 @@ PAIR_ORDER = ("pos", "index")
 POSITION = np.dtype([("pos", "<i8")])
 #: A dataset record (of a confirmed key).
 INDEX = np.dtype([("index", "<i8")])
-#: Keys hashed at a time; rows a run holds (at most).
-KEY_BATCH, RUN_ROWS = 1 << 14, 1 << 20
+#: Keys hashed at a time; rows a run holds (at most): 1.1 MB of key rows,
+#: a bound the source's keys reach from 65,536 on, so that the memory of
+#: the append does not grow past it (10^9 keys: 15,259 runs, merged in
+#: three passes of ``MERGE_FAN_IN``).
+KEY_BATCH, RUN_ROWS = 1 << 14, 1 << 16
 
 #: Keys listed in a refusal or a summary.
 SHOWN = 10

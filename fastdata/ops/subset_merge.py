@@ -7,7 +7,9 @@ selection (runs or a bitmap, :mod:`fastdata.dataset.selection`).
 What grows with the parent's records: one bit per record (each part's
 bitmap, and up to as much again in runs while they are smaller), and on
 disk 8 bytes per record dropped for its content; the rest is a piece's
-flags and a chunk of the merged runs.
+packed flags and labels (4 bytes per flagged record, pieces of at most
+2**18 records), :data:`CHUNK` records of them unpacked, and a chunk of the
+merged runs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fastdata.jobs.sorted_runs import MERGE_CHUNK, MERGE_FAN_IN
+
+#: Records of a piece combined at a time (a multiple of 8: each chunk's
+#: flags start on a byte), so that what the merge holds for a piece does
+#: not grow with the piece.
+CHUNK = 8192
 
 #: The index of a record dropped for its content.
 INDEX = np.dtype([("index", "<i8")])
@@ -53,24 +60,24 @@ def combine(run, root, record, fraction, seed: int, stratify: bool) -> Made:
             groups = _add(groups, np.asarray(result["groups"], np.int64))
         for span, result, gone in zip(spans, flagged, _by_piece(hits, spans)):
             if len(gone):  # the draw's groups count only what is left
-                flags, labels = _piece_flags(run, result, span, np.zeros(0, np.int64))
-                at = np.flatnonzero(flags) + span[0]
-                groups = _add(groups, -np.bincount(labels[np.isin(at, gone)] + 1,
-                                                   minlength=width))
+                for lo, flags, labels in _chunks(run, result, span, np.zeros(0, np.int64)):
+                    at = np.flatnonzero(flags) + lo
+                    groups = _add(groups, -np.bincount(labels[np.isin(at, gone)] + 1,
+                                                       minlength=width))
         draw = Draw(groups, float(fraction), int(seed), stratify)
     made = Made(counts=np.zeros(width - 1, np.int64), payload=0 if root.sharded else None)
     parts = Parts([p.records for p in record.parts])
     for span, result, gone in zip(spans, flagged, _by_piece(hits, spans)):
-        flags, labels = _piece_flags(run, result, span, gone)
         made.excluded += len(gone)
-        if draw is not None:
-            flags, labels = draw.take(flags, labels)
-        made.counts = _add(made.counts, np.bincount(labels[labels >= 0],
-                                                    minlength=width - 1))
-        chosen = np.flatnonzero(flags) + span[0]
-        if made.payload is not None and len(chosen):
-            made.payload += int(np.asarray(root.placement(chosen)[1], np.int64).sum())
-        parts.add(flags)
+        for lo, flags, labels in _chunks(run, result, span, gone):
+            if draw is not None:
+                flags, labels = draw.take(flags, labels)
+            made.counts = _add(made.counts, np.bincount(labels[labels >= 0],
+                                                        minlength=width - 1))
+            chosen = np.flatnonzero(flags) + lo
+            if made.payload is not None and len(chosen):
+                made.payload += int(np.asarray(root.placement(chosen)[1], np.int64).sum())
+            parts.add(flags)
     made.stored, made.selected = parts.finish(), parts.selected
     return made
 
@@ -85,19 +92,28 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def _piece_flags(run, result: dict, span, gone) -> tuple[np.ndarray, np.ndarray]:
-    """A piece's flags (bool, one per record of ``span``) and its flagged
-    records' labels, less the records ``gone`` (base indices)."""
+def _chunks(run, result: dict, span, gone) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """A piece's flags, :data:`CHUNK` records at a time: ``(first record,
+    flags (bool, one per record), the flagged records' labels)``, less the
+    records ``gone`` (base indices, ascending)."""
     from fastdata.jobs.files import load_array
 
     start, end = span
-    flags = np.unpackbits(load_array(os.path.join(run.work, result["flags"])),
-                          bitorder="little", count=end - start).astype(bool)
-    labels = load_array(os.path.join(run.work, result["labels"])).astype(np.int64)
-    if len(gone):
-        labels = labels[~np.isin(np.flatnonzero(flags), gone - start)]
-        flags[gone - start] = False
-    return flags, labels
+    packed = load_array(os.path.join(run.work, result["flags"]))
+    labels = load_array(os.path.join(run.work, result["labels"]))
+    used = 0
+    for lo in range(start, end, CHUNK):
+        hi = min(end, lo + CHUNK)
+        flags = np.unpackbits(packed[(lo - start) // 8:-(-(hi - start) // 8)],
+                              bitorder="little", count=hi - lo).astype(bool)
+        count = int(np.count_nonzero(flags))
+        here = labels[used:used + count].astype(np.int64)
+        used += count
+        out = gone[(gone >= lo) & (gone < hi)] - lo
+        if len(out):
+            here = here[~np.isin(np.flatnonzero(flags), out)]
+            flags[out] = False
+        yield lo, flags, here
 
 
 def _hit_runs(run) -> list[str]:
