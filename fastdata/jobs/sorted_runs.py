@@ -318,8 +318,10 @@ def _emit(parts: list[np.ndarray], order: Sequence[str], chunk_rows: int
         return
     rows = np.concatenate(parts)  # in run order: the stable sort keeps ties so
     rows = take(rows, stable_order(rows, order))
+    # Copies, not views: a chunk the reader still holds when the next step
+    # sorts would keep this whole step's rows alive beside the next one's.
     for at in range(0, len(rows), chunk_rows):
-        yield rows[at:at + chunk_rows]
+        yield rows[at:at + chunk_rows].copy()
 
 
 def combine_runs(paths: Sequence[str], order: tuple[str, ...], folder: str, *,

@@ -12,7 +12,7 @@ of records at a time for the column files (fastdata.ops.join_columns).
 
 What grows, per process: nothing with the record count past the sizes
 given below. A chunk of each run while merging (``MERGE_FAN_IN`` runs of
-``MERGE_CHUNK`` rows of 25 bytes, then of ``CHUNK`` matches of 17 bytes),
+``MERGE_CHUNK`` rows of 25 bytes, then of ``MERGE_CHUNK`` matches of 17 bytes),
 ``MATCH_ROWS`` matches before they are spilled, ``CHUNK`` records in record
 order, and the new class names of a label column. On disk: 17 bytes per
 match (sorted runs) and 24 bytes per match (in record order).
@@ -184,7 +184,7 @@ class Matcher:
         folder = os.path.join(self.run.work, "matches")
         paths = combine_runs(paths, ("index",), folder, fan_in=MERGE_FAN_IN,
                              chunk_rows=MERGE_CHUNK, prefix="combined")
-        return merged(paths, ("index",), chunk_rows=CHUNK)
+        return merged(paths, ("index",), chunk_rows=MERGE_CHUNK)
 
     def _classify(self, rows: np.ndarray, writer) -> None:
         """Whole groups of equal hashes: one record and one row is a match
