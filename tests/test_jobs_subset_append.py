@@ -119,6 +119,17 @@ def test_subset_on_ray_is_the_local_view(data, local_views, ray_address, staging
     assert not list(staging.iterdir())
 
 
+@pytest.mark.parametrize("name", ["where", "stratify", "exclude"])
+def test_a_piece_flagged_in_small_chunks_gives_the_same_view(data, local_views, name,
+                                                             monkeypatch):
+    # Chunks of 100 records cut every 256-record piece off the byte and
+    # the 64-record grid its flags are packed on.
+    monkeypatch.setattr(subset_pieces, "CHUNK", 100)
+    result, view = _view(data, name, "chunked", workers=1)
+    assert result == local_views[name][0]
+    assert _without_stamp(view) == _without_stamp(local_views[name][1])
+
+
 def _selected(view_path) -> list[int]:
     with fastdata.open_reader(view_path) as reader:
         return [int(reader.base_of([i])[0]) for i in range(len(reader))]

@@ -109,7 +109,7 @@ def _chunks(run, result: dict, span, gone) -> Iterator[tuple[int, np.ndarray, np
         count = int(np.count_nonzero(flags))
         here = labels[used:used + count].astype(np.int64)
         used += count
-        out = gone[(gone >= lo) & (gone < hi)] - lo
+        out = gone[np.searchsorted(gone, lo):np.searchsorted(gone, hi)] - lo
         if len(out):
             here = here[~np.isin(np.flatnonzero(flags), out)]
             flags[out] = False

@@ -26,8 +26,10 @@ from fastdata.ops.append_pieces import key_at, keys_of
 from fastdata.ops.dedup_pieces import ORDER, READ_BATCH, digest_piece, piece_records
 from fastdata.ops.piece_readers import open_root
 
-#: Records flagged at a time inside a piece.
-CHUNK = 1 << 16
+#: Records flagged at a time inside a piece: their keys, metadata and
+#: ``where`` fields are Python objects (a few hundred bytes a record), so a
+#: chunk, not the piece (up to 2**18 records), bounds them.
+CHUNK = 1 << 12
 
 
 def plan(count: int) -> list[tuple[int, int]]:
