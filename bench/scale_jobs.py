@@ -152,10 +152,15 @@ def cluster(kind: str, staging: str):
         if kind == "local":
             yield {"workers": 2}, lambda: []
         elif kind == "dask":
+            import dask.config
             import distributed as dd
 
-            with dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                 host="127.0.0.1", dashboard_address=":0") as c, \
+            # A worker's statistical profiler keeps its last 1,000 seconds of
+            # profiles (about 25 KB a second here): growth with the job's time,
+            # not with its records, so it is off where memory is measured.
+            with dask.config.set({"distributed.worker.profile.enabled": False}), \
+                    dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                    host="127.0.0.1", dashboard_address=":0") as c, \
                     dd.Client(c) as client:
                 yield ({"scheduler": c.scheduler_address},
                        lambda: list(client.run(os.getpid).values()))

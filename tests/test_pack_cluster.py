@@ -374,3 +374,60 @@ def test_workers_with_a_scheduler_is_said_to_be_local_only(cluster, source, tmp_
     fastdata.pack(source, _output(tmp_path, "tar"), options=_options("tar", "keep", workers=3),
                   progress=False, scheduler=cluster.scheduler.address, on_event=events.append)
     assert any("workers= applies to a local pack" in e for e in events)
+
+
+class _BytesSource:
+    """Records whose bytes the source holds: a piece's task input is its
+    entries, bytes and all (each record carries ``MARK``)."""
+
+    MARK = b"piece-input-" + bytes(range(32))
+
+    def __init__(self, n: int) -> None:
+        self.n, self.classes = n, ["a", "b"]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        from fastdata.packers.source import SourceEntry
+
+        for i in range(self.n):
+            yield SourceEntry(key=f"{i:05d}", label=i % 2, data=self.MARK + bytes(48 - 44),
+                              raw_shape=(1, 16, 3))
+
+    def describe(self) -> dict:
+        return {"root": None, "files": self.n, "kind": "records held in memory"}
+
+    def warnings(self) -> list[str]:
+        return []
+
+
+def _logged_with(mark: bytes, streams) -> int:
+    """Messages holding ``mark`` in what ``streams`` keep of the messages
+    they sent (distributed keeps the last 1,000 under 1 MB)."""
+    import pickle
+
+    return sum(mark in pickle.dumps(message) for stream in streams
+               for message in stream.recent_message_log)
+
+
+def _scheduler_logged_with(mark: bytes, dask_scheduler=None) -> int:
+    return _logged_with(mark, [*dask_scheduler.stream_comms.values(),
+                               *dask_scheduler.client_comms.values()])
+
+
+def _worker_logged_with(mark: bytes, dask_worker=None) -> int:
+    return _logged_with(mark, [dask_worker.batched_stream])
+
+
+def test_piece_inputs_are_not_kept_in_the_clusters_message_logs(cluster, tmp_path):
+    """A task that carried its piece's entries would stay, entries and all,
+    in the scheduler's log of what it sent its worker; they go by scatter."""
+    source = _BytesSource(60)
+    fastdata.pack(source, tmp_path / "out.tfrecord", progress=False,
+                  options=fastdata.PackOptions(shard_size=4),
+                  scheduler=cluster.scheduler.address)
+    with fastdata.open_reader(tmp_path / "out.tfrecord") as reader:
+        assert len(reader) == 60
+    assert cluster.run_on_scheduler(_scheduler_logged_with, _BytesSource.MARK) == 0
+    assert set(cluster.run(_worker_logged_with, _BytesSource.MARK).values()) == {0}

@@ -16,8 +16,6 @@ from fastdata.errors import FastDataError
 
 #: Seconds to wait for a scheduler that does not answer.
 CONNECT_SECONDS = 10.0
-#: distributed's setting for how many sent messages a connection keeps.
-MESSAGE_LOG = "distributed.admin.low-level-log-length"
 
 
 def import_distributed():
@@ -32,15 +30,9 @@ def import_distributed():
 def connect(dd, address: str):
     """A client (of distributed, ``dd``) of the scheduler at ``address``, or
     one clear error within about ``CONNECT_SECONDS``."""
-    import dask.config
-
     _probe(dd, address)
     try:
-        # distributed keeps the last 1,000 messages under 1 MB that a client
-        # sent, for its developers: a job's piece arguments (a pack ships its
-        # source entries) would stay in memory, up to 1 GB. Not for our client.
-        with dask.config.set({MESSAGE_LOG: 0}):
-            return dd.Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
+        return dd.Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise _unreachable(address, str(exc) or type(exc).__name__) from None
 

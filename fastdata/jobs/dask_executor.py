@@ -40,6 +40,10 @@ def known_keys(job: str, dask_worker=None) -> list[str]:
     return [str(key) for key in dask_worker.state.tasks if f"-{job}-" in str(key)]
 
 
+class _ArgumentLost(Exception):
+    """A piece's task was cancelled: the worker holding its argument died."""
+
+
 class DaskExecutor:
     """A connection to a Dask scheduler, and the tasks of one job on it."""
 
@@ -68,6 +72,7 @@ class DaskExecutor:
         self._job = uuid.uuid4().hex[:12]
         self.where = f"the Dask scheduler at {self.address}"
         self._futures: dict[int, object] = {}
+        self._held: dict[int, object] = {}  # each piece's scattered argument
         self._threads, self._counted_at = 0, 0.0
         self._gone = False  # the scheduler was lost
         self._closed = False
@@ -98,6 +103,7 @@ class DaskExecutor:
                 self._drain()
         finally:
             self._futures.clear()
+            self._held.clear()
             try:
                 if self._own:
                     self.client.close(timeout=2 if self._gone else CONNECT_SECONDS)
@@ -126,41 +132,78 @@ class DaskExecutor:
     def results(self, fn, pieces, args: tuple, *, in_order: bool):
         """``(number, fn(number, arg, *args))`` for each ``(number, arg)`` of
         ``pieces``, a few per worker thread in flight: in the order of
-        ``pieces``, or as they finish."""
+        ``pieces``, or as they finish.
+
+        Each piece's ``arg`` goes to a worker by itself (scattered), and its
+        task names it: the scheduler keeps the last 1,000 messages it sent
+        each worker, and a task that carried its argument (a pack ships its
+        source entries) would keep them all there. A worker lost with a
+        piece's argument before its task ran has the piece sent again.
+        """
         pieces = iter(pieces)
         # A task's key names the piece function and the job (its dashboard name).
         prefix = f"fastdata-{getattr(fn, '__name__', 'piece').replace('_', '-')}-{self._job}"
         queue: deque[int] = deque()
         finished = None if in_order else self._dd.as_completed(loop=self.client.loop)
+        sent: dict[int, object] = {}  # the argument of each piece in flight, for a resend
+        resent: dict[int, int] = {}
+
+        def submit(number: int) -> None:
+            attempt = resent.get(number, 0)
+            held = self._scatter(sent[number])
+            future = self.client.submit(fn, number, held, *args, pure=False,
+                                        key=f"{prefix}-{number}-{attempt}",
+                                        retries=TASK_RETRIES)
+            self._futures[number] = future
+            self._held[number] = held
+            if finished is not None:
+                finished.add(future)
 
         def submit_more() -> None:
             while len(self._futures) < self._window():
-                number, entries = next(pieces, (None, None))
+                number, arg = next(pieces, (None, None))
                 if number is None:
                     return
-                future = self.client.submit(fn, number, entries, *args, pure=False,
-                                            key=f"{prefix}-{number}",
-                                            retries=TASK_RETRIES)
-                self._futures[number] = future
+                sent[number] = arg
+                submit(number)
                 if finished is None:
                     queue.append(number)
-                else:
-                    finished.add(future)
 
         submit_more()
         while self._futures:
-            if finished is None:
-                future = self._futures[queue.popleft()]
-            else:
-                future = next(finished)
+            future = self._futures[queue[0]] if finished is None else next(finished)
             number = self._number(future)
-            result = self._result(future, number)
-            del self._futures[number]  # the scheduler forgets it
+            try:
+                result = self._result(future, number)
+            except _ArgumentLost:
+                resent[number] = resent.get(number, 0) + 1
+                if resent[number] > TASK_RETRIES:
+                    raise FastDataError(
+                        f"piece {number}: every Dask worker that ran it or held its input "
+                        f"died ({resent[number]} times; out of memory?)") from None
+                submit(number)
+                continue
+            if finished is None:
+                queue.popleft()
+            # The scheduler forgets the task and its argument.
+            del self._futures[number], self._held[number], sent[number]
             submit_more()
             yield number, result
 
+    def _scatter(self, arg):
+        """``arg`` on a worker, as a future; waits for a worker to join."""
+        while True:
+            try:
+                return self.client.scatter([arg], hash=False, timeout=CONNECT_SECONDS)[0]
+            except TimeoutError:
+                if self.client.status != "running":
+                    raise self._lost("it does not answer") from None
+                # No worker yet (the job waits for them, as its tasks would).
+            except (OSError, self._dd.comm.CommClosedError):
+                raise self._lost("the connection closed") from None
+
     def _number(self, future) -> int:
-        return int(str(future.key).rsplit("-", 1)[1])
+        return int(str(future.key).rsplit("-", 2)[1])
 
     def _result(self, future, number: int):
         """The task's result, its error as one clear line, or SchedulerLost."""
@@ -169,6 +212,8 @@ class DaskExecutor:
         except FastDataError:
             raise
         except Exception as exc:  # noqa: BLE001 - anything a task or the connection raised
+            if self._argument_lost(future, number, exc):
+                raise _ArgumentLost() from None
             if future.status != "error" or self.client.status != "running":
                 # Cancelled, or its result could not be fetched: the connection went.
                 raise self._lost("the connection closed") from None
@@ -188,6 +233,13 @@ class DaskExecutor:
                 raise FastDataError(f"piece {number} failed on a Dask worker: "
                                     f"{exc}") from exc
             raise
+
+    def _argument_lost(self, future, number: int, exc: Exception) -> bool:
+        """Whether ``future``'s task was cancelled because the worker holding
+        its argument died, the cluster still there."""
+        return (future.status == "cancelled" and self.client.status == "running"
+                and getattr(exc, "reason", "") != "scheduler-connection-lost"
+                and self._held[number].status != "finished")
 
     def _check_workers(self, prefix: str = "") -> None:
         """Refuse workers that cannot import fastdata: they would die
