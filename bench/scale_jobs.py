@@ -1,7 +1,7 @@
 """Whole-dataset jobs as the record count grows: wall time and peak memory
 per process, on this machine's processes, a local Dask cluster and a local
-Ray cluster (2 workers each, started here). Run through ``bench/scale.py
-jobs``::
+Ray cluster (2 workers each, started here; Dask's without its profiler).
+Run through ``bench/scale.py jobs``::
 
     python bench/scale.py jobs --sizes 1000000,10000000
     python bench/scale.py jobs --sizes 100000,1000000 --executors local,ray --jobs dedup
@@ -156,8 +156,9 @@ def cluster(kind: str, staging: str):
             import distributed as dd
 
             # A worker's statistical profiler keeps its last 1,000 seconds of
-            # profiles (about 25 KB a second here): growth with the job's time,
-            # not with its records, so it is off where memory is measured.
+            # profiles (a worker grew about 1 MB per pack of 2*10^5 records
+            # with it, nothing without): growth with the job's time, not its
+            # records, so it is off where memory is measured.
             with dask.config.set({"distributed.worker.profile.enabled": False}), \
                     dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                     host="127.0.0.1", dashboard_address=":0") as c, \
