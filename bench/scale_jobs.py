@@ -20,6 +20,9 @@ a fresh cluster is started, and each job runs in a fresh driver process:
   manifest);
 - ``pack``: ``fastdata.pack`` of the same records (a Source in memory) into
   TFRecord, its shards' SHA-256 compared across executors;
+- ``convert``: ``fastdata.convert`` of the dataset ``append`` takes (its
+  records are raw pixels, as a pack writes them) into TFRecord: read here,
+  prepared and written by the workers; its shards compared as ``pack``'s;
 - ``join``: ``fastdata.join`` of a planted JSON Lines table of the records'
   keys (written once beside the dataset: a text and a float column, no row
   for one record in ``JOIN_SKIP_EVERY``, one key in 1,000 the dataset
@@ -65,7 +68,7 @@ from scale_jobs_data import (  # noqa: E402 (beside this file)
     write_table,
 )
 REPO = os.path.dirname(HERE)
-JOBS = ("dedup", "verify", "info", "pack", "join", "subset", "append")
+JOBS = ("dedup", "verify", "info", "pack", "convert", "join", "subset", "append")
 EXECUTORS = ("local", "dask", "ray")
 
 
@@ -120,6 +123,10 @@ elif job == "append":
                            progress=False, **cluster)
     result = {"added": done.added, "skipped": done.skipped_existing, "total": done.records,
               "part": done.part}
+elif job == "convert":
+    options = fastdata.PackOptions(shard_size=10_000, workers=cluster.pop("workers", None))
+    fastdata.convert(path, out, options=options, progress=False, **cluster)
+    result = {}
 elif job == "info":
     import contextlib, io
     from fastdata.cli import main
@@ -235,7 +242,7 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
             started = time.perf_counter()
             path = write_dataset(folder, n)
             table = write_table(folder, n) if "join" in jobs else None
-            packed = write_packed(folder, n) if "append" in jobs else None
+            packed = write_packed(folder, n) if {"append", "convert"} & set(jobs) else None
             print(f"{n:,} records written in {time.perf_counter() - started:.0f} s",
                   flush=True)
             for kind in executors:
@@ -259,13 +266,14 @@ def run(sizes: list[int], executors: list[str], jobs: list[str], base: str | Non
                             r = copy_job(job, path if job == "subset" else packed, n,
                                          options, workers, os.path.dirname(out))
                         else:
-                            r = run_job(job, path, n, options, workers, out)
+                            r = run_job(job, packed if job == "convert" else path, n, options,
+                                        workers, out)
                         if job == "verify" and not (r["ok"] and r["checked"] == n):
                             raise RuntimeError(f"verify: {r}")
                         if job == "dedup" and r["groups"] != planted_groups(n):
                             raise RuntimeError(f"dedup found {r['groups']} groups, "
                                                f"{planted_groups(n)} planted")
-                        if job == "pack":
+                        if job in ("pack", "convert"):
                             r["shards"] = _shards_digest(out)
                             subprocess.run(["rm", "-rf", os.path.dirname(out)])
                         rows.append({"records": n, "executor": kind, "job": job, **r})

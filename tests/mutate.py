@@ -110,6 +110,7 @@ COLUMNS, JOIN_PY, GC_PY = ("fastdata/dataset/columns.py", "fastdata/ops/join.py"
                            "fastdata/ops/gc.py")
 SUBSET_MERGE, APPEND_PIECES = "fastdata/ops/subset_merge.py", "fastdata/ops/append_pieces.py"
 JOIN_COLUMNS = "fastdata/ops/join_columns.py"
+SUBSET_PIECES, DASK_EXECUTOR = "fastdata/ops/subset_pieces.py", "fastdata/jobs/dask_executor.py"
 INDEX_CHECK = "fastdata/formats/sharded/integrity.py"
 ADVICE, LOOP = "fastdata/meter/advice.py", "fastdata/meter/loop.py"
 STATS_PY, SAMPLES_PY = "fastdata/loaders/stats.py", "fastdata/loaders/samples.py"
@@ -264,6 +265,13 @@ MUTANTS: list[Mutant] = [
       "Bijection(int(size), base)", VIEWS, INDEPENDENCE, MUTANTS_TESTS),
     M("subset-fraction-floored", SUBSET_MERGE, "self.keep = np.rint(sizes * fraction)",
       "self.keep = np.floor(sizes * fraction)", VIEWS, MUTANTS_TESTS),
+    M("subset-chunk-short", SUBSET_PIECES, "hi = min(end, lo + CHUNK)",
+      "hi = min(end, lo + CHUNK - 1)", "tests/test_jobs_subset_append.py"),
+    M("dask-task-carries-its-input", DASK_EXECUTOR, "held = self._scatter(sent[number])",
+      "held = sent[number]", "tests/test_pack_cluster.py"),
+    M("dask-lost-input-not-resent", DASK_EXECUTOR,
+      "                submit(number)\n                continue\n",
+      "                raise\n", "tests/test_pack_cluster.py"),
     # -- the stall meter --------------------------------------------------------------------
     M("meter-keeps-up-at-half", ADVICE, "KEEPS_UP = 0.05", "KEEPS_UP = 0.5", METER),
     M("meter-keeps-up-inclusive", ADVICE, "wait < KEEPS_UP", "wait <= KEEPS_UP", METER),
