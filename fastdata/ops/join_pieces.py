@@ -117,14 +117,14 @@ def _dataset_piece(number: int, start: int, end: int, work: str, spec: dict) -> 
     reader = piece_reader(spec)
     name = f"d{number:06d}"
     keys = StoreWriter(os.path.join(work, name + ".keys"))
-    rows = []
+    rows = np.empty(end - start, ROW)  # filled in place: no list of batches to join
     for at in range(start, end, BATCH):
         texts = [key_bytes(_key(reader, i)) for i in range(at, min(at + BATCH, end))]
         keys.add([STR] * len(texts), np.zeros(len(texts), np.int64), texts)
-        rows.append(hash_rows(texts, DATASET, np.arange(at, at + len(texts))))
+        rows[at - start:at - start + len(texts)] = hash_rows(
+            texts, DATASET, np.arange(at, at + len(texts)))
     keys.close()
-    write_run(os.path.join(work, name + ".run.npy"),
-              np.concatenate(rows) if rows else np.empty(0, ROW), ORDER)
+    write_run(os.path.join(work, name + ".run.npy"), rows, ORDER)
     return {"side": "dataset", "start": start, "end": end, "run": name + ".run.npy",
             "keys": name + ".keys"}
 
