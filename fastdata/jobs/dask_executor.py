@@ -43,8 +43,9 @@ def known_keys(job: str, dask_worker=None) -> list[str]:
 
 def run_piece(fn, number: int, held: bytes, *args):
     """A piece's task on a worker: ``fn(number, arg, *args)``, its ``arg``
-    scattered pickled, as one bytes object (distributed would serialize a
-    list of 10,000 entries one element at a time, a second per piece)."""
+    scattered pickled, as one bytes object (distributed serializes a
+    scattered list one element at a time: about 0.35 s for a pack's piece of
+    10,000 entries on 2 cores, against 0.015 s pickled)."""
     return fn(number, pickle.loads(held), *args)
 
 
