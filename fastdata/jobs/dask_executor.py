@@ -30,6 +30,8 @@ from fastdata.jobs.executor import ClusterLost
 TASK_RETRIES = 2
 #: Pieces in flight per worker thread: one running, one queued behind it.
 PIECES_PER_THREAD = 2
+#: Tries again to scatter a piece's input that failed (its worker died).
+SCATTER_RETRIES = 5
 #: How long a stopped job waits for its tasks still running on workers.
 DRAIN_SECONDS = 20.0
 
@@ -201,6 +203,7 @@ class DaskExecutor:
 
     def _scatter(self, arg):
         """``arg`` on a worker, as a future; waits for a worker to join."""
+        failed = 0
         while True:
             try:
                 return self.client.scatter([arg], hash=False, timeout=CONNECT_SECONDS)[0]
@@ -209,7 +212,12 @@ class DaskExecutor:
                     raise self._lost("it does not answer") from None
                 # No worker yet (the job waits for them, as its tasks would).
             except (OSError, self._dd.comm.CommClosedError):
-                raise self._lost("the connection closed") from None
+                # The worker it went to died, and the scheduler did not know
+                # yet: another try goes to the next worker.
+                failed += 1
+                if self.client.status != "running" or failed > SCATTER_RETRIES:
+                    raise self._lost("the connection closed") from None
+                time.sleep(0.2 * failed)
 
     def _number(self, future) -> int:
         return int(str(future.key).rsplit("-", 2)[1])
@@ -221,7 +229,7 @@ class DaskExecutor:
         except FastDataError:
             raise
         except Exception as exc:  # noqa: BLE001 - anything a task or the connection raised
-            if self._argument_lost(future, number, exc):
+            if self._argument_lost(future, exc):
                 raise _ArgumentLost() from None
             if future.status != "error" or self.client.status != "running":
                 # Cancelled, or its result could not be fetched: the connection went.
@@ -243,12 +251,13 @@ class DaskExecutor:
                                     f"{exc}") from exc
             raise
 
-    def _argument_lost(self, future, number: int, exc: Exception) -> bool:
-        """Whether ``future``'s task was cancelled because the worker holding
-        its argument died, the cluster still there."""
+    def _argument_lost(self, future, exc: Exception) -> bool:
+        """Whether ``future``'s task was cancelled, the cluster still there:
+        the worker holding its argument died (the client may learn that the
+        argument is lost only after the task's cancel, so its state is not
+        asked). Sending the piece again is right whatever the cause."""
         return (future.status == "cancelled" and self.client.status == "running"
-                and getattr(exc, "reason", "") != "scheduler-connection-lost"
-                and self._held[number].status != "finished")
+                and getattr(exc, "reason", "") != "scheduler-connection-lost")
 
     def _check_workers(self, prefix: str = "") -> None:
         """Refuse workers that cannot import fastdata: they would die
