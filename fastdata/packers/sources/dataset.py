@@ -96,8 +96,12 @@ class DatasetSource:
         order = sorted(set(wanted))
         payloads = dict(zip(order, self.reader.read_many(order)))
         metadata = dict(zip(order, self._metadata(order)))
-        keys, labels = self.reader.keys, self.reader.labels
-        return [SourceEntry(keys[i], int(labels[i]), data=bytes(payloads[i]),
+        from fastdata.ops.append_pieces import key_at
+
+        # Each key read alone (a sharded pack reads the piece of its keys file
+        # that holds it): reader.keys would hold every key, ~70 B a record.
+        labels = self.reader.labels
+        return [SourceEntry(key_at(self.reader, i), int(labels[i]), data=bytes(payloads[i]),
                             metadata=metadata[i], raw_shape=self.raw_shape)
                 for i in wanted]
 
