@@ -79,7 +79,8 @@ def select_piece(number: int, piece: tuple, work: str, spec: dict, rules: dict) 
         at = np.arange(lo, hi)
         mask = base_mask(given, lo, hi)
         chunk_labels = np.asarray(root.labels[at], np.int64)
-        mask[gone[(gone >= lo) & (gone < hi)] - lo] = False
+        # The piece's dropped indices, ascending: those of this chunk by bisection.
+        mask[gone[np.searchsorted(gone, lo):np.searchsorted(gone, hi)] - lo] = False
         if rules.get("classes") is not None:
             mask &= np.isin(chunk_labels, np.asarray(rules["classes"], np.int64))
         if keys or test is not None:
