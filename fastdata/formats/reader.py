@@ -39,6 +39,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
+def key_at(reader, index: int) -> str:
+    """Record ``index``'s key (``reader.keys[index]``), read alone where the
+    format can; an error reading it is raised, not passed over."""
+    key = reader.key_of(index)
+    return key if key is not None else reader.keys[index]
+
+
 def open_lock() -> threading.Lock:
     """The lock readers hold while opening a handle (threads of one process share
     readers; a fresh lock in every forked child, so none is inherited held)."""

@@ -241,10 +241,10 @@ def _key_check(source, described: dict, records: int, *, cluster: dict, resume: 
     (see fastdata.ops.append_pieces): its run (``finish()`` when done with
     the positions) and the :class:`~fastdata.ops.append_pieces.Clashes`."""
     from fastdata.jobs.runner import Job
+    from fastdata.formats.reader import key_at
     from fastdata.ops.append_pieces import (
         candidates,
         confirm,
-        key_at,
         key_piece,
         source_runs,
     )

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import FastDataError
+from fastdata.formats.reader import key_at
 from fastdata.jobs.sorted_runs import MERGE_CHUNK, MERGE_FAN_IN
 from fastdata.ops.piece_readers import described_reader
 
@@ -94,13 +95,6 @@ def keys_of(reader, lo: int, hi: int) -> list[str]:
             out += keys_of(part, a - first, b - first)
         first += len(part)
     return out
-
-
-def key_at(reader, index: int) -> str:
-    """Record ``index``'s key (``reader.keys[index]``), read alone where the
-    format can; an error reading it is raised, not passed over."""
-    key = reader.key_of(index)
-    return key if key is not None else reader.keys[index]
 
 
 def key_piece(number: int, piece: tuple, work: str, spec: dict) -> dict:

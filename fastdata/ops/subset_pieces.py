@@ -22,7 +22,8 @@ import os
 import numpy as np
 
 from fastdata.errors import FastDataError
-from fastdata.ops.append_pieces import key_at, keys_of
+from fastdata.formats.reader import key_at
+from fastdata.ops.append_pieces import keys_of
 from fastdata.ops.dedup_pieces import ORDER, READ_BATCH, digest_piece, piece_records
 from fastdata.ops.piece_readers import open_root
 

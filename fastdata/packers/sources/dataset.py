@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fastdata.errors import SourceError, UnknownFormatError
+from fastdata.formats.reader import key_at
 from fastdata.formats.remote_files import absolute
 from fastdata.packers.source import SourceEntry
 
@@ -96,8 +97,6 @@ class DatasetSource:
         order = sorted(set(wanted))
         payloads = dict(zip(order, self.reader.read_many(order)))
         metadata = dict(zip(order, self._metadata(order)))
-        from fastdata.ops.append_pieces import key_at
-
         # Each key read alone (a sharded pack reads the piece of its keys file
         # that holds it): reader.keys would hold every key, ~70 B a record.
         labels = self.reader.labels
