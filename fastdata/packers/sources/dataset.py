@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fastdata.errors import SourceError, UnknownFormatError
-from fastdata.formats.reader import key_at
 from fastdata.formats.remote_files import absolute
 from fastdata.packers.source import SourceEntry
 
@@ -97,6 +96,8 @@ class DatasetSource:
         order = sorted(set(wanted))
         payloads = dict(zip(order, self.reader.read_many(order)))
         metadata = dict(zip(order, self._metadata(order)))
+        from fastdata.formats.reader import key_at  # numpy, so not at import time
+
         # Each key read alone (a sharded pack reads the piece of its keys file
         # that holds it): reader.keys would hold every key, ~70 B a record.
         labels = self.reader.labels
