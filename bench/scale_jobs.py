@@ -38,8 +38,10 @@ a fresh cluster is started, and each job runs in a fresh driver process:
   new part's shards compared across executors.
 
 Peak memory is VmHWM: the driver's own, and the largest of the workers'
-(their peaks are reset before each job through ``/proc/PID/clear_refs``;
-local workers are the driver's children, read with ``RUSAGE_CHILDREN``).
+(their peaks are reset before each job through ``/proc/PID/clear_refs``,
+and read every 0.2 s while it runs: a Ray job's workers are processes of
+its own, ended with its driver; local workers are the driver's children,
+read with ``RUSAGE_CHILDREN``).
 The growth per record between two sizes is printed for each.
 """
 
@@ -54,6 +56,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -170,8 +173,8 @@ def cluster(kind: str, staging: str):
                     dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                     host="127.0.0.1", dashboard_address=":0") as c, \
                     dd.Client(c) as client:
-                yield ({"scheduler": c.scheduler_address},
-                       lambda: list(client.run(os.getpid).values()))
+                pids = list(client.run(os.getpid).values())
+                yield {"scheduler": c.scheduler_address}, lambda: pids
         else:
             sys.path.insert(0, os.path.join(REPO, "tests"))
             from clusters import ray_cluster
@@ -195,14 +198,31 @@ def run_job(job: str, path: str, n: int, options: dict, workers, out: str) -> di
         _reset_peak(pid)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    done = subprocess.run([sys.executable, "-c", DRIVER, HERE, job, path, str(n), out,
-                           json.dumps(options)], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{job} failed: {done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    peaks = [_peak(pid) for pid in workers() if os.path.exists(f"/proc/{pid}")]
-    result["worker_peak"] = max(peaks) if peaks else result["children"]
+    peaks: dict[int, int] = {}
+    with subprocess.Popen([sys.executable, "-c", DRIVER, HERE, job, path, str(n), out,
+                           json.dumps(options)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as driver:
+        reader = threading.Thread(target=lambda: setattr(driver, "outputs",
+                                                         driver.communicate()))
+        reader.start()
+        while reader.is_alive():  # a worker's last reading before it ends is its peak
+            _read_peaks(workers, peaks)
+            reader.join(0.2)
+    _read_peaks(workers, peaks)
+    stdout, stderr = driver.outputs
+    if driver.returncode != 0:
+        raise RuntimeError(f"{job} failed: {stderr[-3000:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["worker_peak"] = max(peaks.values()) if peaks else result["children"]
+    result["workers_seen"] = len(peaks)
     return result
+
+
+def _read_peaks(workers, peaks: dict[int, int]) -> None:
+    """Each worker's VmHWM now, into ``peaks`` by pid (one that ended is passed over)."""
+    for pid in workers():
+        with contextlib.suppress(OSError, StopIteration):
+            peaks[pid] = max(peaks.get(pid, 0), _peak(pid))
 
 
 def copy_job(job: str, path: str, n: int, options: dict, workers, folder: str) -> dict:
