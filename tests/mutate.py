@@ -273,6 +273,9 @@ MUTANTS: list[Mutant] = [
     M("dask-lost-input-not-resent", DASK_EXECUTOR,
       "                submit(number)\n                continue\n",
       "                raise\n", "tests/test_pack_cluster.py"),
+    M("spool-block-off-piece-grid", "fastdata/formats/record_spool.py", "BLOCK = 1 << 14\n",
+      "BLOCK = (1 << 14) + 64\n",
+      "tests/test_streaming_writers.py::test_writing_holds_nothing_per_record"),
     # -- the stall meter --------------------------------------------------------------------
     M("meter-keeps-up-at-half", ADVICE, "KEEPS_UP = 0.05", "KEEPS_UP = 0.5", METER),
     M("meter-keeps-up-inclusive", ADVICE, "wait < KEEPS_UP", "wait <= KEEPS_UP", METER),

@@ -65,7 +65,7 @@ def test_writing_holds_nothing_per_record(tmp_path, fmt):
                                else tmp_path / FORMATS[fmt], decode=fastdata.Decode(
                                    output="bytes"), with_metadata=True)
     assert len(ds) == n and ds.reader.keys[:2] == ["k/00000000", "k/00000001"]
-    for i in (0, 1, 4097, n - 1):
+    for i in (0, 1, 4097, 20_000, 40_000, n - 1):  # in each block of 2^14 rows read back
         payload, label, meta = ds[i]
         assert (bytes(payload), label) == (_record(i).payload, i % 10)
         assert meta == ({"i": i} if i % 3 == 0 else {})
