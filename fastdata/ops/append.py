@@ -240,8 +240,8 @@ def _key_check(source, described: dict, records: int, *, cluster: dict, resume: 
     """The job that finds the source's keys the dataset ``described`` holds
     (see fastdata.ops.append_pieces): its run (``finish()`` when done with
     the positions) and the :class:`~fastdata.ops.append_pieces.Clashes`."""
-    from fastdata.jobs.runner import Job
     from fastdata.formats.reader import key_at
+    from fastdata.jobs.runner import Job
     from fastdata.ops.append_pieces import (
         candidates,
         confirm,
