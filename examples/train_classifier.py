@@ -243,6 +243,9 @@ def main(argv=None) -> None:
         # Every rank past its last collective before any tears the group down:
         # a peer closing its connections mid-exchange aborts the other rank.
         dist.barrier()
+        # DDP's reducer goes before the group it uses: torn down at interpreter
+        # exit, after the group, it now and then aborts the process.
+        del ddp
         dist.destroy_process_group()
 
 
