@@ -404,10 +404,20 @@ class _BytesSource:
 
 def _logged_with(mark: bytes, streams) -> int:
     """Messages holding ``mark`` in what ``streams`` keep of the messages
-    they sent (distributed keeps the last 1,000 under 1 MB)."""
+    they sent (distributed keeps the last 1,000 under 1 MB). A logged
+    message may hold a frame as a memoryview, which pickle refuses: it is
+    pickled as the bytes it shows."""
+    import io
     import pickle
 
-    return sum(mark in pickle.dumps(message) for stream in streams
+    def dumped(message) -> bytes:
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out)
+        pickler.dispatch_table = {memoryview: lambda view: (bytes, (view.tobytes(),))}
+        pickler.dump(message)
+        return out.getvalue()
+
+    return sum(mark in dumped(message) for stream in streams
                for message in stream.recent_message_log)
 
 
