@@ -99,10 +99,11 @@ print(json.dumps({"seconds": seconds, "one_rank_s": one_rank_s, "one_rank_peak":
 """
 
 class TinySource:
-    """``n`` records of 1x1 raw RGB pixels in 10 classes (a fastdata Source)."""
+    """``n`` records of 1x``width`` raw RGB pixels in 10 classes (a fastdata
+    Source); the first pixel numbers the record, the rest are zeros."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, n: int, width: int = 1) -> None:
+        self.n, self.width = n, width
         self.classes = [f"c{k}" for k in range(10)]
 
     def __len__(self) -> int:
@@ -111,10 +112,11 @@ class TinySource:
     def __iter__(self):
         from fastdata.packers.source import SourceEntry
 
+        rest = bytes(3 * (self.width - 1))
         for i in range(self.n):
             yield SourceEntry(key=f"{i:010d}", label=i % 10,
-                              data=bytes((i & 255, (i >> 8) & 255, (i >> 16) & 255)),
-                              raw_shape=(1, 1, 3))
+                              data=bytes((i & 255, (i >> 8) & 255, (i >> 16) & 255)) + rest,
+                              raw_shape=(1, self.width, 3))
 
     def describe(self) -> dict:
         return {"root": None, "files": self.n, "kind": "bench/scale.py tiny records"}

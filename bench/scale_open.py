@@ -152,14 +152,21 @@ PAGES_RUNS = [("as packed", "off", "none"), ("as packed", "on", "none"),
 
 def run_pages(args) -> None:
     """The pages of ``data.mdb`` that a batch's LMDB gets map, by the page
-    cache's state and the mapping's advice (plain ``lmdb``, no fastdata)."""
+    cache's state and the mapping's advice (plain ``lmdb``, no fastdata),
+    for each size in ``--records``; records ``--width`` pixels wide."""
+    for n in map(int, args.records.split(",")):
+        pages_one(args, n)
+
+
+def pages_one(args, n: int) -> None:
     import fastdata
     from fastdata.packers.options import PackOptions
 
-    n = int(args.records)
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         out = os.path.join(folder, f"tiny{n}.lmdb")
-        fastdata.pack(TinySource(n), out, options=PackOptions(), progress=False)
+        fastdata.pack(TinySource(n, args.width), out, options=PackOptions(), progress=False)
+        size = os.path.getsize(os.path.join(out, "data.mdb"))
+        print(f"{n:,} records of {3 * args.width} B: data.mdb {size / 2**20:.1f} MB")
         for cache, readahead, advice in PAGES_RUNS:  # "as packed" first
             if cache in ("read whole", "dropped"):
                 drop_from_cache(out)
@@ -182,5 +189,7 @@ def add_parser(sub) -> None:
                         help=f"formats, comma-separated ({', '.join(OPEN_FORMATS)})")
     opened.add_argument("--dir", default=None, help="where to pack (default: the temp folder)")
     pages = sub.add_parser("pages", help="LMDB pages a batch maps, by page cache state")
-    pages.add_argument("--records", default="2000000")
+    pages.add_argument("--records", default="2000000", help="sizes, comma-separated")
+    pages.add_argument("--width", type=int, default=1,
+                       help="pixels per record (3 bytes each; default 1)")
     pages.add_argument("--dir", default=None, help="where to pack (default: the temp folder)")
