@@ -542,7 +542,13 @@ def check_epoch(figures: dict, producers: int) -> None:
     assert 0 <= ready["p50"] <= ready["p95"] <= ready["p99"]
     assert figures["requests"] == {"count": 0, "bytes": 0}
     assert figures["cache"] == {"ram_records": 0, "shard_hits": 0, "shard_downloads": 0}
-    assert figures["bound"] in CPU_STAGES | {"handover"}
+    # Workers read ahead during the 2 ms steps: on a loaded machine the loop
+    # may wait under 5% of its time, where loading keeps up and no stage is named.
+    if figures["data_wait"] < advice.KEEPS_UP:
+        assert figures["bound"] is None
+        assert figures["advice"].endswith(f"; {advice.KEEPS_UP_LINE}")
+    else:
+        assert figures["bound"] in CPU_STAGES | {"handover"}
     assert figures["advice"].startswith(f"data wait {figures['data_wait']:.0%} of the loop's "
                                         f"time (p95 {ready['p95']:.1f} ms per batch); ")
 
