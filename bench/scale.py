@@ -137,6 +137,7 @@ from fastdata.formats import get_format
 from fastdata.packers.options import PackOptions
 from fastdata.records import Manifest, Record
 n, how, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sharded = out.endswith((".tfrecord", ".tar"))
 source = TinySource(n)
 base = peak()
 start = time.perf_counter()
@@ -147,7 +148,8 @@ if how == "writer":
     writer.finish(Manifest("tfrecord", n, source.classes, [n // 10] * 10, {}, {}, {}, [], {},
                            {}, "", ""))
 else:
-    fastdata.pack(source, out, options=PackOptions(shard_size=10_000), progress=False)
+    fastdata.pack(source, out, options=PackOptions(shard_size=10_000 if sharded else None),
+                  progress=False)
 print(json.dumps({"seconds": time.perf_counter() - start, "base": base, "peak": peak()}))
 """
 
@@ -313,11 +315,16 @@ def run_plan(args) -> None:
 def run_write(args) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     print("peak: VmHWM of a fresh process, less its peak before writing (imports)")
-    rows: dict[str, list] = {"writer": [], "pack": []}
+    ext = {"tfrecord": ".tfrecord", "tar": ".tar", "lmdb": ".lmdb", "hdf5": ".h5"}.get(args.format)
+    if ext is None:
+        raise SystemExit(f"--format: unknown {args.format} (tfrecord, tar, lmdb or hdf5)")
+    # The writer alone: TFRecord's; a pack into the format asked for.
+    rows: dict[str, list] = {"writer": [], "pack": []} if args.format == "tfrecord" \
+        else {"pack": []}
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for n in map(int, args.sizes.split(",")):
             for how in rows:
-                out = os.path.join(folder, f"{how}{n}.tfrecord")
+                out = os.path.join(folder, f"{how}{n}{ext if how == 'pack' else '.tfrecord'}")
                 result = subprocess.run([sys.executable, "-c", WRITE, str(n), how, out, here],
                                         capture_output=True, text=True, check=True)
                 r = json.loads(result.stdout)
@@ -348,6 +355,9 @@ def main() -> None:
     write = sub.add_parser("write", help="write and pack tiny records: memory per record")
     write.add_argument("--sizes", default="200000,1000000")
     write.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
+    write.add_argument("--format", default="tfrecord",
+                       help="what the pack writes: tfrecord (also its writer alone), tar, "
+                            "lmdb or hdf5")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import scale_jobs  # jobs on local, Dask and Ray executors
     import scale_open  # open and the first batch, per format; LMDB's pages

@@ -276,6 +276,12 @@ MUTANTS: list[Mutant] = [
     M("spool-block-off-piece-grid", "fastdata/formats/record_spool.py", "BLOCK = 1 << 14\n",
       "BLOCK = (1 << 14) + 64\n",
       "tests/test_streaming_writers.py::test_writing_holds_nothing_per_record"),
+    M("hdf5-end-piece-carry-dropped", "fastdata/formats/hdf5/finish.py",
+      "        self._carry = data[whole:]\n", "        self._carry = b\"\"\n",
+      "tests/test_streaming_writers.py::test_writing_holds_nothing_per_record"),
+    M("hdf5-end-one-block-of-keys", "fastdata/formats/hdf5/finish.py",
+      "        at += len(block)\n", "",
+      "tests/test_streaming_writers.py::test_the_end_of_an_hdf5_pack_holds_a_block_not_the_columns"),
     # -- the stall meter --------------------------------------------------------------------
     M("meter-keeps-up-at-half", ADVICE, "KEEPS_UP = 0.05", "KEEPS_UP = 0.5", METER),
     M("meter-keeps-up-inclusive", ADVICE, "wait < KEEPS_UP", "wait <= KEEPS_UP", METER),

@@ -73,6 +73,37 @@ def test_writing_holds_nothing_per_record(tmp_path, fmt):
         n for n in os.listdir(tmp_path) if not n.startswith("."))  # the spool went
 
 
+def _finish_peak(folder, n: int) -> int:
+    """The traced peak of an HDF5 writer's end, after ``n`` records."""
+    writer = get_format("hdf5").load_writer()(folder / "out.h5")
+    for i in range(n):
+        writer.write(_record(i))
+    manifest = Manifest("hdf5", n, [f"c{k}" for k in range(10)],
+                        np.bincount(np.arange(n) % 10).tolist(),
+                        {"storage": "raw", "formats": {"raw": n}, "shape": [1, 1, 3]},
+                        {}, {}, [], {}, {}, "", "")
+    tracemalloc.start()
+    try:
+        writer.finish(manifest)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_end_of_an_hdf5_pack_holds_a_block_not_the_columns(tmp_path):
+    """The columns, keys and metadata go into the file a block of 2^14 records
+    at a time. Read whole, the end of 4 blocks peaked 8 MB above that of one
+    (its keys as str objects, its facts, its columns)."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "four").mkdir()
+    one = _finish_peak(tmp_path / "one", 2**14 + 5)
+    four = _finish_peak(tmp_path / "four", 4 * 2**14 + 5)
+    assert four - one < 500_000, (one, four)
+    with fastdata.open_reader(tmp_path / "four" / "out.h5") as reader:
+        assert reader.keys[-1] == f"k/{4 * 2**14 + 4:08d}"
+        assert reader.metadata_many([3, 4 * 2**14 + 2]) == [{"i": 3}, {"i": 4 * 2**14 + 2}]
+
+
 def test_the_plan_keeps_its_entries_in_a_file(tmp_path):
     entries = [SourceEntry(f"{i:05d}.png", i % 4, data=b"x%d" % i) for i in range(2500)]
     path = str(tmp_path / "entries.jsonl")

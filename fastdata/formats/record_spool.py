@@ -137,6 +137,19 @@ class KeySpool:
         rows.append((position, 0))
         return np.array(rows, dtype=KEY_PIECE)
 
+    def blocks(self, size: int = BLOCK) -> Iterator[list[str]]:
+        """Every key, in order, ``size`` at a time."""
+        self._file.flush()
+        block: list[str] = []
+        with open(self.path, "rb") as spool:
+            for line in spool:
+                block.append(json.loads(line))
+                if len(block) == size:
+                    yield block
+                    block = []
+        if block:
+            yield block
+
     def json_bytes(self) -> bytes:
         """The keys' JSON list whole (for a format that stores it as one value)."""
         out = io.BytesIO()

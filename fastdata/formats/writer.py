@@ -28,7 +28,7 @@ from fastdata.formats.output import (
     publish_output,
     remove_path,
 )
-from fastdata.formats.record_spool import KeySpool, RowSpool
+from fastdata.formats.record_spool import PIECE_KEYS, KeySpool, RowSpool
 from fastdata.records import Manifest, PieceRecord, Record, RenamedKey
 
 #: What a writer keeps of each record until the end (on disk: record_spool.py).
@@ -202,6 +202,15 @@ class Writer:
     def keys_json(self) -> bytes:
         """Every key as the UTF-8 JSON list the keys file stores (whole)."""
         return self._keys.json_bytes()
+
+    def key_blocks(self) -> Iterator[list[str]]:
+        """Every key, in order, a block of the spool at a time."""
+        return self._keys.blocks()
+
+    def keys_json_to(self, f) -> None:
+        """Write every key, as the JSON list :meth:`keys_json` gives, to the
+        binary file ``f`` (a block of keys in memory at a time)."""
+        self._keys.write_json(f, PIECE_KEYS)
 
     def keys(self) -> list[str]:
         """Every key, in order (a list of them all: for tests and small packs)."""

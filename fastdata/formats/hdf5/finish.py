@@ -2,16 +2,22 @@
 columns and their piece checksums, the keys, the metadata, and the
 manifest last (schema in ``schema.py``).
 
-What grows with the dataset: every column whole in memory while it is
-written (the offsets, labels and CRC32s: 20 bytes per record, 36 with
-metadata), plus the keys' JSON and the metadata's bytes.
+Each column is written from the writer's spool (``record_spool.py``) a
+block of records at a time, one column after another, so the file holds the
+bytes, in the places, that writing each column whole gave.
+
+What grows with the dataset: each column's piece checksums, 4 bytes per 128
+values (0.03 B per record and column); in memory besides, a block of the
+spool's rows or keys and 4 MiB of metadata at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -37,104 +43,175 @@ from fastdata.formats.hdf5.schema import (
 from fastdata.formats.integrity import (
     COLUMN_PIECE_ROWS,
     COLUMN_PIECES,
+    PIECE_SUM_DTYPE,
     piece_crc32s,
-    sha256_hex,
     with_metadata_sha256,
 )
 from fastdata.records import Manifest
 
+#: Metadata bytes copied into the file at a time.
+METADATA_BLOCK = 4 << 20
+
 
 @dataclasses.dataclass(frozen=True)
-class Columns:
-    """The datasets that follow the payload, but for the keys and the
-    manifest, as they are stored.
+class Spooled:
+    """What the writer kept of its records, read back a block at a time.
 
     Attributes:
-        columns: offsets, labels and CRC32s, by dataset name.
-        metadata: the metadata JSON bytes, their offsets and CRC32s (empty
-            for a dataset without metadata).
-        sums: the CRC-32 of each piece of every column checked by piece
-            (all but the metadata bytes), by the column's name.
-    """
-
-    columns: dict[str, np.ndarray]
-    metadata: dict[str, np.ndarray]
-    sums: dict[str, np.ndarray]
-
-
-def end_columns(facts: np.ndarray, payload_bytes: int, metadata: bytes | None, *,
-                path: str) -> Columns:
-    """The columns of the records ``facts`` describes (the writer's record
-    facts) and their pieces' CRC-32s.
-
-    Args:
-        facts: per record: size, label, crc32, metadata_size, metadata_crc32.
+        count: the records.
         payload_bytes: the payload's size, which the sizes must add up to.
-        metadata: every record's metadata JSON, one after another (None:
-            the dataset has no metadata).
-        path: the output, for errors.
-
-    Raises:
-        FastDataError: the sizes do not add up to the payload.
+        fact_blocks: every record's facts (``writer.RECORD_FACTS``), in blocks.
+        key_blocks: every key, in blocks (lists of str).
+        keys_json_to: writes the keys' JSON list to a binary file.
+        metadata_path: every record's metadata JSON, one after another
+            (None: the dataset has no metadata).
     """
-    offsets = np.zeros(len(facts) + 1, dtype=OFFSET_DTYPE)
-    np.cumsum(facts["size"].astype(np.int64), out=offsets[1:])
-    if int(offsets[-1]) != payload_bytes:
-        raise FastDataError(f"payload holds {payload_bytes} bytes, offsets add up to "
-                            f"{int(offsets[-1])}", path=path)
-    columns = {OFFSETS: offsets, LABELS: facts["label"].astype(LABEL_DTYPE),
-               CRC32: facts["crc32"].astype(CRC32_DTYPE)}
-    meta = {} if metadata is None else _metadata_arrays(facts, metadata)
-    # Readers check the columns by piece, against these CRC-32s.
-    sums = {name: piece_crc32s(values, COLUMN_PIECE_ROWS) for name, values in
-            [*columns.items(), *((k, v) for k, v in meta.items() if k != METADATA)]}
-    return Columns(columns, meta, sums)
+
+    count: int
+    payload_bytes: int
+    fact_blocks: Callable[[], Iterator[np.ndarray]]
+    key_blocks: Callable[[], Iterator[list[str]]]
+    keys_json_to: Callable[[object], object]
+    metadata_path: str | None
 
 
-def with_digests(manifest: Manifest, ends: Columns, keys_json: bytes) -> Manifest:
-    """``manifest`` with the SHA-256 of each per-record dataset's bytes as
-    stored (see :mod:`fastdata.formats.integrity`) and of each array of
-    piece checksums; ``keys_json`` the keys' JSON list."""
-    digests = {name: sha256_hex(values.tobytes()) for name, values in ends.columns.items()}
-    digests[KEYS] = sha256_hex(keys_json)
-    if ends.metadata:  # the JSON itself is covered by its per-record CRC32
-        digests.update({name: sha256_hex(ends.metadata[name].tobytes())
-                        for name in (METADATA_OFFSETS, METADATA_CRC32)})
-    digests.update({PIECES[name]: sha256_hex(sums.tobytes())
-                    for name, sums in ends.sums.items()})
-    return with_metadata_sha256(manifest, digests)
+class _Column:
+    """One column's values, given in order in arrays of any length: written
+    into ``dset`` (None: only checked), with the SHA-256 of its bytes as
+    stored and the CRC-32 of each piece of :data:`COLUMN_PIECE_ROWS` values."""
+
+    def __init__(self, dset=None) -> None:
+        self.dset, self.at = dset, 0
+        self._sha, self._carry, self._sums = hashlib.sha256(), b"", []
+
+    def write(self, values: np.ndarray) -> None:
+        if self.dset is not None and len(values):
+            self.dset[self.at:self.at + len(values)] = values
+        self.at += len(values)
+        raw = values.tobytes()
+        self._sha.update(raw)
+        data = self._carry + raw
+        step = COLUMN_PIECE_ROWS * values.dtype.itemsize
+        whole = len(data) - len(data) % step
+        if whole:
+            self._sums.append(piece_crc32s(np.frombuffer(data, np.uint8, whole), step))
+        self._carry = data[whole:]
+
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+    def sums(self) -> np.ndarray:
+        """The pieces' CRC-32s (the last piece may be shorter)."""
+        if self._carry:
+            self._sums.append(piece_crc32s(np.frombuffer(self._carry, np.uint8),
+                                           len(self._carry)))
+            self._carry = b""
+        return np.concatenate(self._sums) if self._sums else np.zeros(0, PIECE_SUM_DTYPE)
 
 
-def write_end(f, manifest: Manifest, ends: Columns, keys_json: bytes, *,
-              layout: dict) -> Manifest:
-    """Write ``ends``, the keys and, last, the manifest into the open h5py
-    file ``f``; the manifest as written (its layout fields and file size
-    filled in).
+def _offsets(blocks: Iterator[np.ndarray], field: str) -> Iterator[np.ndarray]:
+    """The offsets column of the sizes ``field``: 0, then each running total."""
+    total = 0
+    yield np.zeros(1, OFFSET_DTYPE)
+    for block in blocks:
+        ends = np.cumsum(block[field].astype(np.int64)) + total
+        total = int(ends[-1]) if len(ends) else total
+        yield ends.astype(OFFSET_DTYPE)
+
+
+def _values(blocks: Iterator[np.ndarray], field: str, dtype) -> Iterator[np.ndarray]:
+    for block in blocks:
+        yield block[field].astype(dtype)
+
+
+#: The columns of the facts: (dataset, the values from the fact blocks).
+_FACT_COLUMNS = {
+    OFFSETS: lambda blocks: _offsets(blocks, "size"),
+    LABELS: lambda blocks: _values(blocks, "label", LABEL_DTYPE),
+    CRC32: lambda blocks: _values(blocks, "crc32", CRC32_DTYPE),
+    METADATA_OFFSETS: lambda blocks: _offsets(blocks, "metadata_size"),
+    METADATA_CRC32: lambda blocks: _values(blocks, "metadata_crc32", CRC32_DTYPE),
+}
+
+
+def _column(f, name: str, spooled: Spooled, *, write: bool) -> _Column:
+    """Column ``name`` from the spool, written into the file ``f`` as
+    dataset ``name`` (``write``) or only checksummed."""
+    length = spooled.count + (name in (OFFSETS, METADATA_OFFSETS))
+    dtype = OFFSET_DTYPE if name in (OFFSETS, METADATA_OFFSETS) else \
+        LABEL_DTYPE if name == LABELS else CRC32_DTYPE
+    column = _Column(f.create_dataset(name, shape=(length,), dtype=dtype, track_times=False)
+                     if write else None)
+    for values in _FACT_COLUMNS[name](spooled.fact_blocks()):
+        column.write(values)
+    return column
+
+
+class _Hashing:
+    """A binary sink that keeps only the SHA-256 of what is written to it."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self.sha.update(data)
+
+
+def write_end(f, manifest: Manifest, spooled: Spooled, *, layout: dict,
+              path: str) -> Manifest:
+    """Write the columns and their pieces' CRC-32s, the keys, the metadata
+    and, last, the manifest into the open h5py file ``f``; the manifest as
+    written: the SHA-256 of each per-record dataset's bytes as stored (see
+    :mod:`fastdata.formats.integrity`) and of each array of piece
+    checksums, its layout fields and the file size filled in.
 
     Args:
         layout: the manifest's ``extra`` fields of the payload's layout
             (``layout``, ``chunk_bytes``, ``metadata``) and the output's
             ``path``.
+        path: the output, for errors.
 
     Raises:
+        FastDataError: the sizes do not add up to the payload.
         OSError, RuntimeError: h5py failed to write (it reports failed
             flushes as RuntimeError).
     """
     import h5py
 
-    for name, values in ends.columns.items():
-        f.create_dataset(name, data=values, track_times=False)
-    for name, sums in ends.sums.items():
-        f.create_dataset(PIECES[name], data=sums, track_times=False)
-    f.create_dataset(KEYS, data=np.asarray(json.loads(keys_json), dtype=object),
-                     shape=(len(ends.columns[LABELS]),),
-                     dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
-    for name, array in ends.metadata.items():
-        f.create_dataset(name, data=array, track_times=False)
+    columns = {name: _column(f, name, spooled, write=True) for name in (OFFSETS, LABELS, CRC32)}
+    total = int(f[OFFSETS][spooled.count]) if spooled.count else 0
+    if total != spooled.payload_bytes:
+        raise FastDataError(f"payload holds {spooled.payload_bytes} bytes, offsets add up to "
+                            f"{total}", path=path)
+    meta = () if spooled.metadata_path is None else (METADATA_OFFSETS, METADATA_CRC32)
+    # Readers check the columns by piece, against these CRC-32s; the metadata
+    # columns' are stored before those columns are.
+    checked = {**columns, **{name: _column(f, name, spooled, write=False) for name in meta}}
+    sums = {name: column.sums() for name, column in checked.items()}
+    for name, values in sums.items():
+        f.create_dataset(PIECES[name], data=values, track_times=False)
+    keys = f.create_dataset(KEYS, shape=(spooled.count,),
+                            dtype=h5py.string_dtype(KEY_ENCODING), track_times=False)
+    at = 0
+    for block in spooled.key_blocks():
+        keys[at:at + len(block)] = np.asarray(block, dtype=object)
+        at += len(block)
+    keys_sha = _Hashing()
+    spooled.keys_json_to(keys_sha)
+    if meta:
+        _copy_metadata(f, spooled.metadata_path)
+        for name in meta:
+            _column(f, name, spooled, write=True)
+    digests = {name: column.sha256() for name, column in columns.items()}
+    digests[KEYS] = keys_sha.sha.hexdigest()
+    digests.update({name: checked[name].sha256() for name in meta})
+    digests.update({PIECES[name]: hashlib.sha256(values.tobytes()).hexdigest()
+                    for name, values in sums.items()})
+    manifest = with_metadata_sha256(manifest, digests)
     # The manifest names the file size, known only once the manifest's own
     # space is allocated: write a placeholder of the final length, flush,
     # then fill it in place (a fixed-length dataset keeps the file size).
-    pieced = list(ends.sums)
+    pieced = list(sums)
     placeholder = _manifest_text(_with_layout(manifest, layout, 0, pieced))
     length = len(placeholder) + SIZE_DIGITS
     dset = f.create_dataset(MANIFEST, shape=(), dtype=h5py.string_dtype(KEY_ENCODING, length),
@@ -146,14 +223,14 @@ def write_end(f, manifest: Manifest, ends: Columns, keys_json: bytes, *,
     return manifest
 
 
-def _metadata_arrays(facts: np.ndarray, data: bytes) -> dict[str, np.ndarray]:
-    """The metadata datasets: the JSON bytes, their offsets and CRC32s."""
-    sizes = facts["metadata_size"]
-    offsets = np.zeros(len(sizes) + 1, dtype=OFFSET_DTYPE)
-    np.cumsum(sizes, out=offsets[1:])
-    return {METADATA: np.frombuffer(data, dtype=np.uint8),
-            METADATA_OFFSETS: offsets,
-            METADATA_CRC32: facts["metadata_crc32"].astype(CRC32_DTYPE)}
+def _copy_metadata(f, path: str) -> None:
+    """The metadata JSON bytes, from the spool file ``path``, as the
+    ``METADATA`` dataset of bytes."""
+    size = os.path.getsize(path)
+    dset = f.create_dataset(METADATA, shape=(size,), dtype=np.uint8, track_times=False)
+    with open(path, "rb") as spool:
+        for at in range(0, size, METADATA_BLOCK):
+            dset[at:at + METADATA_BLOCK] = np.frombuffer(spool.read(METADATA_BLOCK), np.uint8)
 
 
 def _manifest_text(manifest: Manifest) -> bytes:

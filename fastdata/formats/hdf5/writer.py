@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from fastdata.errors import FastDataError
-from fastdata.formats.hdf5.finish import end_columns, with_digests, write_end
+from fastdata.formats.hdf5.finish import Spooled, write_end
 from fastdata.formats.hdf5.pieces import read_side, remove_side, remove_sides, write_side
 from fastdata.formats.hdf5.schema import (
     DEFAULT_CHUNK_BYTES,
@@ -146,14 +146,13 @@ class HDF5Writer(Writer):
         self._flush(final=True)
         if self._payload is None:  # no payload bytes at all
             self._create_payload(0)
-        # Every column is stored whole: the facts and the keys read once.
-        facts, keys = self.facts(), self.keys_json()
-        ends = end_columns(facts, self._written,
-                           self._metadata_bytes() if self.has_metadata else None,
-                           path=self.path)
-        manifest = with_digests(manifest, ends, keys)
+        self._metadata.flush()
+        spooled = Spooled(self.count, self._written, self.fact_blocks, self.key_blocks,
+                          self.keys_json_to,
+                          self._metadata.name if self.has_metadata else None)
         try:
-            manifest = write_end(self._file, manifest, ends, keys, layout=self._layout_fields())
+            manifest = write_end(self._file, manifest, spooled,
+                                 layout=self._layout_fields(), path=self.path)
             self._file.close()
         except (OSError, RuntimeError) as exc:  # h5py reports failed flushes as RuntimeError
             self._discard()
@@ -162,12 +161,6 @@ class HDF5Writer(Writer):
         self._payload = None
         remove_sides(self.temp_path)
         return manifest
-
-    def _metadata_bytes(self) -> bytes:
-        """Every record's metadata JSON, one after another, from the spool."""
-        self._metadata.flush()
-        with open(self._metadata.name, "rb") as f:
-            return f.read()
 
     def _layout_fields(self) -> dict:
         """The manifest's fields of this file's layout (see ``finish.write_end``)."""
