@@ -3,8 +3,9 @@ columns and their piece checksums, the keys, the metadata, and the
 manifest last (schema in ``schema.py``).
 
 Each column is written from the writer's spool (``record_spool.py``) a
-block of records at a time, one column after another, so the file holds the
-bytes, in the places, that writing each column whole gave.
+block of records at a time, one column after another: the same datasets at
+the same offsets as writing each whole gave (the keys' strings may sit
+elsewhere in HDF5's global heap).
 
 What grows with the dataset: each column's piece checksums, 4 bytes per 128
 values (0.03 B per record and column); in memory besides, a block of the
@@ -124,25 +125,25 @@ def _values(blocks: Iterator[np.ndarray], field: str, dtype) -> Iterator[np.ndar
         yield block[field].astype(dtype)
 
 
-#: The columns of the facts: (dataset, the values from the fact blocks).
+#: The columns of the facts: dataset -> (the facts' field, its dtype, whether
+#: it is the offsets of that field's sizes: one value more than records).
 _FACT_COLUMNS = {
-    OFFSETS: lambda blocks: _offsets(blocks, "size"),
-    LABELS: lambda blocks: _values(blocks, "label", LABEL_DTYPE),
-    CRC32: lambda blocks: _values(blocks, "crc32", CRC32_DTYPE),
-    METADATA_OFFSETS: lambda blocks: _offsets(blocks, "metadata_size"),
-    METADATA_CRC32: lambda blocks: _values(blocks, "metadata_crc32", CRC32_DTYPE),
+    OFFSETS: ("size", OFFSET_DTYPE, True),
+    LABELS: ("label", LABEL_DTYPE, False),
+    CRC32: ("crc32", CRC32_DTYPE, False),
+    METADATA_OFFSETS: ("metadata_size", OFFSET_DTYPE, True),
+    METADATA_CRC32: ("metadata_crc32", CRC32_DTYPE, False),
 }
 
 
 def _column(f, name: str, spooled: Spooled, *, write: bool) -> _Column:
     """Column ``name`` from the spool, written into the file ``f`` as
     dataset ``name`` (``write``) or only checksummed."""
-    length = spooled.count + (name in (OFFSETS, METADATA_OFFSETS))
-    dtype = OFFSET_DTYPE if name in (OFFSETS, METADATA_OFFSETS) else \
-        LABEL_DTYPE if name == LABELS else CRC32_DTYPE
-    column = _Column(f.create_dataset(name, shape=(length,), dtype=dtype, track_times=False)
-                     if write else None)
-    for values in _FACT_COLUMNS[name](spooled.fact_blocks()):
+    field, dtype, offsets = _FACT_COLUMNS[name]
+    column = _Column(f.create_dataset(name, shape=(spooled.count + offsets,), dtype=dtype,
+                                      track_times=False) if write else None)
+    blocks = spooled.fact_blocks()
+    for values in _offsets(blocks, field) if offsets else _values(blocks, field, dtype):
         column.write(values)
     return column
 
