@@ -104,6 +104,35 @@ def test_the_end_of_an_hdf5_pack_holds_a_block_not_the_columns(tmp_path):
         assert reader.metadata_many([3, 4 * 2**14 + 2]) == [{"i": 3}, {"i": 4 * 2**14 + 2}]
 
 
+def test_the_end_of_an_lmdb_pack_fills_its_columns_a_block_at_a_time(tmp_path, monkeypatch):
+    """LMDB stores each column whole; its end fills them from the spool a
+    block at a time, never reading every record's facts at once (the facts
+    and their copies: about 50 B per record more)."""
+    from fastdata.formats.writer import Writer
+
+    def whole(self):
+        raise AssertionError("every record's facts read at once")
+
+    monkeypatch.setattr(Writer, "facts", whole)
+    n = 2 * 2**14 + 5
+    writer = get_format("lmdb").load_writer()(tmp_path / "out.lmdb")
+    for i in range(n):
+        writer.write(_record(i))
+    writer.finish(Manifest("lmdb", n, [f"c{k}" for k in range(10)],
+                           np.bincount(np.arange(n) % 10).tolist(),
+                           {"storage": "raw", "formats": {"raw": n}, "shape": [1, 1, 3]},
+                           {}, {}, [], {}, {}, "", ""))
+    with fastdata.open_reader(tmp_path / "out.lmdb") as reader:
+        assert reader.labels[[0, 2**14 + 3, n - 1]].tolist() == [0, (2**14 + 3) % 10,
+                                                                (n - 1) % 10]
+        assert reader.metadata_many([3, n - 1]) == [{"i": 3}, {"i": n - 1}]
+    # Every whole column and piece against the manifest's SHA-256s and CRC-32s.
+    from fastdata.ops.verify import verify_dataset
+
+    result = verify_dataset(tmp_path / "out.lmdb", progress=False)
+    assert (result.ok, result.checked, result.problems) == (True, n, [])
+
+
 def test_the_plan_keeps_its_entries_in_a_file(tmp_path):
     entries = [SourceEntry(f"{i:05d}.png", i % 4, data=b"x%d" % i) for i in range(2500)]
     path = str(tmp_path / "entries.jsonl")

@@ -6,6 +6,7 @@ import errno
 import itertools
 import os
 
+import numpy as np
 
 from fastdata.errors import FastDataError
 from fastdata.formats.lmdb.schema import (
@@ -166,13 +167,9 @@ class LMDBWriter(Writer):
         # `lmdb` users (the documented schema); and in pieces with their
         # CRC-32s, which this reader gets instead (a get of the whole value
         # touches all its pages). The copy costs 12 B per record on disk; it
-        # can go only with a major key schema. Whole in memory here.
-        facts = self.facts()
-        columns = [(LABELS_KEY, facts["label"].astype(LABEL_DTYPE)),
-                   (CRC32_KEY, facts["crc32"].astype(CRC32_DTYPE))]
-        if self.has_metadata:
-            columns.append((METADATA_CRC32_KEY, facts["metadata_crc32"].astype(CRC32_DTYPE)))
-        meta = [(key, values.tobytes()) for key, values in columns]
+        # can go only with a major key schema. Whole in memory here, once.
+        columns = self._whole_columns()
+        meta = [(key, _raw(values)) for key, values in columns]
         meta += [(PIECES_KEYS[key], piece_crc32s(values, COLUMN_PIECE_ROWS).tobytes())
                  for key, values in columns]
         meta.append((KEYS_KEY, self.keys_json()))
@@ -194,6 +191,24 @@ class LMDBWriter(Writer):
         if size <= 0:
             raise FastDataError("LMDB data file is empty after writing", path=self.path)
         return manifest
+
+    def _whole_columns(self) -> list[tuple[bytes, np.ndarray]]:
+        """(key, values) of the label and CRC32 columns, and the metadata's
+        CRC32s where there is metadata: each filled from the spool a block at
+        a time (12 B per record, 16 with metadata)."""
+        fields = [(LABELS_KEY, "label", LABEL_DTYPE), (CRC32_KEY, "crc32", CRC32_DTYPE)]
+        if self.has_metadata:
+            fields.append((METADATA_CRC32_KEY, "metadata_crc32", CRC32_DTYPE))
+        columns = [(key, np.empty(self.count, dtype)) for key, _, dtype in fields]
+        at = 0
+        for block in self.fact_blocks():
+            for (_, field, _), (_, values) in zip(fields, columns):
+                values[at:at + len(block)] = block[field]
+            at += len(block)
+        if at != self.count:
+            raise FastDataError(f"the writer's spool holds {at} records, it wrote {self.count}",
+                                path=self.path)
+        return columns
 
     def _discard(self) -> None:
         if self._env is not None:
@@ -308,10 +323,15 @@ class LMDBWriter(Writer):
                 pass
 
 
+def _raw(values: np.ndarray) -> memoryview:
+    """The bytes of the contiguous array ``values``, not copied."""
+    return memoryview(values.view(np.uint8))
+
+
 def _pieces(column: str, values):
     """Column ``column`` in pieces of ``COLUMN_PIECE_ROWS`` values: (key, value)
     pairs, what readers read (each checked by its CRC-32 in ``*_pieces__``)."""
-    raw = memoryview(values.tobytes())
+    raw = _raw(values)
     step = COLUMN_PIECE_ROWS * values.dtype.itemsize
     for lo in range(0, len(raw), step):
         yield piece_key(column, lo // step), raw[lo:lo + step]
