@@ -180,7 +180,7 @@ def write_end(f, manifest: Manifest, spooled: Spooled, *, layout: dict,
     import h5py
 
     columns = {name: _column(f, name, spooled, write=True) for name in (OFFSETS, LABELS, CRC32)}
-    total = int(f[OFFSETS][spooled.count]) if spooled.count else 0
+    total = int(f[OFFSETS][spooled.count])  # the last offset: 0 for no records
     if total != spooled.payload_bytes:
         raise FastDataError(f"payload holds {spooled.payload_bytes} bytes, offsets add up to "
                             f"{total}", path=path)

@@ -5,7 +5,8 @@ The writer spools one :data:`SPOOLED_ROW` per record (see record_spool.py):
 its index row and where its metadata JSON lies in its shard. At the end the
 dataset index (``index.npy``), the metadata index (``metadata.npy``) and
 their pieces' checksums (``-crc.npy``) are written from it, a block of
-65,536 rows at a time: the bytes ``np.save`` gives for the whole arrays.
+``record_spool.BLOCK`` rows at a time: the bytes ``np.save`` gives for the
+whole arrays.
 """
 
 from __future__ import annotations
